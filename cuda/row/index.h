@@ -1,0 +1,53 @@
+// Open-addressing index key -> row id with linear probing. Occupancy lives in the row field,
+// not in the key, so every int64 is a valid key.
+#pragma once
+
+#include "cuda/row/hash.h"
+
+namespace embstore::row {
+
+inline constexpr uint32_t kEmptyRow = 0xFFFFFFFFu;   // slot never used; ends a probe
+inline constexpr uint32_t kLockedRow = 0xFFFFFFFEu;  // CUDA insert in progress
+inline constexpr uint32_t kNoRow = kEmptyRow;        // "key has no row" in results
+inline constexpr uint64_t kMaxRows = 0xFFFFFF00u;    // row ids stay below the markers
+
+struct alignas(16) Slot {
+  int64_t key;
+  uint32_t row;
+  uint32_t unused;
+};
+static_assert(sizeof(Slot) == 16);
+
+// The index stays at most half full, which keeps linear probes short.
+EMBSTORE_HD uint64_t index_slots_for(uint64_t rows) {
+  uint64_t slots = 16;
+  while (slots / 2 < rows) slots *= 2;
+  return slots;
+}
+
+struct IndexRef {
+  Slot* slots;
+  uint64_t mask;  // slots - 1; slots is a power of two
+
+  EMBSTORE_HD uint64_t home(int64_t key) const { return hash_key(key) & mask; }
+  EMBSTORE_HD uint64_t next(uint64_t s) const { return (s + 1) & mask; }
+
+  // Read-only probe; safe wherever no insert runs concurrently.
+  EMBSTORE_HD uint32_t find(int64_t key) const {
+    for (uint64_t s = home(key);; s = next(s)) {
+      const Slot& slot = slots[s];
+      if (slot.row == kEmptyRow) return kNoRow;
+      if (slot.key == key) return slot.row;
+    }
+  }
+
+  // Single-writer insert of a key known to be absent (host backend, index rebuild).
+  EMBSTORE_HD void insert_absent(int64_t key, uint32_t row) const {
+    uint64_t s = home(key);
+    while (slots[s].row != kEmptyRow) s = next(s);
+    slots[s].key = key;
+    slots[s].row = row;
+  }
+};
+
+}  // namespace embstore::row

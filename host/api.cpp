@@ -1,0 +1,312 @@
+// The C API: argument checks, then the store and its tables. Every function catches
+// everything; errors become a status plus this thread's last_error message.
+#include <embstore/embstore.h>
+
+#include <cstring>
+#include <limits>
+#include <new>
+#include <string>
+
+#include "host/error.hpp"
+#include "host/store.hpp"
+
+using embstore::fail;
+
+namespace {
+
+thread_local std::string t_last_error;
+
+embstore_status_t record(embstore_status_t status, const char* function, const char* message) {
+  try {
+    t_last_error = std::string(function) + ": " + message;
+  } catch (...) {
+    // No memory for the message: keep the status.
+  }
+  return status;
+}
+
+template <typename F>
+embstore_status_t guarded(const char* function, F&& body) noexcept {
+  try {
+    body();
+    return EMBSTORE_OK;
+  } catch (const embstore::Error& e) {
+    return record(e.status(), function, e.what());
+  } catch (const std::bad_alloc&) {
+    return record(EMBSTORE_OUT_OF_MEMORY, function, "host memory allocation failed");
+  } catch (const std::exception& e) {
+    return record(EMBSTORE_INTERNAL, function, e.what());
+  } catch (...) {
+    return record(EMBSTORE_INTERNAL, function, "unknown exception");
+  }
+}
+
+template <typename T>
+void require(const T* pointer, const char* what) {
+  if (pointer == nullptr) fail(EMBSTORE_INVALID_ARGUMENT, "{} is NULL", what);
+}
+
+// Positions inside a batch are 32-bit in both backends.
+void check_batch(size_t n) {
+  if (n > std::numeric_limits<uint32_t>::max()) {
+    fail(EMBSTORE_INVALID_ARGUMENT, "batch of {} keys: at most {} per call", n,
+         std::numeric_limits<uint32_t>::max());
+  }
+}
+
+[[noreturn]] void not_yet(const char* what) {
+  fail(EMBSTORE_UNSUPPORTED, "{} is not implemented in this version of embstore", what);
+}
+
+}  // namespace
+
+extern "C" {
+
+int embstore_version(void) { return EMBSTORE_VERSION_CODE; }
+
+const char* embstore_status_name(embstore_status_t s) {
+  switch (s) {
+    case EMBSTORE_OK: return "EMBSTORE_OK";
+    case EMBSTORE_INVALID_ARGUMENT: return "EMBSTORE_INVALID_ARGUMENT";
+    case EMBSTORE_NOT_FOUND: return "EMBSTORE_NOT_FOUND";
+    case EMBSTORE_ALREADY_EXISTS: return "EMBSTORE_ALREADY_EXISTS";
+    case EMBSTORE_OUT_OF_MEMORY: return "EMBSTORE_OUT_OF_MEMORY";
+    case EMBSTORE_CAPACITY_EXCEEDED: return "EMBSTORE_CAPACITY_EXCEEDED";
+    case EMBSTORE_IO_ERROR: return "EMBSTORE_IO_ERROR";
+    case EMBSTORE_CORRUPT: return "EMBSTORE_CORRUPT";
+    case EMBSTORE_UNSUPPORTED: return "EMBSTORE_UNSUPPORTED";
+    case EMBSTORE_BUSY: return "EMBSTORE_BUSY";
+    case EMBSTORE_DEVICE_ERROR: return "EMBSTORE_DEVICE_ERROR";
+    case EMBSTORE_INTERNAL: return "EMBSTORE_INTERNAL";
+  }
+  return "EMBSTORE_UNKNOWN_STATUS";
+}
+
+const char* embstore_last_error(void) { return t_last_error.c_str(); }
+
+void embstore_store_config_init(embstore_store_config_t* c) {
+  if (c == nullptr) return;
+  std::memset(c, 0, sizeof(*c));
+  c->struct_size = sizeof(*c);
+  c->backend = EMBSTORE_BACKEND_AUTO;
+  c->device = 0;
+  c->rank = 0;
+  c->world_size = 1;
+  c->nccl_comm = nullptr;
+  c->staging_bytes = size_t{256} << 20;
+  c->io_queue_depth = 16;
+  c->host_threads = 0;
+}
+
+embstore_status_t embstore_store_create(const embstore_store_config_t* config,
+                                        embstore_store_t** store_out) {
+  return guarded(__func__, [&] {
+    require(store_out, "store_out");
+    *store_out = nullptr;
+    embstore_store_config_t defaults;
+    embstore_store_config_init(&defaults);
+    *store_out = new embstore_store(config ? *config : defaults);
+  });
+}
+
+embstore_status_t embstore_store_destroy(embstore_store_t* store) {
+  return guarded(__func__, [&] { delete store; });
+}
+
+embstore_backend_t embstore_store_backend(const embstore_store_t* store) {
+  return store ? store->backend : EMBSTORE_BACKEND_HOST;
+}
+
+void embstore_table_config_init(embstore_table_config_t* c) {
+  if (c == nullptr) return;
+  std::memset(c, 0, sizeof(*c));
+  c->struct_size = sizeof(*c);
+  c->name = nullptr;
+  c->dim = 0;
+  c->initial_capacity = 1024;
+  c->max_capacity = 0;
+  c->optimizer = EMBSTORE_OPT_ADAGRAD;
+  c->learning_rate = 0.01f;
+  c->epsilon = 1e-8f;
+  c->beta1 = 0.9f;
+  c->beta2 = 0.999f;
+  c->weight_decay = 0.0f;
+  c->initial_accumulator = 0.0f;
+  c->init = EMBSTORE_INIT_UNIFORM;
+  c->init_a = -0.01f;
+  c->init_b = 0.01f;
+  c->seed = 0;
+  c->admit_after = 1;
+  c->evict_idle_steps = 0;
+}
+
+embstore_status_t embstore_table_create(embstore_store_t* store,
+                                        const embstore_table_config_t* config,
+                                        embstore_table_t** table_out) {
+  return guarded(__func__, [&] {
+    require(table_out, "table_out");
+    *table_out = nullptr;
+    require(store, "store");
+    require(config, "config");
+    *table_out = store->create_table(*config);
+  });
+}
+
+embstore_status_t embstore_table_get(embstore_store_t* store, const char* name,
+                                     embstore_table_t** table_out) {
+  return guarded(__func__, [&] {
+    require(table_out, "table_out");
+    *table_out = nullptr;
+    require(store, "store");
+    require(name, "name");
+    embstore_table* table = store->find_table(name);
+    if (table == nullptr) fail(EMBSTORE_NOT_FOUND, "no table named '{}'", name);
+    *table_out = table;
+  });
+}
+
+uint32_t embstore_table_dim(const embstore_table_t* table) {
+  return table ? table->impl->spec().dim : 0;
+}
+
+embstore_status_t embstore_lookup(embstore_table_t* table, const int64_t* keys, size_t n,
+                                  float* values_out, uint32_t flags, void* stream) {
+  return guarded(__func__, [&] {
+    require(table, "table");
+    if (flags & ~EMBSTORE_LOOKUP_INSERT) {
+      fail(EMBSTORE_INVALID_ARGUMENT, "unknown flags {:#x}", flags & ~EMBSTORE_LOOKUP_INSERT);
+    }
+    if (n == 0) return;
+    require(keys, "keys");
+    require(values_out, "values_out");
+    check_batch(n);
+    table->impl->lookup(keys, n, values_out, (flags & EMBSTORE_LOOKUP_INSERT) != 0,
+                        table->store->step.load(std::memory_order_relaxed), stream);
+  });
+}
+
+embstore_status_t embstore_apply_gradients(embstore_table_t* table, const int64_t* keys,
+                                           const float* grads, size_t n, void* stream) {
+  return guarded(__func__, [&] {
+    require(table, "table");
+    if (n == 0) return;
+    require(keys, "keys");
+    require(grads, "grads");
+    check_batch(n);
+    table->impl->apply_gradients(keys, grads, n,
+                                 table->store->step.load(std::memory_order_relaxed), stream);
+  });
+}
+
+embstore_status_t embstore_step(embstore_store_t* store, uint64_t global_step) {
+  return guarded(__func__, [&] {
+    require(store, "store");
+    store->step.store(global_step, std::memory_order_relaxed);
+  });
+}
+
+embstore_status_t embstore_table_stats(embstore_table_t* table, embstore_table_stats_t* out) {
+  return guarded(__func__, [&] {
+    require(table, "table");
+    require(out, "out");
+    if (out->struct_size < sizeof(embstore_table_stats_t)) {
+      fail(EMBSTORE_INVALID_ARGUMENT, "stats struct_size is {}, expected {}", out->struct_size,
+           sizeof(embstore_table_stats_t));
+    }
+    const embstore::TableCounters c = table->impl->counters();
+    out->rows = c.rows;
+    out->capacity = c.capacity;
+    out->dirty_rows = c.dirty_rows;
+    out->inserted = c.inserted;
+    out->evicted = c.evicted;
+    out->pending_admission = c.pending_admission;
+    out->skipped_keys = c.skipped_keys;
+  });
+}
+
+// ----------------------------------------------------------- checkpoints (next version) --
+
+embstore_status_t embstore_checkpoint(embstore_store_t* store, const char* dir,
+                                      embstore_ckpt_kind_t kind, uint64_t* version_out) {
+  return guarded(__func__, [&] {
+    require(store, "store");
+    require(dir, "dir");
+    require(version_out, "version_out");
+    if (kind != EMBSTORE_CKPT_FULL && kind != EMBSTORE_CKPT_INCREMENTAL) {
+      fail(EMBSTORE_INVALID_ARGUMENT, "unknown checkpoint kind {}", static_cast<int>(kind));
+    }
+    not_yet("embstore_checkpoint");
+  });
+}
+
+embstore_status_t embstore_checkpoint_wait(embstore_store_t* store, uint64_t) {
+  return guarded(__func__, [&] {
+    require(store, "store");
+    not_yet("embstore_checkpoint_wait");
+  });
+}
+
+embstore_status_t embstore_checkpoint_attach(embstore_store_t* store, const char* name,
+                                             const void* data, size_t bytes) {
+  return guarded(__func__, [&] {
+    require(store, "store");
+    require(name, "name");
+    if (bytes > 0) require(data, "data");
+    not_yet("embstore_checkpoint_attach");
+  });
+}
+
+void embstore_checkpoint_policy_init(embstore_checkpoint_policy_t* policy) {
+  if (policy == nullptr) return;
+  std::memset(policy, 0, sizeof(*policy));
+  policy->struct_size = sizeof(*policy);
+}
+
+embstore_status_t embstore_checkpoint_set_policy(embstore_store_t* store,
+                                                 const embstore_checkpoint_policy_t* policy) {
+  return guarded(__func__, [&] {
+    require(store, "store");
+    require(policy, "policy");
+    not_yet("embstore_checkpoint_set_policy");
+  });
+}
+
+embstore_status_t embstore_restore(embstore_store_t* store, const char* dir, uint64_t,
+                                   uint64_t* restored_version_out) {
+  return guarded(__func__, [&] {
+    require(store, "store");
+    require(dir, "dir");
+    require(restored_version_out, "restored_version_out");
+    not_yet("embstore_restore");
+  });
+}
+
+embstore_status_t embstore_restore_attachment(embstore_store_t* store, const char* name,
+                                              void* buf, size_t capacity, size_t* bytes_out) {
+  return guarded(__func__, [&] {
+    require(store, "store");
+    require(name, "name");
+    if (capacity > 0) require(buf, "buf");
+    require(bytes_out, "bytes_out");
+    not_yet("embstore_restore_attachment");
+  });
+}
+
+void embstore_warm_start_source_init(embstore_warm_start_source_t* source) {
+  if (source == nullptr) return;
+  std::memset(source, 0, sizeof(*source));
+  source->struct_size = sizeof(*source);
+  source->version = EMBSTORE_LATEST;
+  source->tables_regex = ".*";
+}
+
+embstore_status_t embstore_warm_start(embstore_store_t* store,
+                                      const embstore_warm_start_source_t* sources, size_t n) {
+  return guarded(__func__, [&] {
+    require(store, "store");
+    if (n > 0) require(sources, "sources");
+    not_yet("embstore_warm_start");
+  });
+}
+
+}  // extern "C"

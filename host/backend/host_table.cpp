@@ -1,0 +1,321 @@
+// The host backend: tables in host memory, parallel over the store's thread pool, built from
+// the same per-row logic (cuda/row/) that the CUDA kernels run.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <utility>
+#include <vector>
+
+#include "cuda/row/arena.h"
+#include "cuda/row/bitmap.h"
+#include "cuda/row/index.h"
+#include "cuda/row/init.h"
+#include "cuda/row/optimizer.h"
+#include "host/backend/backends.hpp"
+#include "host/error.hpp"
+#include "host/thread_pool.hpp"
+
+namespace embstore {
+namespace {
+
+// Keys are independent, so batches split into parts of this many keys or rows.
+constexpr size_t kGrain = 4096;
+// How many keys ahead the probe and copy loops prefetch: enough to cover a memory latency.
+constexpr size_t kAhead = 12;
+constexpr uint32_t kEnd = 0xFFFFFFFFu;
+
+// Anonymous mapping: pages arrive zeroed on first touch, large ones as huge pages where the
+// kernel allows, which saves TLB misses on random row access.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  explicit HostBuffer(size_t bytes) : bytes_(bytes) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    if (bytes >= (size_t{2} << 20)) madvise(p, bytes, MADV_HUGEPAGE);
+    data_ = p;
+  }
+  ~HostBuffer() {
+    if (data_) munmap(data_, bytes_);
+  }
+  HostBuffer(HostBuffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  HostBuffer& operator=(HostBuffer&& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+void prefetch_row(const float* row, uint32_t floats) {
+  const char* p = reinterpret_cast<const char*>(row);
+  const char* end = p + size_t{floats} * sizeof(float);
+  for (; p < end; p += 64) __builtin_prefetch(p);
+}
+
+uint32_t base_shift_for(uint64_t initial_capacity) {
+  uint32_t shift = 6;  // at least 64 rows in chunk 0
+  while ((uint64_t{1} << shift) < initial_capacity) ++shift;
+  return shift;
+}
+
+class HostTable final : public Table {
+ public:
+  HostTable(TableSpec spec, ThreadPool& pool) : Table(std::move(spec)), pool_(pool) {
+    arena_.base_shift = base_shift_for(this->spec().initial_capacity);
+    arena_.dim = this->spec().dim;
+    arena_.stride = this->spec().stride();
+    reserve_rows(this->spec().initial_capacity);
+  }
+
+  void lookup(const int64_t* keys, size_t n, float* out, bool insert, uint64_t step,
+              void*) override {
+    std::lock_guard lock(mutex_);
+    rows_scratch_.resize(n);
+    uint32_t* rows = rows_scratch_.data();
+    find_rows(keys, n, rows);
+    if (insert) insert_missing(keys, n, rows, step);
+    const uint32_t dim = spec().dim;
+    const row::ArenaRef arena = arena_;
+    pool_.parallel_for(n, kGrain, [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) {
+        if (i + kAhead < end && rows[i + kAhead] != row::kNoRow) {
+          prefetch_row(arena.row(rows[i + kAhead]), dim);
+        }
+        float* dst = out + i * dim;
+        if (rows[i] == row::kNoRow) {
+          std::memset(dst, 0, dim * sizeof(float));
+        } else {
+          std::memcpy(dst, arena.row(rows[i]), dim * sizeof(float));
+        }
+      }
+    });
+  }
+
+  void apply_gradients(const int64_t* keys, const float* grads, size_t n, uint64_t step,
+                       void*) override {
+    std::lock_guard lock(mutex_);
+    rows_scratch_.resize(n);
+    uint32_t* rows = rows_scratch_.data();
+    find_rows(keys, n, rows);
+    group_by_row(rows, n);
+    const bool concurrent = pool_.size() > 1;
+    row::dispatch_opt(spec().opt.kind, [&](auto kind) {
+      if (dirty_tracking_) {
+        concurrent ? update_groups<decltype(kind)::value, true, true>(grads, step)
+                   : update_groups<decltype(kind)::value, true, false>(grads, step);
+      } else {
+        update_groups<decltype(kind)::value, false, false>(grads, step);
+      }
+    });
+  }
+
+  TableCounters counters() override {
+    std::lock_guard lock(mutex_);
+    TableCounters c;
+    c.rows = rows_;
+    c.capacity = row::arena_capacity(chunks_, arena_.base_shift);
+    c.dirty_rows = row::bitmap_count(dirty_.data(), 0, dirty_.size());
+    c.inserted = inserted_;
+    c.skipped_keys = skipped_;
+    return c;
+  }
+
+  void set_dirty_tracking(bool on) override {
+    std::lock_guard lock(mutex_);
+    dirty_tracking_ = on;
+  }
+
+ private:
+  void find_rows(const int64_t* keys, size_t n, uint32_t* rows) {
+    const row::IndexRef index = index_;
+    pool_.parallel_for(n, kGrain, [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) {
+        if (i + kAhead < end) __builtin_prefetch(&index.slots[index.home(keys[i + kAhead])]);
+        rows[i] = index.find(keys[i]);
+      }
+    });
+  }
+
+  // Gives each missing key one new row, in order of first appearance. Either every new row
+  // fits under max_capacity or nothing is inserted.
+  void insert_missing(const int64_t* keys, size_t n, uint32_t* rows, uint64_t step) {
+    missing_keys_.clear();
+    for (size_t i = 0; i < n; ++i) {
+      if (rows[i] == row::kNoRow) missing_keys_.push_back(keys[i]);
+    }
+    if (missing_keys_.empty()) return;
+    std::sort(missing_keys_.begin(), missing_keys_.end());
+    const uint64_t fresh =
+        std::unique(missing_keys_.begin(), missing_keys_.end()) - missing_keys_.begin();
+    const uint64_t limit = spec().max_capacity == 0 ? row::kMaxRows
+                                                    : std::min(spec().max_capacity, row::kMaxRows);
+    if (rows_ + fresh > limit) {
+      fail(EMBSTORE_CAPACITY_EXCEEDED,
+           "table '{}': {} new keys need {} rows, max_capacity is {}; nothing was inserted",
+           spec().name, fresh, rows_ + fresh, limit);
+    }
+    reserve_rows(rows_ + fresh);
+
+    const uint64_t first_new = rows_;
+    for (size_t i = 0; i < n; ++i) {
+      if (rows[i] != row::kNoRow) continue;
+      uint32_t r = index_.find(keys[i]);  // a duplicate inserted earlier in this loop
+      if (r == row::kNoRow) {
+        r = static_cast<uint32_t>(rows_++);
+        index_.insert_absent(keys[i], r);
+        arena_.row_meta(r)->key = keys[i];
+      }
+      rows[i] = r;
+    }
+    inserted_ += fresh;
+
+    const TableSpec& s = spec();
+    const row::ArenaRef arena = arena_;
+    uint64_t* dirty = dirty_.data();
+    const bool concurrent = pool_.size() > 1;
+    pool_.parallel_for(fresh, kGrain, [&](size_t begin, size_t end) {
+      for (uint64_t r = first_new + begin; r < first_new + end; ++r) {
+        row::RowMeta* meta = arena.row_meta(r);
+        float* values = arena.row(r);
+        for (uint32_t c = 0; c < s.dim; ++c) values[c] = row::init_value(s.init, meta->key, c);
+        float* state = values + s.dim;
+        const uint32_t state_dim = s.state_dim();
+        for (uint32_t i = 0; i < state_dim; ++i) state[i] = row::initial_state(s.opt, s.dim, i);
+        meta->step = step;
+        concurrent ? row::bitmap_set<true>(dirty, r) : row::bitmap_set<false>(dirty, r);
+      }
+    });
+  }
+
+  // Positions of each row in batch order: groups_[g] = {row, first, last}, next_[i] = the next
+  // position of the same row. Keys without a row are counted and left out.
+  void group_by_row(const uint32_t* rows, size_t n) {
+    uint64_t slots = 16;
+    while (slots < 2 * n) slots *= 2;
+    const int shift = 64 - row::msb64(slots);
+    group_map_.assign(slots, 0);
+    groups_.clear();
+    next_.resize(n);
+    uint64_t skipped = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t r = rows[i];
+      if (r == row::kNoRow) {
+        ++skipped;
+        continue;
+      }
+      next_[i] = kEnd;
+      uint64_t s = (uint64_t{r} * 0x9E3779B97F4A7C15ull) >> shift;  // Fibonacci hashing
+      while (group_map_[s] != 0 && groups_[group_map_[s] - 1].row != r) s = (s + 1) & (slots - 1);
+      if (group_map_[s] == 0) {
+        groups_.push_back({r, static_cast<uint32_t>(i), static_cast<uint32_t>(i)});
+        group_map_[s] = static_cast<uint32_t>(groups_.size());
+      } else {
+        Group& g = groups_[group_map_[s] - 1];
+        next_[g.last] = static_cast<uint32_t>(i);
+        g.last = static_cast<uint32_t>(i);
+      }
+    }
+    skipped_ += skipped;
+  }
+
+  template <row::OptKind Kind, bool Mark, bool Concurrent>
+  void update_groups(const float* grads, uint64_t step) {
+    const uint32_t dim = spec().dim;
+    const uint32_t stride = spec().stride();
+    const row::OptParams opt = spec().opt;
+    const row::ArenaRef arena = arena_;
+    uint64_t* dirty = dirty_.data();
+    pool_.parallel_for(groups_.size(), kGrain / 4, [&](size_t begin, size_t end) {
+      std::vector<float> sum(dim);
+      for (size_t gi = begin; gi < end; ++gi) {
+        if (gi + kAhead < end) prefetch_row(arena.row(groups_[gi + kAhead].row), stride);
+        const Group& g = groups_[gi];
+        const float* grad = grads + size_t{g.first} * dim;
+        if (next_[g.first] != kEnd) {  // duplicates: sum in batch order
+          std::memcpy(sum.data(), grad, dim * sizeof(float));
+          for (uint32_t j = next_[g.first]; j != kEnd; j = next_[j]) {
+            const float* other = grads + size_t{j} * dim;
+            for (uint32_t c = 0; c < dim; ++c) sum[c] = sum[c] + other[c];
+          }
+          grad = sum.data();
+        }
+        float* value = arena.row(g.row);
+        row::apply_row<Kind>(opt, dim, value, value + dim, grad);
+        arena.row_meta(g.row)->step = step;
+        if constexpr (Mark) row::bitmap_set<Concurrent>(dirty, g.row);
+      }
+    });
+  }
+
+  // Makes room for `rows` rows: arena chunks (rows never move), dirty bits, and an index that
+  // stays at most half full (rebuilt at the new size).
+  void reserve_rows(uint64_t rows) {
+    while (row::arena_capacity(chunks_, arena_.base_shift) < rows) {
+      if (chunks_ == row::kMaxChunks) fail(EMBSTORE_OUT_OF_MEMORY, "row arena is at its limit");
+      const uint64_t n = row::chunk_rows(chunks_, arena_.base_shift);
+      HostBuffer values(n * arena_.stride * sizeof(float));
+      HostBuffer meta(n * sizeof(row::RowMeta));
+      arena_.values[chunks_] = values.as<float>();
+      arena_.meta[chunks_] = meta.as<row::RowMeta>();
+      value_chunks_.push_back(std::move(values));
+      meta_chunks_.push_back(std::move(meta));
+      ++chunks_;
+    }
+    dirty_.resize(row::bitmap_words(row::arena_capacity(chunks_, arena_.base_shift)), 0);
+    const uint64_t slots = row::index_slots_for(rows);
+    if (index_.slots == nullptr || slots > index_.mask + 1) rebuild_index(slots);
+  }
+
+  void rebuild_index(uint64_t slots) {
+    HostBuffer buffer(slots * sizeof(row::Slot));
+    row::IndexRef index{buffer.as<row::Slot>(), slots - 1};
+    std::memset(index.slots, 0xFF, slots * sizeof(row::Slot));  // every row = kEmptyRow
+    if (index_.slots != nullptr) {
+      for (uint64_t s = 0; s <= index_.mask; ++s) {
+        const row::Slot& old = index_.slots[s];
+        if (old.row < row::kMaxRows) index.insert_absent(old.key, old.row);
+      }
+    }
+    index_buffer_ = std::move(buffer);
+    index_ = index;
+  }
+
+  struct Group {
+    uint32_t row, first, last;
+  };
+
+  std::mutex mutex_;  // one call at a time per table
+  ThreadPool& pool_;
+  row::ArenaRef arena_{};
+  uint32_t chunks_ = 0;
+  std::vector<HostBuffer> value_chunks_, meta_chunks_;
+  HostBuffer index_buffer_;
+  row::IndexRef index_{nullptr, 0};
+  std::vector<uint64_t> dirty_;
+  uint64_t rows_ = 0, inserted_ = 0, skipped_ = 0;
+  bool dirty_tracking_ = true;
+  // Scratch kept between calls so the hot path does not allocate.
+  std::vector<uint32_t> rows_scratch_, group_map_, next_;
+  std::vector<int64_t> missing_keys_;
+  std::vector<Group> groups_;
+};
+
+}  // namespace
+
+std::unique_ptr<Table> make_host_table(TableSpec spec, ThreadPool& pool) {
+  return std::make_unique<HostTable>(std::move(spec), pool);
+}
+
+}  // namespace embstore

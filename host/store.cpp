@@ -1,0 +1,74 @@
+#include "host/store.hpp"
+
+#include "host/backend/backends.hpp"
+#include "host/error.hpp"
+
+using embstore::fail;
+
+embstore_store::embstore_store(const embstore_store_config_t& c) {
+  if (c.struct_size < sizeof(embstore_store_config_t)) {
+    fail(EMBSTORE_INVALID_ARGUMENT,
+         "store config struct_size is {}, expected {}: fill it with embstore_store_config_init",
+         c.struct_size, sizeof(embstore_store_config_t));
+  }
+  if (c.host_threads < 0) {
+    fail(EMBSTORE_INVALID_ARGUMENT, "host_threads must be >= 0, is {}", c.host_threads);
+  }
+  if (c.io_queue_depth < 1) {
+    fail(EMBSTORE_INVALID_ARGUMENT, "io_queue_depth must be >= 1, is {}", c.io_queue_depth);
+  }
+  if (c.world_size < 1 || c.rank < 0 || c.rank >= c.world_size) {
+    fail(EMBSTORE_INVALID_ARGUMENT, "rank {} is not in a world of size {}", c.rank, c.world_size);
+  }
+  if (c.world_size > 1) {
+    fail(EMBSTORE_UNSUPPORTED, "world_size {} > 1: sharded stores are not implemented yet",
+         c.world_size);
+  }
+  if (c.device < 0) fail(EMBSTORE_INVALID_ARGUMENT, "device must be >= 0, is {}", c.device);
+  device = c.device;
+  switch (c.backend) {
+    case EMBSTORE_BACKEND_AUTO:
+      backend = embstore::cuda_device_usable(c.device, nullptr) ? EMBSTORE_BACKEND_CUDA
+                                                                : EMBSTORE_BACKEND_HOST;
+      break;
+    case EMBSTORE_BACKEND_HOST:
+      backend = EMBSTORE_BACKEND_HOST;
+      break;
+    case EMBSTORE_BACKEND_CUDA: {
+      std::string why;
+      if (!embstore::cuda_device_usable(c.device, &why)) {
+        fail(EMBSTORE_UNSUPPORTED, "CUDA backend unavailable: {}", why);
+      }
+      backend = EMBSTORE_BACKEND_CUDA;
+      break;
+    }
+    default:
+      fail(EMBSTORE_INVALID_ARGUMENT, "unknown backend {}", static_cast<int>(c.backend));
+  }
+  if (backend == EMBSTORE_BACKEND_HOST) {
+    pool = std::make_unique<embstore::ThreadPool>(static_cast<unsigned>(c.host_threads));
+  }
+}
+
+embstore_table* embstore_store::create_table(const embstore_table_config_t& config) {
+  embstore::TableSpec spec = embstore::make_table_spec(config);
+  std::lock_guard lock(mutex_);
+  if (tables_.count(spec.name) != 0) {
+    fail(EMBSTORE_ALREADY_EXISTS, "a table named '{}' exists", spec.name);
+  }
+  auto table = std::make_unique<embstore_table>();
+  table->store = this;
+  std::string name = spec.name;
+  table->impl = backend == EMBSTORE_BACKEND_CUDA
+                    ? embstore::make_cuda_table(std::move(spec), device)
+                    : embstore::make_host_table(std::move(spec), *pool);
+  embstore_table* handle = table.get();
+  tables_.emplace(std::move(name), std::move(table));
+  return handle;
+}
+
+embstore_table* embstore_store::find_table(const char* name) {
+  std::lock_guard lock(mutex_);
+  auto it = tables_.find(std::string_view(name));
+  return it == tables_.end() ? nullptr : it->second.get();
+}

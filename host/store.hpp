@@ -1,0 +1,36 @@
+// The store: backend choice, the table registry, the global step. The C handles
+// embstore_store / embstore_table are these structs.
+#pragma once
+
+#include <embstore/embstore.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "host/table.hpp"
+#include "host/thread_pool.hpp"
+
+struct embstore_table {
+  embstore_store* store;
+  std::unique_ptr<embstore::Table> impl;
+};
+
+struct embstore_store {
+  // Validates config and picks the backend; throws embstore::Error.
+  explicit embstore_store(const embstore_store_config_t& config);
+
+  embstore_table* create_table(const embstore_table_config_t& config);
+  embstore_table* find_table(const char* name);  // nullptr if none
+
+  embstore_backend_t backend;
+  int device;
+  std::unique_ptr<embstore::ThreadPool> pool;  // host backend only
+  std::atomic<uint64_t> step{0};
+
+ private:
+  std::mutex mutex_;  // guards tables_
+  std::map<std::string, std::unique_ptr<embstore_table>, std::less<>> tables_;
+};

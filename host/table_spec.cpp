@@ -1,0 +1,146 @@
+// Validation of embstore_table_config_t: every field is checked here, once, so backends can
+// trust their TableSpec.
+#include <cmath>
+#include <cstring>
+
+#include "cuda/row/index.h"
+#include "host/error.hpp"
+#include "host/table.hpp"
+
+namespace embstore {
+namespace {
+
+bool valid_name_char(char c) {
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+         c == '_' || c == '.' || c == '-';
+}
+
+// Table names become directory names in checkpoints, hence the narrow alphabet.
+void check_name(const char* name) {
+  if (name == nullptr) fail(EMBSTORE_INVALID_ARGUMENT, "table name is NULL");
+  const size_t len = std::strlen(name);
+  if (len == 0 || len > 128) {
+    fail(EMBSTORE_INVALID_ARGUMENT, "table name must have 1 to 128 characters, has {}", len);
+  }
+  for (size_t i = 0; i < len; ++i) {
+    if (!valid_name_char(name[i])) {
+      fail(EMBSTORE_INVALID_ARGUMENT,
+           "table name '{}' has character {:#04x} at {}: allowed are [A-Za-z0-9_.-]", name,
+           static_cast<unsigned char>(name[i]), i);
+    }
+  }
+  if (std::strcmp(name, ".") == 0 || std::strcmp(name, "..") == 0) {
+    fail(EMBSTORE_INVALID_ARGUMENT, "table name '{}' is reserved", name);
+  }
+}
+
+void check_finite(const char* field, float v) {
+  if (!std::isfinite(v)) fail(EMBSTORE_INVALID_ARGUMENT, "table {} is not finite", field);
+}
+
+void check_non_negative(const char* field, float v) {
+  check_finite(field, v);
+  if (v < 0.0f) fail(EMBSTORE_INVALID_ARGUMENT, "table {} is negative ({})", field, v);
+}
+
+}  // namespace
+
+TableSpec make_table_spec(const embstore_table_config_t& c) {
+  if (c.struct_size < sizeof(embstore_table_config_t)) {
+    fail(EMBSTORE_INVALID_ARGUMENT,
+         "table config struct_size is {}, expected {}: fill it with embstore_table_config_init",
+         c.struct_size, sizeof(embstore_table_config_t));
+  }
+  check_name(c.name);
+  TableSpec s;
+  s.name = c.name;
+  if (c.dim < 1 || c.dim > 4096) {
+    fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': dim must be 1..4096, is {}", s.name, c.dim);
+  }
+  s.dim = c.dim;
+  s.initial_capacity = c.initial_capacity == 0 ? 1024 : c.initial_capacity;
+  if (s.initial_capacity > row::kMaxRows) {
+    fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': initial_capacity {} exceeds {} rows", s.name,
+         s.initial_capacity, row::kMaxRows);
+  }
+  if (c.max_capacity != 0 && c.max_capacity < s.initial_capacity) {
+    fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': max_capacity {} is below initial_capacity {}",
+         s.name, c.max_capacity, s.initial_capacity);
+  }
+  s.max_capacity = c.max_capacity;
+
+  switch (c.optimizer) {
+    case EMBSTORE_OPT_SGD:
+    case EMBSTORE_OPT_ADAGRAD:
+    case EMBSTORE_OPT_ROWWISE_ADAGRAD:
+    case EMBSTORE_OPT_ADAM:
+      break;
+    default:
+      fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': unknown optimizer {}", s.name,
+           static_cast<int>(c.optimizer));
+  }
+  check_non_negative("learning_rate", c.learning_rate);
+  check_non_negative("epsilon", c.epsilon);
+  check_non_negative("weight_decay", c.weight_decay);
+  check_non_negative("initial_accumulator", c.initial_accumulator);
+  check_finite("beta1", c.beta1);
+  check_finite("beta2", c.beta2);
+  if (c.optimizer == EMBSTORE_OPT_ADAM) {
+    if (c.beta1 < 0.0f || c.beta1 >= 1.0f || c.beta2 < 0.0f || c.beta2 >= 1.0f) {
+      fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': Adam betas must be in [0, 1), are {} and {}",
+           s.name, c.beta1, c.beta2);
+    }
+    if (c.epsilon == 0.0f) {
+      fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': Adam needs epsilon > 0", s.name);
+    }
+  }
+  if ((c.optimizer == EMBSTORE_OPT_ADAGRAD || c.optimizer == EMBSTORE_OPT_ROWWISE_ADAGRAD) &&
+      c.epsilon == 0.0f && c.initial_accumulator == 0.0f) {
+    fail(EMBSTORE_INVALID_ARGUMENT,
+         "table '{}': Adagrad needs epsilon > 0 or initial_accumulator > 0 (0/0 otherwise)",
+         s.name);
+  }
+  s.opt = row::OptParams{static_cast<row::OptKind>(c.optimizer), c.learning_rate, c.epsilon,
+                         c.beta1, c.beta2, c.weight_decay, c.initial_accumulator};
+
+  check_finite("init_a", c.init_a);
+  check_finite("init_b", c.init_b);
+  switch (c.init) {
+    case EMBSTORE_INIT_ZEROS:
+    case EMBSTORE_INIT_CONSTANT:
+      break;
+    case EMBSTORE_INIT_UNIFORM:
+      if (c.init_b < c.init_a) {
+        fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': uniform init needs init_a <= init_b ({} > {})",
+             s.name, c.init_a, c.init_b);
+      }
+      break;
+    case EMBSTORE_INIT_NORMAL:
+      if (c.init_b < 0.0f) {
+        fail(EMBSTORE_INVALID_ARGUMENT,
+             "table '{}': normal init needs a standard deviation init_b >= 0, is {}", s.name,
+             c.init_b);
+      }
+      break;
+    default:
+      fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': unknown initializer {}", s.name,
+           static_cast<int>(c.init));
+  }
+  s.init = row::InitParams{static_cast<row::InitKind>(c.init), c.init_a, c.init_b, c.seed};
+
+  if (c.admit_after > 1) {
+    fail(EMBSTORE_UNSUPPORTED,
+         "table '{}': feature admission (admit_after = {}) is not implemented in this version",
+         s.name, c.admit_after);
+  }
+  s.admit_after = c.admit_after;
+  if (c.evict_idle_steps != 0) {
+    fail(EMBSTORE_UNSUPPORTED,
+         "table '{}': eviction (evict_idle_steps = {}) is not implemented in this version", s.name,
+         c.evict_idle_steps);
+  }
+  s.evict_idle_steps = c.evict_idle_steps;
+  return s;
+}
+
+}  // namespace embstore

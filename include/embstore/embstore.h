@@ -1,0 +1,285 @@
+/*
+ * embstore: a GPU-resident store of embedding tables with an asynchronous, incremental
+ * checkpoint pipeline.
+ *
+ * Plain C99, usable from C++ and from FFIs. Conventions:
+ *  - Every call returns an embstore_status_t (a few accessors return a value directly).
+ *    Outputs go through trailing pointers; a CUDA stream, where taken, is the last argument.
+ *  - On failure, embstore_last_error() gives this thread's detail message.
+ *  - Config structs start with struct_size and must be filled by their _init() function
+ *    before fields are set, so that later versions can append fields.
+ *  - No call throws or aborts on bad input: every bad argument gets a status and a message.
+ *  - Thread safety: calls on different tables may run concurrently; calls on one table are
+ *    serialized internally. Table handles stay valid until the store is destroyed.
+ */
+#ifndef EMBSTORE_EMBSTORE_H_
+#define EMBSTORE_EMBSTORE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define EMBSTORE_API
+#else
+#define EMBSTORE_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- version and status -- */
+
+#define EMBSTORE_VERSION_MAJOR 0
+#define EMBSTORE_VERSION_MINOR 1
+#define EMBSTORE_VERSION_PATCH 0
+/* MAJOR*10000 + MINOR*100 + PATCH */
+#define EMBSTORE_VERSION_CODE \
+  (EMBSTORE_VERSION_MAJOR * 10000 + EMBSTORE_VERSION_MINOR * 100 + EMBSTORE_VERSION_PATCH)
+
+/* The version of the library that is loaded (may differ from EMBSTORE_VERSION_CODE). */
+EMBSTORE_API int embstore_version(void);
+
+/* Numbered from 0; numbers are never reused or renumbered. */
+typedef enum embstore_status {
+  EMBSTORE_OK = 0,
+  EMBSTORE_INVALID_ARGUMENT = 1,  /* null pointer, bad size, bad name, mismatched dim ... */
+  EMBSTORE_NOT_FOUND = 2,         /* table, checkpoint directory, version, attachment */
+  EMBSTORE_ALREADY_EXISTS = 3,    /* a table of that name exists */
+  EMBSTORE_OUT_OF_MEMORY = 4,     /* host or device allocation failed */
+  EMBSTORE_CAPACITY_EXCEEDED = 5, /* max_capacity reached and nothing can be evicted */
+  EMBSTORE_IO_ERROR = 6,          /* read, write, fsync, rename failed (errno text in last_error) */
+  EMBSTORE_CORRUPT = 7,           /* checksum or format mismatch (file and offset in last_error) */
+  EMBSTORE_UNSUPPORTED = 8,       /* not built, no device, or not implemented in this version */
+  EMBSTORE_BUSY = 9,
+  EMBSTORE_DEVICE_ERROR = 10,     /* CUDA or NCCL failure */
+  EMBSTORE_INTERNAL = 11          /* a bug in embstore: please report it with last_error */
+} embstore_status_t;
+
+/* "EMBSTORE_CORRUPT" for EMBSTORE_CORRUPT; "EMBSTORE_UNKNOWN_STATUS" for a number that is not
+   a status. Never NULL; the string is static. */
+EMBSTORE_API const char* embstore_status_name(embstore_status_t s);
+
+/* This thread's message for its last failed call, "" if none has failed. A successful call
+   does not clear it. The string stays valid until this thread's next failed call. */
+EMBSTORE_API const char* embstore_last_error(void);
+
+/* ------------------------------------------------------------------------------- store -- */
+
+typedef struct embstore_store embstore_store_t;
+typedef struct embstore_table embstore_table_t;
+
+typedef enum {
+  EMBSTORE_BACKEND_AUTO = 0, /* CUDA where a device is usable, else HOST */
+  EMBSTORE_BACKEND_HOST = 1, /* host memory, parallel over host_threads */
+  EMBSTORE_BACKEND_CUDA = 2  /* device memory of config.device */
+} embstore_backend_t;
+
+typedef struct embstore_store_config {
+  size_t struct_size;          /* set by embstore_store_config_init */
+  embstore_backend_t backend;  /* default AUTO */
+  int device;                  /* CUDA device ordinal; default 0 */
+  int rank;                    /* 0 for a single process; default 0 */
+  int world_size;              /* 1 for a single process; default 1 */
+  void* nccl_comm;             /* ncclComm_t when world_size > 1 on CUDA, else NULL */
+  size_t staging_bytes;        /* pinned staging budget of the checkpoint pipeline;
+                                  default 256 MiB */
+  int io_queue_depth;          /* writes in flight per writer; default 16 */
+  int host_threads;            /* host backend worker threads, 0 (default): one per core */
+} embstore_store_config_t;
+
+/* Fills config with the defaults above. NULL is a no-op. */
+EMBSTORE_API void embstore_store_config_init(embstore_store_config_t* config);
+
+/* Creates a store. config NULL: the defaults.
+   Returns OK; INVALID_ARGUMENT (store_out NULL, struct_size too small, bad backend, negative
+   host_threads or io_queue_depth, rank/world_size out of range); UNSUPPORTED (CUDA asked for
+   where this build has no CUDA or no device is usable, or world_size > 1 in this version);
+   DEVICE_ERROR; OUT_OF_MEMORY. */
+EMBSTORE_API embstore_status_t embstore_store_create(const embstore_store_config_t* config,
+                                                     embstore_store_t** store_out);
+
+/* Waits for in-flight checkpoints, then frees every table and the store. NULL is a no-op.
+   Table handles of the store become invalid. Returns OK, or the failure of an in-flight
+   checkpoint (the store is freed all the same). */
+EMBSTORE_API embstore_status_t embstore_store_destroy(embstore_store_t* store);
+
+/* HOST or CUDA: the backend the store runs on (AUTO resolved). HOST for NULL. */
+EMBSTORE_API embstore_backend_t embstore_store_backend(const embstore_store_t* store);
+
+/* ------------------------------------------------------------------------------- table -- */
+
+typedef enum {
+  EMBSTORE_OPT_SGD = 0,             /* w -= lr * g */
+  EMBSTORE_OPT_ADAGRAD = 1,         /* a += g^2;  w -= lr * g / (sqrt(a) + epsilon) */
+  EMBSTORE_OPT_ROWWISE_ADAGRAD = 2, /* one a per row: a += mean(g^2) over the row */
+  EMBSTORE_OPT_ADAM = 3             /* bias-corrected, per-row step count */
+} embstore_optimizer_t;
+
+typedef enum {
+  EMBSTORE_INIT_ZEROS = 0,
+  EMBSTORE_INIT_CONSTANT = 1, /* init_a */
+  EMBSTORE_INIT_UNIFORM = 2,  /* [init_a, init_b) */
+  EMBSTORE_INIT_NORMAL = 3    /* mean init_a, standard deviation init_b */
+} embstore_init_t;
+
+typedef struct embstore_table_config {
+  size_t struct_size;              /* set by embstore_table_config_init */
+  const char* name;                /* unique in the store, [A-Za-z0-9_.-]{1,128}, not "." or
+                                      ".."; copied. Default NULL: must be set */
+  uint32_t dim;                    /* 1..4096. Default 0: must be set */
+  uint64_t initial_capacity;       /* rows allocated up front; default 1024; 0: default */
+  uint64_t max_capacity;           /* rows; 0 (default): grow as long as memory lasts */
+  embstore_optimizer_t optimizer;  /* default ADAGRAD */
+  float learning_rate;             /* default 0.01 */
+  float epsilon;                   /* default 1e-8 */
+  float beta1, beta2;              /* Adam; default 0.9, 0.999 */
+  float weight_decay;              /* L2: g += weight_decay * w before the update; default 0 */
+  float initial_accumulator;       /* Adagrad accumulators start here; default 0 */
+  embstore_init_t init;            /* default UNIFORM */
+  float init_a, init_b;            /* default -0.01, 0.01 */
+  uint64_t seed;                   /* a row's initial value depends only on (seed, key,
+                                      column); default 0 */
+  uint32_t admit_after;            /* a key gets a row at its N-th occurrence; 0 or 1 (default):
+                                      at once. N > 1 is UNSUPPORTED in this version */
+  uint64_t evict_idle_steps;       /* rows untouched for more steps are evicted; 0 (default):
+                                      never. Non-zero is UNSUPPORTED in this version */
+} embstore_table_config_t;
+
+/* Fills config with the defaults above. NULL is a no-op. */
+EMBSTORE_API void embstore_table_config_init(embstore_table_config_t* config);
+
+/* Creates a table. Every int64 value is a valid key: no key is reserved.
+   Returns OK; INVALID_ARGUMENT (NULL pointer, struct_size too small, bad name, dim out of
+   range, max_capacity below initial_capacity, unknown optimizer or initializer, negative or
+   non-finite hyperparameters, beta outside [0,1), NORMAL with negative deviation, UNIFORM with
+   init_b < init_a); ALREADY_EXISTS; UNSUPPORTED (admission or eviction, see above);
+   OUT_OF_MEMORY. */
+EMBSTORE_API embstore_status_t embstore_table_create(embstore_store_t* store,
+                                                     const embstore_table_config_t* config,
+                                                     embstore_table_t** table_out);
+
+/* Finds a table by name. Returns OK, INVALID_ARGUMENT (NULL pointer), NOT_FOUND. */
+EMBSTORE_API embstore_status_t embstore_table_get(embstore_store_t* store, const char* name,
+                                                  embstore_table_t** table_out);
+
+/* The table's dim, or 0 for NULL. */
+EMBSTORE_API uint32_t embstore_table_dim(const embstore_table_t* table);
+
+/* --------------------------------------------------------------------------- data path -- */
+/* Pointers are device pointers on the CUDA backend, host pointers on the host backend.
+   stream is a cudaStream_t (NULL: the legacy default stream) and is ignored on the host
+   backend. On CUDA the calls are stream-ordered and return once the work is enqueued; on the
+   host backend they return when the work is done. n == 0 is a no-op (pointers may then be
+   NULL). */
+
+#define EMBSTORE_LOOKUP_INSERT 1u /* training: admitted keys without a row get a new row */
+
+/* Reads n rows into values_out (n x dim floats, row-major). Without EMBSTORE_LOOKUP_INSERT
+   nothing is stored: keys without a row read as zeros. With it, a key without a row gets
+   one, filled by the table's initializer, and is marked dirty; duplicate keys in one call get
+   one row. The rows' last-touched step is the store's current step.
+   Returns OK; INVALID_ARGUMENT (NULL table, NULL keys or values_out with n > 0, unknown
+   flags); CAPACITY_EXCEEDED (the new rows would pass max_capacity: nothing was inserted and
+   values_out is unspecified); OUT_OF_MEMORY; DEVICE_ERROR. */
+EMBSTORE_API embstore_status_t embstore_lookup(embstore_table_t* table, const int64_t* keys,
+                                               size_t n, float* values_out, uint32_t flags,
+                                               void* stream);
+
+/* Gradients of n rows (n x dim floats, row-major). Duplicate keys are summed in the order
+   they appear; then one fused pass per row updates value and optimizer state, marks the row
+   dirty and stamps the store's current step. Keys without a row are skipped and counted in
+   skipped_keys. The result is bit-identical for the same inputs on every run and every
+   host_threads.
+   Returns OK; INVALID_ARGUMENT (NULL table, NULL keys or grads with n > 0); OUT_OF_MEMORY;
+   DEVICE_ERROR. */
+EMBSTORE_API embstore_status_t embstore_apply_gradients(embstore_table_t* table,
+                                                        const int64_t* keys, const float* grads,
+                                                        size_t n, void* stream);
+
+/* A step boundary: sets the global step that later updates stamp on their rows, and (in later
+   versions) runs eviction and the checkpoint policy. Steps need not be consecutive.
+   Returns OK; INVALID_ARGUMENT (NULL store). */
+EMBSTORE_API embstore_status_t embstore_step(embstore_store_t* store, uint64_t global_step);
+
+typedef struct embstore_table_stats {
+  size_t struct_size;         /* set by the caller to sizeof(embstore_table_stats_t) */
+  uint64_t rows;              /* live rows */
+  uint64_t capacity;          /* rows the table holds before it allocates more */
+  uint64_t dirty_rows;        /* rows inserted or updated since the last capture */
+  uint64_t inserted;          /* rows ever inserted */
+  uint64_t evicted;           /* rows ever evicted */
+  uint64_t pending_admission; /* keys seen but not yet admitted */
+  uint64_t skipped_keys;      /* gradient keys that had no row */
+} embstore_table_stats_t;
+
+/* Fills out. On CUDA it waits for the table's earlier work. Returns OK; INVALID_ARGUMENT (NULL
+   pointer, struct_size too small); DEVICE_ERROR. */
+EMBSTORE_API embstore_status_t embstore_table_stats(embstore_table_t* table,
+                                                    embstore_table_stats_t* out);
+
+/* ------------------------------------------------------------------------- checkpoints -- */
+/* Not implemented in this version: each call validates its arguments, then returns
+   UNSUPPORTED. */
+
+typedef enum { EMBSTORE_CKPT_FULL = 1, EMBSTORE_CKPT_INCREMENTAL = 2 } embstore_ckpt_kind_t;
+#define EMBSTORE_LATEST UINT64_MAX
+
+/* Captures the state after all earlier work and writes it in the background into dir
+   (created with missing parents). version = the global step at capture. An incremental
+   checkpoint holds the rows changed, inserted and evicted since the previous checkpoint in
+   dir; with no full checkpoint in dir it is taken as a full one. */
+EMBSTORE_API embstore_status_t embstore_checkpoint(embstore_store_t* store, const char* dir,
+                                                   embstore_ckpt_kind_t kind,
+                                                   uint64_t* version_out);
+
+/* Blocks until that version is committed or has failed; returns its outcome. */
+EMBSTORE_API embstore_status_t embstore_checkpoint_wait(embstore_store_t* store,
+                                                        uint64_t version);
+
+/* Bytes saved with the next checkpoint (dense weights, reader offsets, RNG state ...). */
+EMBSTORE_API embstore_status_t embstore_checkpoint_attach(embstore_store_t* store,
+                                                          const char* name, const void* data,
+                                                          size_t bytes);
+
+typedef struct embstore_checkpoint_policy {
+  size_t struct_size;
+  const char* dir;
+  uint64_t full_every_steps, incremental_every_steps;   /* 0: off */
+  double full_every_seconds, incremental_every_seconds; /* 0: off */
+  uint32_t keep_full; /* full checkpoints kept with their deltas; 0: all */
+} embstore_checkpoint_policy_t;
+
+EMBSTORE_API void embstore_checkpoint_policy_init(embstore_checkpoint_policy_t* policy);
+EMBSTORE_API embstore_status_t embstore_checkpoint_set_policy(
+    embstore_store_t* store, const embstore_checkpoint_policy_t* policy);
+
+/* Loads version (EMBSTORE_LATEST: the newest committed) from dir: its full base and every
+   delta of its chain, checksums verified. Tables missing from the store are created exactly
+   as they were configured; existing tables must match in dim. */
+EMBSTORE_API embstore_status_t embstore_restore(embstore_store_t* store, const char* dir,
+                                                uint64_t version,
+                                                uint64_t* restored_version_out);
+EMBSTORE_API embstore_status_t embstore_restore_attachment(embstore_store_t* store,
+                                                           const char* name, void* buf,
+                                                           size_t capacity, size_t* bytes_out);
+
+/* Warm start: load the tables whose names match tables_regex (ECMAScript) from each source in
+   turn; a later source overrides an earlier one. */
+typedef struct embstore_warm_start_source {
+  size_t struct_size;
+  const char* dir;
+  uint64_t version;
+  const char* tables_regex;
+} embstore_warm_start_source_t;
+
+EMBSTORE_API void embstore_warm_start_source_init(embstore_warm_start_source_t* source);
+EMBSTORE_API embstore_status_t embstore_warm_start(embstore_store_t* store,
+                                                   const embstore_warm_start_source_t* sources,
+                                                   size_t n);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* EMBSTORE_EMBSTORE_H_ */

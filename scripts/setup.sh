@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs embstore's build dependencies from Debian's packages. Idempotent: does nothing when
+# everything is present. The CUDA toolkit (nvcc, CUB, NCCL) is expected at /usr/local/cuda
+# where a CUDA build is wanted; without it the build is host-only.
+set -euo pipefail
+
+packages=(build-essential cmake pkg-config liburing-dev libfmt-dev catch2 nlohmann-json3-dev
+          libxxhash-dev libcli11-dev python3)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all dependencies present"
+  exit 0
+fi
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,132 @@
+// White-box tests of the per-row logic shared by the host backend and the CUDA kernels.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "cuda/row/arena.h"
+#include "cuda/row/bitmap.h"
+#include "cuda/row/index.h"
+#include "cuda/row/init.h"
+#include "cuda/row/optimizer.h"
+
+using namespace embstore::row;
+
+TEST_CASE("portable_log is accurate", "[row]") {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> unit(1e-30f, 1.0f);
+  for (int i = 0; i < 200000; ++i) {
+    const float x = i < 100000 ? unit(rng) : std::ldexp(unit(rng), (i % 200) - 100);
+    if (x <= 0.0f || !std::isnormal(x)) continue;
+    const double exact = std::log(static_cast<double>(x));
+    const double got = portable_log(x);
+    CAPTURE(x);
+    REQUIRE(std::fabs(got - exact) <= 3e-7 * std::max(1.0, std::fabs(exact)));
+  }
+  REQUIRE(portable_log(1.0f) == 0.0f);
+}
+
+TEST_CASE("butterfly_sum equals a warp's xor shuffle reduction bit for bit", "[row]") {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.0f, 1e3f);
+  for (int trial = 0; trial < 1000; ++trial) {
+    float partial[kLanes], lanes[kLanes];
+    for (uint32_t l = 0; l < kLanes; ++l) partial[l] = lanes[l] = d(rng) * d(rng);
+    // What every lane of a warp computes with v = v + shfl_xor(v, s).
+    for (uint32_t s = kLanes / 2; s > 0; s /= 2) {
+      float next[kLanes];
+      for (uint32_t l = 0; l < kLanes; ++l) next[l] = lanes[l] + lanes[l ^ s];
+      std::memcpy(lanes, next, sizeof(lanes));
+    }
+    const float host = butterfly_sum(partial);
+    for (uint32_t l = 0; l < kLanes; ++l) REQUIRE(std::memcmp(&lanes[l], &host, 4) == 0);
+  }
+}
+
+TEST_CASE("chunk_of maps rows one to one into doubling chunks", "[row]") {
+  for (uint32_t base_shift : {6u, 10u}) {
+    const uint64_t base = uint64_t{1} << base_shift;
+    REQUIRE(arena_capacity(0, base_shift) == 0);
+    REQUIRE(arena_capacity(1, base_shift) == base);
+    REQUIRE(arena_capacity(3, base_shift) == 7 * base);
+    uint64_t row = 0;
+    for (uint32_t chunk = 0; chunk < 6; ++chunk) {
+      for (uint64_t offset = 0; offset < chunk_rows(chunk, base_shift); ++offset, ++row) {
+        const ChunkPos p = chunk_of(row, base_shift);
+        REQUIRE(p.chunk == chunk);
+        REQUIRE(p.offset == offset);
+      }
+    }
+    REQUIRE(row == arena_capacity(6, base_shift));
+    const ChunkPos last = chunk_of(kMaxRows - 1, base_shift);
+    REQUIRE(last.chunk < static_cast<uint32_t>(kMaxChunks));
+  }
+}
+
+TEST_CASE("index finds every inserted key, extreme keys and collisions included", "[row]") {
+  const uint64_t slots = index_slots_for(1000);
+  REQUIRE(slots / 2 >= 1000);
+  REQUIRE((slots & (slots - 1)) == 0);
+  std::vector<Slot> storage(slots);
+  std::memset(storage.data(), 0xFF, slots * sizeof(Slot));
+  IndexRef index{storage.data(), slots - 1};
+
+  std::vector<int64_t> keys = {INT64_MIN, INT64_MAX, 0, -1, 1};
+  // Keys that share a home slot force probing past occupied slots.
+  for (int64_t k = 2; keys.size() < 1000; ++k) {
+    if (index.home(k) == index.home(0) || k % 3 == 0) keys.push_back(k);
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    REQUIRE(index.find(keys[i]) == kNoRow);
+    index.insert_absent(keys[i], static_cast<uint32_t>(i));
+  }
+  for (size_t i = 0; i < keys.size(); ++i) REQUIRE(index.find(keys[i]) == i);
+  REQUIRE(index.find(-2) == kNoRow);
+}
+
+TEST_CASE("bitmap set, test and count", "[row]") {
+  std::vector<uint64_t> words(bitmap_words(200), 0);
+  REQUIRE(words.size() == 4);
+  for (uint64_t r : {0, 63, 64, 199}) bitmap_set<false>(words.data(), r);
+  bitmap_set<true>(words.data(), 100);
+  bitmap_set<true>(words.data(), 100);
+  REQUIRE(bitmap_count(words.data(), 0, words.size()) == 5);
+  REQUIRE(bitmap_test(words.data(), 63));
+  REQUIRE(bitmap_test(words.data(), 100));
+  REQUIRE_FALSE(bitmap_test(words.data(), 62));
+}
+
+TEST_CASE("initializers are pure functions of seed, key and column", "[row]") {
+  const InitParams normal{InitKind::kNormal, 0.0f, 1.0f, 9};
+  const InitParams uniform{InitKind::kUniform, 2.0f, 3.0f, 9};
+  std::set<float> distinct;
+  for (int64_t key : {INT64_MIN, int64_t{-1}, int64_t{0}, int64_t{12345}, INT64_MAX}) {
+    for (uint32_t c = 0; c < 64; ++c) {
+      const float n = init_value(normal, key, c);
+      REQUIRE(std::isfinite(n));
+      REQUIRE(n == init_value(normal, key, c));
+      const float u = init_value(uniform, key, c);
+      REQUIRE((u >= 2.0f && u <= 3.0f));
+      distinct.insert(u);
+    }
+  }
+  REQUIRE(distinct.size() > 300);
+  REQUIRE(init_value(InitParams{InitKind::kUniform, 0, 1, 1}, 5, 0) !=
+          init_value(InitParams{InitKind::kUniform, 0, 1, 2}, 5, 0));
+}
+
+TEST_CASE("state layouts", "[row]") {
+  REQUIRE(state_dim(OptKind::kSgd, 16) == 0);
+  REQUIRE(state_dim(OptKind::kAdagrad, 16) == 16);
+  REQUIRE(state_dim(OptKind::kRowwiseAdagrad, 16) == 1);
+  REQUIRE(state_dim(OptKind::kAdam, 16) == 34);
+  const OptParams adam{OptKind::kAdam, 0.1f, 1e-8f, 0.9f, 0.999f, 0.0f, 0.0f};
+  REQUIRE(initial_state(adam, 16, 0) == 0.0f);
+  REQUIRE(initial_state(adam, 16, 31) == 0.0f);
+  REQUIRE(initial_state(adam, 16, 32) == 1.0f);
+  REQUIRE(initial_state(adam, 16, 33) == 1.0f);
+}
