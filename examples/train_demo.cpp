@@ -3,12 +3,12 @@
 // loss must fall. Runs on the default backend (CUDA where a device is usable, else host).
 #include <embstore/embstore.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -108,8 +108,8 @@ int main(int argc, char** argv) {
   embstore_store_t* store = nullptr;
   check(embstore_store_create(nullptr, &store), "embstore_store_create");
   const bool cuda = embstore_store_backend(store) == EMBSTORE_BACKEND_CUDA;
-  std::printf("embstore %d demo: backend %s, %d steps of %zu keys per table\n",
-              embstore_version(), cuda ? "CUDA" : "host", steps, batch);
+  std::printf("embstore %d demo: backend %s, %d steps of %zu keys per table\n", embstore_version(),
+              cuda ? "CUDA" : "host", steps, batch);
 
   Feature features[] = {{"user_id", 32, EMBSTORE_OPT_ADAGRAD, 200000},
                         {"item_id", 64, EMBSTORE_OPT_ADAM, 50000}};
@@ -187,9 +187,10 @@ int main(int argc, char** argv) {
     embstore_table_stats_t s{};
     s.struct_size = sizeof(s);
     check(embstore_table_stats(f.table, &s), "embstore_table_stats");
-    std::printf("  table %-8s dim %3u: %8llu rows, capacity %8llu, %8llu dirty, %llu keys skipped\n",
-                f.name, f.dim, (unsigned long long)s.rows, (unsigned long long)s.capacity,
-                (unsigned long long)s.dirty_rows, (unsigned long long)s.skipped_keys);
+    std::printf(
+        "  table %-8s dim %3u: %8llu rows, capacity %8llu, %8llu dirty, %llu keys skipped\n",
+        f.name, f.dim, (unsigned long long)s.rows, (unsigned long long)s.capacity,
+        (unsigned long long)s.dirty_rows, (unsigned long long)s.skipped_keys);
   }
   std::printf("loss %.4f -> %.4f\n", first_loss, last_loss);
   check(embstore_store_destroy(store), "embstore_store_destroy");

@@ -66,18 +66,30 @@ int embstore_version(void) { return EMBSTORE_VERSION_CODE; }
 
 const char* embstore_status_name(embstore_status_t s) {
   switch (s) {
-    case EMBSTORE_OK: return "EMBSTORE_OK";
-    case EMBSTORE_INVALID_ARGUMENT: return "EMBSTORE_INVALID_ARGUMENT";
-    case EMBSTORE_NOT_FOUND: return "EMBSTORE_NOT_FOUND";
-    case EMBSTORE_ALREADY_EXISTS: return "EMBSTORE_ALREADY_EXISTS";
-    case EMBSTORE_OUT_OF_MEMORY: return "EMBSTORE_OUT_OF_MEMORY";
-    case EMBSTORE_CAPACITY_EXCEEDED: return "EMBSTORE_CAPACITY_EXCEEDED";
-    case EMBSTORE_IO_ERROR: return "EMBSTORE_IO_ERROR";
-    case EMBSTORE_CORRUPT: return "EMBSTORE_CORRUPT";
-    case EMBSTORE_UNSUPPORTED: return "EMBSTORE_UNSUPPORTED";
-    case EMBSTORE_BUSY: return "EMBSTORE_BUSY";
-    case EMBSTORE_DEVICE_ERROR: return "EMBSTORE_DEVICE_ERROR";
-    case EMBSTORE_INTERNAL: return "EMBSTORE_INTERNAL";
+    case EMBSTORE_OK:
+      return "EMBSTORE_OK";
+    case EMBSTORE_INVALID_ARGUMENT:
+      return "EMBSTORE_INVALID_ARGUMENT";
+    case EMBSTORE_NOT_FOUND:
+      return "EMBSTORE_NOT_FOUND";
+    case EMBSTORE_ALREADY_EXISTS:
+      return "EMBSTORE_ALREADY_EXISTS";
+    case EMBSTORE_OUT_OF_MEMORY:
+      return "EMBSTORE_OUT_OF_MEMORY";
+    case EMBSTORE_CAPACITY_EXCEEDED:
+      return "EMBSTORE_CAPACITY_EXCEEDED";
+    case EMBSTORE_IO_ERROR:
+      return "EMBSTORE_IO_ERROR";
+    case EMBSTORE_CORRUPT:
+      return "EMBSTORE_CORRUPT";
+    case EMBSTORE_UNSUPPORTED:
+      return "EMBSTORE_UNSUPPORTED";
+    case EMBSTORE_BUSY:
+      return "EMBSTORE_BUSY";
+    case EMBSTORE_DEVICE_ERROR:
+      return "EMBSTORE_DEVICE_ERROR";
+    case EMBSTORE_INTERNAL:
+      return "EMBSTORE_INTERNAL";
   }
   return "EMBSTORE_UNKNOWN_STATUS";
 }
@@ -193,8 +205,8 @@ embstore_status_t embstore_apply_gradients(embstore_table_t* table, const int64_
     require(keys, "keys");
     require(grads, "grads");
     check_batch(n);
-    table->impl->apply_gradients(keys, grads, n,
-                                 table->store->step.load(std::memory_order_relaxed), stream);
+    table->impl->apply_gradients(keys, grads, n, table->store->step.load(std::memory_order_relaxed),
+                                 stream);
   });
 }
 
@@ -232,8 +244,9 @@ embstore_status_t embstore_checkpoint(embstore_store_t* store, const char* dir,
     require(store, "store");
     require(dir, "dir");
     require(version_out, "version_out");
-    if (kind != EMBSTORE_CKPT_FULL && kind != EMBSTORE_CKPT_INCREMENTAL) {
-      fail(EMBSTORE_INVALID_ARGUMENT, "unknown checkpoint kind {}", static_cast<int>(kind));
+    const int k = embstore::enum_value(kind);
+    if (k != EMBSTORE_CKPT_FULL && k != EMBSTORE_CKPT_INCREMENTAL) {
+      fail(EMBSTORE_INVALID_ARGUMENT, "unknown checkpoint kind {}", k);
     }
     not_yet("embstore_checkpoint");
   });
@@ -281,8 +294,8 @@ embstore_status_t embstore_restore(embstore_store_t* store, const char* dir, uin
   });
 }
 
-embstore_status_t embstore_restore_attachment(embstore_store_t* store, const char* name,
-                                              void* buf, size_t capacity, size_t* bytes_out) {
+embstore_status_t embstore_restore_attachment(embstore_store_t* store, const char* name, void* buf,
+                                              size_t capacity, size_t* bytes_out) {
   return guarded(__func__, [&] {
     require(store, "store");
     require(name, "name");

@@ -4,10 +4,16 @@
 
 #include <embstore/embstore.h>
 
+#include <cstring>
 #include <exception>
 #include <string>
 #include <utility>
 
+// fmt 9 turns its constexpr off under nvcc, which its C++20 consteval checks then reject
+// (fmtlib/fmt#3543); nvcc 13 handles constexpr fmt as the host compiler does.
+#if defined(__CUDACC__) && !defined(FMT_USE_CONSTEXPR)
+#define FMT_USE_CONSTEXPR 1
+#endif
 #ifndef FMT_HEADER_ONLY
 #define FMT_HEADER_ONLY
 #endif
@@ -26,6 +32,17 @@ class Error : public std::exception {
   embstore_status_t status_;
   std::string message_;
 };
+
+// The integer inside an enum that came through the C API. C callers may pass any int, and
+// loading an out-of-range value as the enum type is undefined in C++, so validation reads it
+// as an int.
+template <typename Enum>
+int enum_value(const Enum& e) {
+  static_assert(sizeof(Enum) == sizeof(int));
+  int v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
 
 template <typename... Args>
 [[noreturn]] void fail(embstore_status_t status, fmt::format_string<Args...> format,

@@ -26,7 +26,7 @@ embstore_store::embstore_store(const embstore_store_config_t& c) {
   }
   if (c.device < 0) fail(EMBSTORE_INVALID_ARGUMENT, "device must be >= 0, is {}", c.device);
   device = c.device;
-  switch (c.backend) {
+  switch (embstore::enum_value(c.backend)) {
     case EMBSTORE_BACKEND_AUTO:
       backend = embstore::cuda_device_usable(c.device, nullptr) ? EMBSTORE_BACKEND_CUDA
                                                                 : EMBSTORE_BACKEND_HOST;
@@ -43,7 +43,7 @@ embstore_store::embstore_store(const embstore_store_config_t& c) {
       break;
     }
     default:
-      fail(EMBSTORE_INVALID_ARGUMENT, "unknown backend {}", static_cast<int>(c.backend));
+      fail(EMBSTORE_INVALID_ARGUMENT, "unknown backend {}", embstore::enum_value(c.backend));
   }
   if (backend == EMBSTORE_BACKEND_HOST) {
     pool = std::make_unique<embstore::ThreadPool>(static_cast<unsigned>(c.host_threads));

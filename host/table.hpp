@@ -33,8 +33,8 @@ struct TableSpec {
 TableSpec make_table_spec(const embstore_table_config_t& config);
 
 struct TableCounters {
-  uint64_t rows = 0, capacity = 0, dirty_rows = 0, inserted = 0, evicted = 0,
-           pending_admission = 0, skipped_keys = 0;
+  uint64_t rows = 0, capacity = 0, dirty_rows = 0, inserted = 0, evicted = 0, pending_admission = 0,
+           skipped_keys = 0;
 };
 
 class Table {
@@ -47,8 +47,8 @@ class Table {
   const TableSpec& spec() const { return spec_; }
 
   // Arguments are validated by the caller (host/api.cpp); pointers are backend pointers.
-  virtual void lookup(const int64_t* keys, size_t n, float* values_out, bool insert,
-                      uint64_t step, void* stream) = 0;
+  virtual void lookup(const int64_t* keys, size_t n, float* values_out, bool insert, uint64_t step,
+                      void* stream) = 0;
   virtual void apply_gradients(const int64_t* keys, const float* grads, size_t n, uint64_t step,
                                void* stream) = 0;
   virtual TableCounters counters() = 0;

@@ -11,8 +11,8 @@ namespace embstore {
 namespace {
 
 bool valid_name_char(char c) {
-  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-         c == '_' || c == '.' || c == '-';
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
+         c == '.' || c == '-';
 }
 
 // Table names become directory names in checkpoints, hence the narrow alphabet.
@@ -69,15 +69,15 @@ TableSpec make_table_spec(const embstore_table_config_t& c) {
   }
   s.max_capacity = c.max_capacity;
 
-  switch (c.optimizer) {
+  const int optimizer = enum_value(c.optimizer);
+  switch (optimizer) {
     case EMBSTORE_OPT_SGD:
     case EMBSTORE_OPT_ADAGRAD:
     case EMBSTORE_OPT_ROWWISE_ADAGRAD:
     case EMBSTORE_OPT_ADAM:
       break;
     default:
-      fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': unknown optimizer {}", s.name,
-           static_cast<int>(c.optimizer));
+      fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': unknown optimizer {}", s.name, optimizer);
   }
   check_non_negative("learning_rate", c.learning_rate);
   check_non_negative("epsilon", c.epsilon);
@@ -85,7 +85,7 @@ TableSpec make_table_spec(const embstore_table_config_t& c) {
   check_non_negative("initial_accumulator", c.initial_accumulator);
   check_finite("beta1", c.beta1);
   check_finite("beta2", c.beta2);
-  if (c.optimizer == EMBSTORE_OPT_ADAM) {
+  if (optimizer == EMBSTORE_OPT_ADAM) {
     if (c.beta1 < 0.0f || c.beta1 >= 1.0f || c.beta2 < 0.0f || c.beta2 >= 1.0f) {
       fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': Adam betas must be in [0, 1), are {} and {}",
            s.name, c.beta1, c.beta2);
@@ -94,18 +94,24 @@ TableSpec make_table_spec(const embstore_table_config_t& c) {
       fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': Adam needs epsilon > 0", s.name);
     }
   }
-  if ((c.optimizer == EMBSTORE_OPT_ADAGRAD || c.optimizer == EMBSTORE_OPT_ROWWISE_ADAGRAD) &&
+  if ((optimizer == EMBSTORE_OPT_ADAGRAD || optimizer == EMBSTORE_OPT_ROWWISE_ADAGRAD) &&
       c.epsilon == 0.0f && c.initial_accumulator == 0.0f) {
     fail(EMBSTORE_INVALID_ARGUMENT,
          "table '{}': Adagrad needs epsilon > 0 or initial_accumulator > 0 (0/0 otherwise)",
          s.name);
   }
-  s.opt = row::OptParams{static_cast<row::OptKind>(c.optimizer), c.learning_rate, c.epsilon,
-                         c.beta1, c.beta2, c.weight_decay, c.initial_accumulator};
+  s.opt = row::OptParams{static_cast<row::OptKind>(optimizer),
+                         c.learning_rate,
+                         c.epsilon,
+                         c.beta1,
+                         c.beta2,
+                         c.weight_decay,
+                         c.initial_accumulator};
 
   check_finite("init_a", c.init_a);
   check_finite("init_b", c.init_b);
-  switch (c.init) {
+  const int init = enum_value(c.init);
+  switch (init) {
     case EMBSTORE_INIT_ZEROS:
     case EMBSTORE_INIT_CONSTANT:
       break;
@@ -123,10 +129,9 @@ TableSpec make_table_spec(const embstore_table_config_t& c) {
       }
       break;
     default:
-      fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': unknown initializer {}", s.name,
-           static_cast<int>(c.init));
+      fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': unknown initializer {}", s.name, init);
   }
-  s.init = row::InitParams{static_cast<row::InitKind>(c.init), c.init_a, c.init_b, c.seed};
+  s.init = row::InitParams{static_cast<row::InitKind>(init), c.init_a, c.init_b, c.seed};
 
   if (c.admit_after > 1) {
     fail(EMBSTORE_UNSUPPORTED,

@@ -7,7 +7,6 @@
 
 #include "cuda/row/hd.h"
 
-
 namespace embstore::row {
 
 enum class OptKind : uint32_t { kSgd = 0, kAdagrad = 1, kRowwiseAdagrad = 2, kAdam = 3 };
@@ -66,7 +65,7 @@ EMBSTORE_HD RowScalars begin_row(const OptParams& p, uint32_t dim, const float* 
   RowScalars rs{0.0f, 0.0f, 0.0f, 0.0f};
   if (p.kind == OptKind::kRowwiseAdagrad) {
     rs.a = state[0] + sum_sq / static_cast<float>(dim);  // new accumulator
-    rs.b = sqrt_rn(rs.a) + p.eps;                           // shared denominator
+    rs.b = sqrt_rn(rs.a) + p.eps;                        // shared denominator
   } else if (p.kind == OptKind::kAdam) {
     rs.a = state[2 * dim] * p.beta1;      // beta1^t
     rs.b = state[2 * dim + 1] * p.beta2;  // beta2^t
@@ -79,8 +78,8 @@ EMBSTORE_HD RowScalars begin_row(const OptParams& p, uint32_t dim, const float* 
 // Updates column c of the row; g is the effective gradient. Templated on the optimizer so
 // the per-column loops carry no branch; update_column dispatches at run time.
 template <OptKind Kind>
-EMBSTORE_HD void update_column_k(const OptParams& p, const RowScalars& rs, uint32_t dim,
-                                 uint32_t c, float g, float* value, float* state) {
+EMBSTORE_HD void update_column_k(const OptParams& p, const RowScalars& rs, uint32_t dim, uint32_t c,
+                                 float g, float* value, float* state) {
   if constexpr (Kind == OptKind::kSgd) {
     value[c] = value[c] - p.lr * g;
   } else if constexpr (Kind == OptKind::kAdagrad) {

@@ -159,8 +159,8 @@ class HostTable final : public Table {
     std::sort(missing_keys_.begin(), missing_keys_.end());
     const uint64_t fresh =
         std::unique(missing_keys_.begin(), missing_keys_.end()) - missing_keys_.begin();
-    const uint64_t limit = spec().max_capacity == 0 ? row::kMaxRows
-                                                    : std::min(spec().max_capacity, row::kMaxRows);
+    const uint64_t limit =
+        spec().max_capacity == 0 ? row::kMaxRows : std::min(spec().max_capacity, row::kMaxRows);
     if (rows_ + fresh > limit) {
       fail(EMBSTORE_CAPACITY_EXCEEDED,
            "table '{}': {} new keys need {} rows, max_capacity is {}; nothing was inserted",

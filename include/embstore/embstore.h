@@ -52,8 +52,8 @@ typedef enum embstore_status {
   EMBSTORE_CORRUPT = 7,           /* checksum or format mismatch (file and offset in last_error) */
   EMBSTORE_UNSUPPORTED = 8,       /* not built, no device, or not implemented in this version */
   EMBSTORE_BUSY = 9,
-  EMBSTORE_DEVICE_ERROR = 10,     /* CUDA or NCCL failure */
-  EMBSTORE_INTERNAL = 11          /* a bug in embstore: please report it with last_error */
+  EMBSTORE_DEVICE_ERROR = 10, /* CUDA or NCCL failure */
+  EMBSTORE_INTERNAL = 11      /* a bug in embstore: please report it with last_error */
 } embstore_status_t;
 
 /* "EMBSTORE_CORRUPT" for EMBSTORE_CORRUPT; "EMBSTORE_UNKNOWN_STATUS" for a number that is not
@@ -76,16 +76,16 @@ typedef enum {
 } embstore_backend_t;
 
 typedef struct embstore_store_config {
-  size_t struct_size;          /* set by embstore_store_config_init */
-  embstore_backend_t backend;  /* default AUTO */
-  int device;                  /* CUDA device ordinal; default 0 */
-  int rank;                    /* 0 for a single process; default 0 */
-  int world_size;              /* 1 for a single process; default 1 */
-  void* nccl_comm;             /* ncclComm_t when world_size > 1 on CUDA, else NULL */
-  size_t staging_bytes;        /* pinned staging budget of the checkpoint pipeline;
-                                  default 256 MiB */
-  int io_queue_depth;          /* writes in flight per writer; default 16 */
-  int host_threads;            /* host backend worker threads, 0 (default): one per core */
+  size_t struct_size;         /* set by embstore_store_config_init */
+  embstore_backend_t backend; /* default AUTO */
+  int device;                 /* CUDA device ordinal; default 0 */
+  int rank;                   /* 0 for a single process; default 0 */
+  int world_size;             /* 1 for a single process; default 1 */
+  void* nccl_comm;            /* ncclComm_t when world_size > 1 on CUDA, else NULL */
+  size_t staging_bytes;       /* pinned staging budget of the checkpoint pipeline;
+                                 default 256 MiB */
+  int io_queue_depth;         /* writes in flight per writer; default 16 */
+  int host_threads;           /* host backend worker threads, 0 (default): one per core */
 } embstore_store_config_t;
 
 /* Fills config with the defaults above. NULL is a no-op. */
@@ -124,26 +124,26 @@ typedef enum {
 } embstore_init_t;
 
 typedef struct embstore_table_config {
-  size_t struct_size;              /* set by embstore_table_config_init */
-  const char* name;                /* unique in the store, [A-Za-z0-9_.-]{1,128}, not "." or
-                                      ".."; copied. Default NULL: must be set */
-  uint32_t dim;                    /* 1..4096. Default 0: must be set */
-  uint64_t initial_capacity;       /* rows allocated up front; default 1024; 0: default */
-  uint64_t max_capacity;           /* rows; 0 (default): grow as long as memory lasts */
-  embstore_optimizer_t optimizer;  /* default ADAGRAD */
-  float learning_rate;             /* default 0.01 */
-  float epsilon;                   /* default 1e-8 */
-  float beta1, beta2;              /* Adam; default 0.9, 0.999 */
-  float weight_decay;              /* L2: g += weight_decay * w before the update; default 0 */
-  float initial_accumulator;       /* Adagrad accumulators start here; default 0 */
-  embstore_init_t init;            /* default UNIFORM */
-  float init_a, init_b;            /* default -0.01, 0.01 */
-  uint64_t seed;                   /* a row's initial value depends only on (seed, key,
-                                      column); default 0 */
-  uint32_t admit_after;            /* a key gets a row at its N-th occurrence; 0 or 1 (default):
-                                      at once. N > 1 is UNSUPPORTED in this version */
-  uint64_t evict_idle_steps;       /* rows untouched for more steps are evicted; 0 (default):
-                                      never. Non-zero is UNSUPPORTED in this version */
+  size_t struct_size;             /* set by embstore_table_config_init */
+  const char* name;               /* unique in the store, [A-Za-z0-9_.-]{1,128}, not "." or
+                                     ".."; copied. Default NULL: must be set */
+  uint32_t dim;                   /* 1..4096. Default 0: must be set */
+  uint64_t initial_capacity;      /* rows allocated up front; default 1024; 0: default */
+  uint64_t max_capacity;          /* rows; 0 (default): grow as long as memory lasts */
+  embstore_optimizer_t optimizer; /* default ADAGRAD */
+  float learning_rate;            /* default 0.01 */
+  float epsilon;                  /* default 1e-8 */
+  float beta1, beta2;             /* Adam; default 0.9, 0.999 */
+  float weight_decay;             /* L2: g += weight_decay * w before the update; default 0 */
+  float initial_accumulator;      /* Adagrad accumulators start here; default 0 */
+  embstore_init_t init;           /* default UNIFORM */
+  float init_a, init_b;           /* default -0.01, 0.01 */
+  uint64_t seed;                  /* a row's initial value depends only on (seed, key,
+                                     column); default 0 */
+  uint32_t admit_after;           /* a key gets a row at its N-th occurrence; 0 or 1 (default):
+                                     at once. N > 1 is UNSUPPORTED in this version */
+  uint64_t evict_idle_steps;      /* rows untouched for more steps are evicted; 0 (default):
+                                     never. Non-zero is UNSUPPORTED in this version */
 } embstore_table_config_t;
 
 /* Fills config with the defaults above. NULL is a no-op. */
@@ -234,13 +234,11 @@ EMBSTORE_API embstore_status_t embstore_checkpoint(embstore_store_t* store, cons
                                                    uint64_t* version_out);
 
 /* Blocks until that version is committed or has failed; returns its outcome. */
-EMBSTORE_API embstore_status_t embstore_checkpoint_wait(embstore_store_t* store,
-                                                        uint64_t version);
+EMBSTORE_API embstore_status_t embstore_checkpoint_wait(embstore_store_t* store, uint64_t version);
 
 /* Bytes saved with the next checkpoint (dense weights, reader offsets, RNG state ...). */
-EMBSTORE_API embstore_status_t embstore_checkpoint_attach(embstore_store_t* store,
-                                                          const char* name, const void* data,
-                                                          size_t bytes);
+EMBSTORE_API embstore_status_t embstore_checkpoint_attach(embstore_store_t* store, const char* name,
+                                                          const void* data, size_t bytes);
 
 typedef struct embstore_checkpoint_policy {
   size_t struct_size;
@@ -251,15 +249,14 @@ typedef struct embstore_checkpoint_policy {
 } embstore_checkpoint_policy_t;
 
 EMBSTORE_API void embstore_checkpoint_policy_init(embstore_checkpoint_policy_t* policy);
-EMBSTORE_API embstore_status_t embstore_checkpoint_set_policy(
-    embstore_store_t* store, const embstore_checkpoint_policy_t* policy);
+EMBSTORE_API embstore_status_t
+embstore_checkpoint_set_policy(embstore_store_t* store, const embstore_checkpoint_policy_t* policy);
 
 /* Loads version (EMBSTORE_LATEST: the newest committed) from dir: its full base and every
    delta of its chain, checksums verified. Tables missing from the store are created exactly
    as they were configured; existing tables must match in dim. */
 EMBSTORE_API embstore_status_t embstore_restore(embstore_store_t* store, const char* dir,
-                                                uint64_t version,
-                                                uint64_t* restored_version_out);
+                                                uint64_t version, uint64_t* restored_version_out);
 EMBSTORE_API embstore_status_t embstore_restore_attachment(embstore_store_t* store,
                                                            const char* name, void* buf,
                                                            size_t capacity, size_t* bytes_out);

@@ -1,12 +1,11 @@
 // The C API's contract: lifecycle, defaults, status names, and a status plus a message for
 // every bad argument.
 #include <catch2/catch.hpp>
-
 #include <climits>
-#include <limits>
-#include <thread>
 #include <cstring>
+#include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/backend.hpp"
@@ -242,16 +241,15 @@ TEST_CASE("bad data path arguments", "[api]") {
                  "flags");
   require_failed(embstore_apply_gradients(nullptr, &key, grad, 1, nullptr),
                  EMBSTORE_INVALID_ARGUMENT, "table");
-  require_failed(embstore_apply_gradients(t, nullptr, grad, 1, nullptr),
-                 EMBSTORE_INVALID_ARGUMENT, "keys");
-  require_failed(embstore_apply_gradients(t, &key, nullptr, 1, nullptr),
-                 EMBSTORE_INVALID_ARGUMENT, "grads");
+  require_failed(embstore_apply_gradients(t, nullptr, grad, 1, nullptr), EMBSTORE_INVALID_ARGUMENT,
+                 "keys");
+  require_failed(embstore_apply_gradients(t, &key, nullptr, 1, nullptr), EMBSTORE_INVALID_ARGUMENT,
+                 "grads");
   require_failed(embstore_lookup(t, &key, size_t{1} << 33, out, 0, nullptr),
                  EMBSTORE_INVALID_ARGUMENT, "batch");
 
   // n == 0 is a no-op, with or without pointers.
-  REQUIRE(embstore_lookup(t, nullptr, 0, nullptr, EMBSTORE_LOOKUP_INSERT, nullptr) ==
-          EMBSTORE_OK);
+  REQUIRE(embstore_lookup(t, nullptr, 0, nullptr, EMBSTORE_LOOKUP_INSERT, nullptr) == EMBSTORE_OK);
   REQUIRE(embstore_apply_gradients(t, nullptr, nullptr, 0, nullptr) == EMBSTORE_OK);
   REQUIRE(stats(t).rows == 0);
 
@@ -293,14 +291,14 @@ TEST_CASE("checkpoint calls are not implemented yet and say so", "[api]") {
   uint64_t version = 0;
   require_failed(embstore_checkpoint(store, "/tmp/x", EMBSTORE_CKPT_FULL, &version),
                  EMBSTORE_UNSUPPORTED, "not implemented");
-  require_failed(embstore_checkpoint(store, "/tmp/x", static_cast<embstore_ckpt_kind_t>(5),
-                                     &version),
-                 EMBSTORE_INVALID_ARGUMENT, "kind");
+  require_failed(
+      embstore_checkpoint(store, "/tmp/x", static_cast<embstore_ckpt_kind_t>(5), &version),
+      EMBSTORE_INVALID_ARGUMENT, "kind");
   require_failed(embstore_checkpoint(store, nullptr, EMBSTORE_CKPT_FULL, &version),
                  EMBSTORE_INVALID_ARGUMENT, "dir");
   require_failed(embstore_checkpoint_wait(store, 1), EMBSTORE_UNSUPPORTED, "not implemented");
-  require_failed(embstore_restore(store, "/tmp/x", EMBSTORE_LATEST, &version),
-                 EMBSTORE_UNSUPPORTED, "not implemented");
+  require_failed(embstore_restore(store, "/tmp/x", EMBSTORE_LATEST, &version), EMBSTORE_UNSUPPORTED,
+                 "not implemented");
   require_failed(embstore_restore(store, "/tmp/x", EMBSTORE_LATEST, nullptr),
                  EMBSTORE_INVALID_ARGUMENT, "restored_version_out");
   require_failed(embstore_checkpoint_attach(store, "rng", nullptr, 4), EMBSTORE_INVALID_ARGUMENT,

@@ -1,9 +1,9 @@
 // What libembstore.so carries: only embstore_* symbols exported, and (in CUDA builds) device
 // code for every architecture asked for, with the fused optimizer kernels. Reads the ELF file
 // directly: cuobjdump is not installed everywhere.
-#include <catch2/catch.hpp>
 #include <elf.h>
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <fstream>
 #include <iterator>

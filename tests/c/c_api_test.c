@@ -5,13 +5,13 @@
 
 static int failures = 0;
 
-#define CHECK(cond)                                                   \
-  do {                                                                \
-    if (!(cond)) {                                                    \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n",    \
-              __FILE__, __LINE__, #cond, embstore_last_error());      \
-      ++failures;                                                     \
-    }                                                                 \
+#define CHECK(cond)                                                                           \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond, \
+              embstore_last_error());                                                         \
+      ++failures;                                                                             \
+    }                                                                                         \
   } while (0)
 
 int main(void) {

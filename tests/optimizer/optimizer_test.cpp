@@ -1,7 +1,6 @@
 // Fused optimizers against a straightforward reference written here, duplicate keys, and
 // bit-identical results across runs and thread counts.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -93,10 +92,14 @@ std::vector<float> train(embstore_store_t* store, const embstore_table_config_t&
 
 const char* opt_name(embstore_optimizer_t o) {
   switch (o) {
-    case EMBSTORE_OPT_SGD: return "sgd";
-    case EMBSTORE_OPT_ADAGRAD: return "adagrad";
-    case EMBSTORE_OPT_ROWWISE_ADAGRAD: return "rowwise_adagrad";
-    case EMBSTORE_OPT_ADAM: return "adam";
+    case EMBSTORE_OPT_SGD:
+      return "sgd";
+    case EMBSTORE_OPT_ADAGRAD:
+      return "adagrad";
+    case EMBSTORE_OPT_ROWWISE_ADAGRAD:
+      return "rowwise_adagrad";
+    case EMBSTORE_OPT_ADAM:
+      return "adam";
   }
   return "?";
 }

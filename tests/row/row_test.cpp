@@ -1,7 +1,5 @@
 // White-box tests of the per-row logic shared by the host backend and the CUDA kernels.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <random>

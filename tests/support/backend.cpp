@@ -1,7 +1,6 @@
 #include "support/backend.hpp"
 
 #include <catch2/catch.hpp>
-
 #include <cstring>
 
 #if defined(EMBSTORE_HAVE_CUDA)
@@ -55,16 +54,14 @@ class DeviceCopy {
   explicit DeviceCopy(const std::vector<T>& host) : n_(host.size()) {
     if (n_ == 0) return;
     REQUIRE(cudaMalloc(&ptr_, n_ * sizeof(T)) == cudaSuccess);
-    REQUIRE(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice) ==
-            cudaSuccess);
+    REQUIRE(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
   }
   ~DeviceCopy() { cudaFree(ptr_); }
   T* get() const { return static_cast<T*>(ptr_); }
   void copy_to(std::vector<T>* host) const {
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     if (n_ == 0) return;
-    REQUIRE(cudaMemcpy(host->data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost) ==
-            cudaSuccess);
+    REQUIRE(cudaMemcpy(host->data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
   }
 
  private:
@@ -75,8 +72,8 @@ class DeviceCopy {
 
 }  // namespace
 
-embstore_status_t lookup(embstore_table_t* table, const std::vector<int64_t>& keys,
-                         uint32_t flags, std::vector<float>* out) {
+embstore_status_t lookup(embstore_table_t* table, const std::vector<int64_t>& keys, uint32_t flags,
+                         std::vector<float>* out) {
   out->assign(keys.size() * embstore_table_dim(table), -1.0f);
 #if defined(EMBSTORE_HAVE_CUDA)
   if (g_backend == EMBSTORE_BACKEND_CUDA) {

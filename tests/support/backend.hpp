@@ -32,8 +32,8 @@ embstore_table_config_t table_config(const char* name, uint32_t dim);
 embstore_table_t* make_table(embstore_store_t* store, const embstore_table_config_t& config);
 
 // Data path calls with host vectors, copied to and from the device where needed.
-embstore_status_t lookup(embstore_table_t* table, const std::vector<int64_t>& keys,
-                         uint32_t flags, std::vector<float>* out);
+embstore_status_t lookup(embstore_table_t* table, const std::vector<int64_t>& keys, uint32_t flags,
+                         std::vector<float>* out);
 embstore_status_t apply_gradients(embstore_table_t* table, const std::vector<int64_t>& keys,
                                   const std::vector<float>& grads);
 

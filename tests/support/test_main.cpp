@@ -2,7 +2,6 @@
 // start exits 77, which ctest reports as skipped (never as passed).
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
-
 #include <cstdio>
 #include <string>
 

@@ -1,8 +1,7 @@
 // Tables: find-or-insert, deterministic initializers, growth, max_capacity, dirty rows, stats.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <numeric>
 #include <random>
