@@ -41,6 +41,24 @@ struct IndexRef {
     }
   }
 
+  // Single-writer find-or-insert in one probe: the key's row, or new_row placed in the first
+  // empty slot of its probe sequence (*inserted set) when the key is absent.
+  EMBSTORE_HD uint32_t find_or_insert_serial(int64_t key, uint32_t new_row, bool* inserted) const {
+    for (uint64_t s = home(key);; s = next(s)) {
+      Slot& slot = slots[s];
+      if (slot.row == kEmptyRow) {
+        slot.key = key;
+        slot.row = new_row;
+        *inserted = true;
+        return new_row;
+      }
+      if (slot.key == key) {
+        *inserted = false;
+        return slot.row;
+      }
+    }
+  }
+
   // Single-writer insert of a key known to be absent (host backend, index rebuild).
   EMBSTORE_HD void insert_absent(int64_t key, uint32_t row) const {
     uint64_t s = home(key);

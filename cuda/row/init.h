@@ -52,22 +52,80 @@ EMBSTORE_HD float standard_normal(uint64_t h) {
   return 0.0f;  // (1 - pi/4)^64 ~ 1e-43: never in practice
 }
 
-EMBSTORE_HD float init_value(const InitParams& p, int64_t key, uint32_t col) {
+// Per-row stream: one hash of (seed, key); column c then draws splitmix64's c-th output, one
+// mix per column instead of a chain of hashes.
+EMBSTORE_HD uint64_t init_row_seed(const InitParams& p, int64_t key) {
+  return hash_combine(p.seed, static_cast<uint64_t>(key));
+}
+
+EMBSTORE_HD uint64_t init_column_hash(uint64_t row_seed, uint32_t col) {
+  return mix64(row_seed + (uint64_t{col} + 1) * 0x9e3779b97f4a7c15ull);
+}
+
+// murmur3's 32-bit finalizer: a bijection with full avalanche.
+EMBSTORE_HD uint32_t mix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  h ^= h >> 16;
+  return h;
+}
+
+// 32 random bits for column `col` of a row: distinct columns give distinct values. 32-bit
+// arithmetic only, so the host compiler vectorizes a row's loop (a uniform row is the hot
+// path of inserting new keys).
+EMBSTORE_HD uint32_t init_column_bits(uint64_t row_seed, uint32_t col) {
+  const uint32_t lo = static_cast<uint32_t>(row_seed);
+  const uint32_t hi = static_cast<uint32_t>(row_seed >> 32);
+  return mix32((lo + col * 0x9e3779b9u) ^ hi);
+}
+
+// [0, 1) from the top 24 bits; exact in float. Through int32 so it vectorizes.
+EMBSTORE_HD float unit_float24(uint32_t bits) {
+  return static_cast<float>(static_cast<int32_t>(bits >> 8)) * (1.0f / 16777216.0f);
+}
+
+EMBSTORE_HD float init_value_at(const InitParams& p, uint64_t row_seed, uint32_t col) {
   switch (p.kind) {
     case InitKind::kZeros:
       return 0.0f;
     case InitKind::kConstant:
       return p.a;
-    case InitKind::kUniform: {
-      const uint64_t h = hash_combine(hash_combine(p.seed, static_cast<uint64_t>(key)), col);
-      return p.a + (p.b - p.a) * unit_float(h);
-    }
-    case InitKind::kNormal: {
-      const uint64_t h = hash_combine(hash_combine(p.seed, static_cast<uint64_t>(key)), col);
-      return p.a + p.b * standard_normal(h);
-    }
+    case InitKind::kUniform:
+      return p.a + (p.b - p.a) * unit_float24(init_column_bits(row_seed, col));
+    case InitKind::kNormal:
+      return p.a + p.b * standard_normal(init_column_hash(row_seed, col));
   }
   return 0.0f;
+}
+
+// The initial value of column `col` of `key`'s row.
+EMBSTORE_HD float init_value(const InitParams& p, int64_t key, uint32_t col) {
+  return init_value_at(p, init_row_seed(p, key), col);
+}
+
+// A whole row; the kind is resolved once, outside the column loop (host backend).
+EMBSTORE_HD void init_row(const InitParams& p, int64_t key, uint32_t dim, float* out) {
+  const uint64_t seed = init_row_seed(p, key);
+  switch (p.kind) {
+    case InitKind::kZeros:
+    case InitKind::kConstant: {
+      const float v = p.kind == InitKind::kZeros ? 0.0f : p.a;
+      for (uint32_t c = 0; c < dim; ++c) out[c] = v;
+      return;
+    }
+    case InitKind::kUniform: {
+      const float width = p.b - p.a;
+      for (uint32_t c = 0; c < dim; ++c) {
+        out[c] = p.a + width * unit_float24(init_column_bits(seed, c));
+      }
+      return;
+    }
+    case InitKind::kNormal:
+      for (uint32_t c = 0; c < dim; ++c) out[c] = init_value_at(p, seed, c);
+      return;
+  }
 }
 
 }  // namespace embstore::row

@@ -49,6 +49,28 @@ EMBSTORE_HD float initial_state(const OptParams& p, uint32_t dim, uint32_t i) {
   }
 }
 
+// True when a new row's state is all zero bits (memory that is already zero needs no write).
+EMBSTORE_HD bool initial_state_is_zero(const OptParams& p) {
+  switch (p.kind) {
+    case OptKind::kSgd:
+      return true;
+    case OptKind::kAdagrad:
+    case OptKind::kRowwiseAdagrad:
+      return bit_cast<uint32_t>(p.initial_accumulator) == 0;
+    case OptKind::kAdam:
+      return false;
+  }
+  return false;
+}
+
+// A new row's whole state; the layout is resolved once, outside the loops (host backend).
+EMBSTORE_HD void init_state(const OptParams& p, uint32_t dim, float* state) {
+  const uint32_t n = state_dim(p.kind, dim);
+  const uint32_t zeros = p.kind == OptKind::kAdam ? 2 * dim : 0;
+  for (uint32_t i = 0; i < zeros; ++i) state[i] = 0.0f;
+  for (uint32_t i = zeros; i < n; ++i) state[i] = initial_state(p, dim, zeros);
+}
+
 // The gradient the optimizer sees: L2 weight decay folded in.
 EMBSTORE_HD float effective_grad(const OptParams& p, float g, float w) {
   return p.weight_decay == 0.0f ? g : g + p.weight_decay * w;

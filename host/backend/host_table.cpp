@@ -2,6 +2,10 @@
 // the same per-row logic (cuda/row/) that the CUDA kernels run.
 #include <sys/mman.h>
 
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -24,19 +28,35 @@ namespace {
 // Keys are independent, so batches split into parts of this many keys or rows.
 constexpr size_t kGrain = 4096;
 // How many keys ahead the probe and copy loops prefetch: enough to cover a memory latency.
-constexpr size_t kAhead = 12;
+constexpr size_t kAhead = 16;
 constexpr uint32_t kEnd = 0xFFFFFFFFu;
 
 // Anonymous mapping: pages arrive zeroed on first touch, large ones as huge pages where the
 // kernel allows, which saves TLB misses on random row access.
 class HostBuffer {
  public:
+  static constexpr size_t kHugePage = size_t{2} << 20;
+
   HostBuffer() = default;
   explicit HostBuffer(size_t bytes) : bytes_(bytes) {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (bytes < kHugePage) {
+      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) throw std::bad_alloc();
+      data_ = p;
+      return;
+    }
+    // Huge pages need 2 MiB alignment, which mmap does not promise: map more, trim the ends.
+    bytes_ = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+    const size_t mapped = bytes_ + kHugePage;
+    void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
-    if (bytes >= (size_t{2} << 20)) madvise(p, bytes, MADV_HUGEPAGE);
-    data_ = p;
+    const auto base = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t aligned = (base + kHugePage - 1) / kHugePage * kHugePage;
+    if (aligned > base) munmap(p, aligned - base);
+    const uintptr_t tail = base + mapped - (aligned + bytes_);
+    if (tail > 0) munmap(reinterpret_cast<void*>(aligned + bytes_), tail);
+    data_ = reinterpret_cast<void*>(aligned);
+    madvise(data_, bytes_, MADV_HUGEPAGE);
   }
   ~HostBuffer() {
     if (data_) munmap(data_, bytes_);
@@ -57,6 +77,27 @@ class HostBuffer {
   void* data_ = nullptr;
   size_t bytes_ = 0;
 };
+
+// Rows of a batch whose output exceeds the caches are written with streaming stores: the
+// output cannot stay cached anyway, and this saves reading every destination line first.
+constexpr size_t kStreamingOutputBytes = size_t{8} << 20;
+
+template <bool Streaming>
+void copy_row(float* dst, const float* src, uint32_t dim) {
+#if defined(__SSE2__)
+  if constexpr (Streaming) {  // dst is 16-byte aligned and dim a multiple of 4
+    for (uint32_t c = 0; c < dim; c += 4) {
+      _mm_stream_ps(dst + c, src ? _mm_loadu_ps(src + c) : _mm_setzero_ps());
+    }
+    return;
+  }
+#endif
+  if (src) {
+    std::memcpy(dst, src, dim * sizeof(float));
+  } else {
+    std::memset(dst, 0, dim * sizeof(float));
+  }
+}
 
 void prefetch_row(const float* row, uint32_t floats) {
   const char* p = reinterpret_cast<const char*>(row);
@@ -87,20 +128,9 @@ class HostTable final : public Table {
     find_rows(keys, n, rows);
     if (insert) insert_missing(keys, n, rows, step);
     const uint32_t dim = spec().dim;
-    const row::ArenaRef arena = arena_;
-    pool_.parallel_for(n, kGrain, [&](size_t begin, size_t end) {
-      for (size_t i = begin; i < end; ++i) {
-        if (i + kAhead < end && rows[i + kAhead] != row::kNoRow) {
-          prefetch_row(arena.row(rows[i + kAhead]), dim);
-        }
-        float* dst = out + i * dim;
-        if (rows[i] == row::kNoRow) {
-          std::memset(dst, 0, dim * sizeof(float));
-        } else {
-          std::memcpy(dst, arena.row(rows[i]), dim * sizeof(float));
-        }
-      }
-    });
+    const bool streaming = n * dim * sizeof(float) >= kStreamingOutputBytes && dim % 4 == 0 &&
+                           reinterpret_cast<uintptr_t>(out) % 16 == 0;
+    streaming ? copy_rows<true>(rows, n, out) : copy_rows<false>(rows, n, out);
   }
 
   void apply_gradients(const int64_t* keys, const float* grads, size_t n, uint64_t step,
@@ -109,16 +139,9 @@ class HostTable final : public Table {
     rows_scratch_.resize(n);
     uint32_t* rows = rows_scratch_.data();
     find_rows(keys, n, rows);
-    group_by_row(rows, n);
-    const bool concurrent = pool_.size() > 1;
-    row::dispatch_opt(spec().opt.kind, [&](auto kind) {
-      if (dirty_tracking_) {
-        concurrent ? update_groups<decltype(kind)::value, true, true>(grads, step)
-                   : update_groups<decltype(kind)::value, true, false>(grads, step);
-      } else {
-        update_groups<decltype(kind)::value, false, false>(grads, step);
-      }
-    });
+    group_by_row(rows, n, dirty_tracking_);
+    row::dispatch_opt(spec().opt.kind,
+                      [&](auto kind) { update_groups<decltype(kind)::value>(grads, step); });
   }
 
   TableCounters counters() override {
@@ -138,6 +161,24 @@ class HostTable final : public Table {
   }
 
  private:
+  template <bool Streaming>
+  void copy_rows(const uint32_t* rows, size_t n, float* out) {
+    const uint32_t dim = spec().dim;
+    const row::ArenaRef arena = arena_;
+    pool_.parallel_for(n, kGrain, [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) {
+        if (i + kAhead < end && rows[i + kAhead] != row::kNoRow) {
+          prefetch_row(arena.row(rows[i + kAhead]), dim);
+        }
+        copy_row<Streaming>(out + i * dim, rows[i] == row::kNoRow ? nullptr : arena.row(rows[i]),
+                            dim);
+      }
+#if defined(__SSE2__)
+      if constexpr (Streaming) _mm_sfence();  // streaming stores are weakly ordered
+#endif
+    });
+  }
+
   void find_rows(const int64_t* keys, size_t n, uint32_t* rows) {
     const row::IndexRef index = index_;
     pool_.parallel_for(n, kGrain, [&](size_t begin, size_t end) {
@@ -149,50 +190,55 @@ class HostTable final : public Table {
   }
 
   // Gives each missing key one new row, in order of first appearance. Either every new row
-  // fits under max_capacity or nothing is inserted.
+  // fits under the row limit or nothing is inserted.
   void insert_missing(const int64_t* keys, size_t n, uint32_t* rows, uint64_t step) {
-    missing_keys_.clear();
-    for (size_t i = 0; i < n; ++i) {
-      if (rows[i] == row::kNoRow) missing_keys_.push_back(keys[i]);
-    }
-    if (missing_keys_.empty()) return;
-    std::sort(missing_keys_.begin(), missing_keys_.end());
-    const uint64_t fresh =
-        std::unique(missing_keys_.begin(), missing_keys_.end()) - missing_keys_.begin();
+    uint64_t missing = 0;
+    for (size_t i = 0; i < n; ++i) missing += rows[i] == row::kNoRow;
+    if (missing == 0) return;
     const uint64_t limit =
         spec().max_capacity == 0 ? row::kMaxRows : std::min(spec().max_capacity, row::kMaxRows);
-    if (rows_ + fresh > limit) {
-      fail(EMBSTORE_CAPACITY_EXCEEDED,
-           "table '{}': {} new keys need {} rows, max_capacity is {}; nothing was inserted",
-           spec().name, fresh, rows_ + fresh, limit);
+    if (rows_ + missing > limit) {
+      // Near the limit only: count distinct new keys exactly (duplicates share a row).
+      missing_keys_.clear();
+      for (size_t i = 0; i < n; ++i) {
+        if (rows[i] == row::kNoRow) missing_keys_.push_back(keys[i]);
+      }
+      std::sort(missing_keys_.begin(), missing_keys_.end());
+      const uint64_t fresh =
+          std::unique(missing_keys_.begin(), missing_keys_.end()) - missing_keys_.begin();
+      if (rows_ + fresh > limit) {
+        fail(EMBSTORE_CAPACITY_EXCEEDED,
+             "table '{}': {} new keys need {} rows, max_capacity is {}; nothing was inserted",
+             spec().name, fresh, rows_ + fresh, limit);
+      }
     }
-    reserve_rows(rows_ + fresh);
 
     const uint64_t first_new = rows_;
     for (size_t i = 0; i < n; ++i) {
       if (rows[i] != row::kNoRow) continue;
-      uint32_t r = index_.find(keys[i]);  // a duplicate inserted earlier in this loop
-      if (r == row::kNoRow) {
-        r = static_cast<uint32_t>(rows_++);
-        index_.insert_absent(keys[i], r);
-        arena_.row_meta(r)->key = keys[i];
-      }
+      if (rows_ == room_) reserve_rows(rows_ + 1);  // doubles the arena or the index
+      bool inserted = false;
+      const uint32_t r =
+          index_.find_or_insert_serial(keys[i], static_cast<uint32_t>(rows_), &inserted);
+      if (inserted) arena_.row_meta(rows_++)->key = keys[i];
       rows[i] = r;
     }
+    const uint64_t fresh = rows_ - first_new;
     inserted_ += fresh;
 
     const TableSpec& s = spec();
     const row::ArenaRef arena = arena_;
     uint64_t* dirty = dirty_.data();
     const bool concurrent = pool_.size() > 1;
+    const bool zero_state = row::initial_state_is_zero(s.opt);
     pool_.parallel_for(fresh, kGrain, [&](size_t begin, size_t end) {
       for (uint64_t r = first_new + begin; r < first_new + end; ++r) {
         row::RowMeta* meta = arena.row_meta(r);
         float* values = arena.row(r);
-        for (uint32_t c = 0; c < s.dim; ++c) values[c] = row::init_value(s.init, meta->key, c);
+        row::init_row(s.init, meta->key, s.dim, values);
         float* state = values + s.dim;
-        const uint32_t state_dim = s.state_dim();
-        for (uint32_t i = 0; i < state_dim; ++i) state[i] = row::initial_state(s.opt, s.dim, i);
+        // Rows are never reused yet, so a new row's memory is fresh zero pages.
+        if (!zero_state) row::init_state(s.opt, s.dim, state);
         meta->step = step;
         concurrent ? row::bitmap_set<true>(dirty, r) : row::bitmap_set<false>(dirty, r);
       }
@@ -201,7 +247,12 @@ class HostTable final : public Table {
 
   // Positions of each row in batch order: groups_[g] = {row, first, last}, next_[i] = the next
   // position of the same row. Keys without a row are counted and left out.
-  void group_by_row(const uint32_t* rows, size_t n) {
+  // With `mark`, each row's dirty bit is set here, in the serial pass that meets every updated
+  // row, rather than by the parallel update workers: a plain OR instead of atomics and cache
+  // lines passed between cores. The update follows in the same call under the table lock, so
+  // nothing can observe the bit before the row is written.
+  void group_by_row(const uint32_t* rows, size_t n, bool mark) {
+    uint64_t* dirty = dirty_.data();
     uint64_t slots = 16;
     while (slots < 2 * n) slots *= 2;
     const int shift = 64 - row::msb64(slots);
@@ -221,6 +272,7 @@ class HostTable final : public Table {
       if (group_map_[s] == 0) {
         groups_.push_back({r, static_cast<uint32_t>(i), static_cast<uint32_t>(i)});
         group_map_[s] = static_cast<uint32_t>(groups_.size());
+        if (mark) row::bitmap_set<false>(dirty, r);
       } else {
         Group& g = groups_[group_map_[s] - 1];
         next_[g.last] = static_cast<uint32_t>(i);
@@ -230,13 +282,12 @@ class HostTable final : public Table {
     skipped_ += skipped;
   }
 
-  template <row::OptKind Kind, bool Mark, bool Concurrent>
+  template <row::OptKind Kind>
   void update_groups(const float* grads, uint64_t step) {
     const uint32_t dim = spec().dim;
     const uint32_t stride = spec().stride();
     const row::OptParams opt = spec().opt;
     const row::ArenaRef arena = arena_;
-    uint64_t* dirty = dirty_.data();
     pool_.parallel_for(groups_.size(), kGrain / 4, [&](size_t begin, size_t end) {
       std::vector<float> sum(dim);
       for (size_t gi = begin; gi < end; ++gi) {
@@ -254,7 +305,6 @@ class HostTable final : public Table {
         float* value = arena.row(g.row);
         row::apply_row<Kind>(opt, dim, value, value + dim, grad);
         arena.row_meta(g.row)->step = step;
-        if constexpr (Mark) row::bitmap_set<Concurrent>(dirty, g.row);
       }
     });
   }
@@ -276,6 +326,7 @@ class HostTable final : public Table {
     dirty_.resize(row::bitmap_words(row::arena_capacity(chunks_, arena_.base_shift)), 0);
     const uint64_t slots = row::index_slots_for(rows);
     if (index_.slots == nullptr || slots > index_.mask + 1) rebuild_index(slots);
+    room_ = std::min(row::arena_capacity(chunks_, arena_.base_shift), (index_.mask + 1) / 2);
   }
 
   void rebuild_index(uint64_t slots) {
@@ -305,6 +356,7 @@ class HostTable final : public Table {
   row::IndexRef index_{nullptr, 0};
   std::vector<uint64_t> dirty_;
   uint64_t rows_ = 0, inserted_ = 0, skipped_ = 0;
+  uint64_t room_ = 0;  // rows that fit before the arena or the index must grow
   bool dirty_tracking_ = true;
   // Scratch kept between calls so the hot path does not allocate.
   std::vector<uint32_t> rows_scratch_, group_map_, next_;

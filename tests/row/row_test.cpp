@@ -128,3 +128,39 @@ TEST_CASE("state layouts", "[row]") {
   REQUIRE(initial_state(adam, 16, 32) == 1.0f);
   REQUIRE(initial_state(adam, 16, 33) == 1.0f);
 }
+
+TEST_CASE("whole-row initializers equal the per-column ones", "[row]") {
+  for (InitKind kind : {InitKind::kZeros, InitKind::kConstant, InitKind::kUniform,
+                        InitKind::kNormal}) {
+    const InitParams p{kind, -0.5f, 0.75f, 77};
+    for (int64_t key : {INT64_MIN, int64_t{3}, INT64_MAX}) {
+      for (uint32_t dim : {1u, 5u, 64u, 133u}) {
+        std::vector<float> row(dim);
+        init_row(p, key, dim, row.data());
+        for (uint32_t c = 0; c < dim; ++c) {
+          const float one = init_value(p, key, c);
+          REQUIRE(std::memcmp(&row[c], &one, sizeof(float)) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("whole-row state init equals the per-element one", "[row]") {
+  for (OptKind kind :
+       {OptKind::kSgd, OptKind::kAdagrad, OptKind::kRowwiseAdagrad, OptKind::kAdam}) {
+    for (float acc : {0.0f, 0.1f}) {
+      const OptParams p{kind, 0.1f, 1e-8f, 0.9f, 0.999f, 0.0f, acc};
+      const uint32_t dim = 7;
+      std::vector<float> state(state_dim(kind, dim) + 1, -9.0f);
+      init_state(p, dim, state.data());
+      bool all_zero = true;
+      for (uint32_t i = 0; i < state_dim(kind, dim); ++i) {
+        REQUIRE(state[i] == initial_state(p, dim, i));
+        all_zero = all_zero && state[i] == 0.0f;
+      }
+      REQUIRE(state.back() == -9.0f);  // nothing written past the state
+      REQUIRE(initial_state_is_zero(p) == all_zero);
+    }
+  }
+}

@@ -1,0 +1,245 @@
+// Pieces every scenario shares: options, the scenario interface, an owning store, memory on
+// the store's backend, timing and result checks.
+#pragma once
+
+#include <embstore/embstore.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <ctime>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#if defined(EMBSTORE_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
+#include "perf/report.hpp"
+
+namespace CLI {
+class App;
+}
+
+namespace embstore::perf {
+
+// Options every scenario takes; a scenario may change the defaults (Scenario::set_defaults).
+struct CommonOptions {
+  std::string backend = "auto";
+  int threads = 1;  // host_threads of the store; 0: one per core
+  uint32_t dim = 64;
+  size_t batch = 65536;
+  uint64_t key_space = 10'000'000;
+  double zipf = 1.1;
+  size_t steps = 100;  // batches
+  uint64_t seed = 42;
+  std::string json_path;
+};
+
+class Scenario {
+ public:
+  virtual ~Scenario() = default;
+  virtual const char* name() const = 0;
+  virtual const char* description() const = 0;
+  virtual void set_defaults(CommonOptions&) const {}
+  virtual void add_options(CLI::App&) {}
+  // Returns the exit code: 0, or kExitMismatch when results fail their check. Throws
+  // std::runtime_error on errors.
+  virtual int run(const CommonOptions& options, Report& report) = 0;
+};
+
+inline constexpr int kExitError = 1;
+inline constexpr int kExitMismatch = 2;
+
+std::unique_ptr<Scenario> make_lookup_scenario();
+std::unique_ptr<Scenario> make_optimizer_scenario();
+
+// Throws with the library's own message (which names the call): a benchmark that silently
+// measures failures lies.
+inline void check(embstore_status_t status, const char* what) {
+  if (status != EMBSTORE_OK) {
+    const std::string detail = embstore_last_error();
+    throw std::runtime_error(
+        fmt::format("{} ({})", detail.empty() ? what : detail, embstore_status_name(status)));
+  }
+}
+
+inline embstore_backend_t backend_from_name(const std::string& name) {
+  if (name == "host") return EMBSTORE_BACKEND_HOST;
+  if (name == "cuda") return EMBSTORE_BACKEND_CUDA;
+  return EMBSTORE_BACKEND_AUTO;
+}
+
+inline const char* backend_name(embstore_backend_t backend) {
+  return backend == EMBSTORE_BACKEND_CUDA ? "cuda" : "host";
+}
+
+// "sgd", "adagrad", "rowwise_adagrad", "adam" (CLI checks the name).
+inline embstore_optimizer_t optimizer_from_name(const std::string& name) {
+  if (name == "sgd") return EMBSTORE_OPT_SGD;
+  if (name == "rowwise_adagrad") return EMBSTORE_OPT_ROWWISE_ADAGRAD;
+  if (name == "adam") return EMBSTORE_OPT_ADAM;
+  return EMBSTORE_OPT_ADAGRAD;
+}
+
+inline const std::vector<std::string>& optimizer_names() {
+  static const std::vector<std::string> names{"sgd", "adagrad", "rowwise_adagrad", "adam"};
+  return names;
+}
+
+class Store {
+ public:
+  explicit Store(const CommonOptions& options) {
+    embstore_store_config_t config;
+    embstore_store_config_init(&config);
+    config.backend = backend_from_name(options.backend);
+    config.host_threads = options.threads;
+    check(embstore_store_create(&config, &store_), "embstore_store_create");
+  }
+  ~Store() { embstore_store_destroy(store_); }
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  embstore_store_t* get() const { return store_; }
+  embstore_backend_t backend() const { return embstore_store_backend(store_); }
+
+ private:
+  embstore_store_t* store_ = nullptr;
+};
+
+inline embstore_table_stats_t table_stats(embstore_table_t* table) {
+  embstore_table_stats_t stats;
+  stats.struct_size = sizeof(stats);
+  check(embstore_table_stats(table, &stats), "embstore_table_stats");
+  return stats;
+}
+
+// Waits for the backend's queued work; the host backend's calls are already synchronous.
+inline void backend_sync([[maybe_unused]] embstore_backend_t backend) {
+#if defined(EMBSTORE_HAVE_CUDA)
+  if (backend == EMBSTORE_BACKEND_CUDA) {
+    const cudaError_t err = cudaDeviceSynchronize();
+    if (err != cudaSuccess) throw std::runtime_error(cudaGetErrorString(err));
+  }
+#endif
+}
+
+// n elements where the backend reads them: host memory, or device memory on CUDA.
+template <typename T>
+class BackendBuffer {
+ public:
+  BackendBuffer(embstore_backend_t backend, size_t n) : backend_(backend), size_(n) {
+#if defined(EMBSTORE_HAVE_CUDA)
+    if (backend_ == EMBSTORE_BACKEND_CUDA) {
+      void* p = nullptr;
+      cuda_check(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+      device_ = static_cast<T*>(p);
+      return;
+    }
+#endif
+    host_.resize(n);
+  }
+  ~BackendBuffer() {
+#if defined(EMBSTORE_HAVE_CUDA)
+    if (device_ != nullptr) cudaFree(device_);
+#endif
+  }
+  BackendBuffer(const BackendBuffer&) = delete;
+  BackendBuffer& operator=(const BackendBuffer&) = delete;
+
+  T* data() { return device_ != nullptr ? device_ : host_.data(); }
+  size_t size() const { return size_; }
+
+  void upload(const T* src, size_t n, size_t offset = 0) {
+#if defined(EMBSTORE_HAVE_CUDA)
+    if (device_ != nullptr) {
+      cuda_check(cudaMemcpy(device_ + offset, src, n * sizeof(T), cudaMemcpyHostToDevice));
+      return;
+    }
+#endif
+    std::copy(src, src + n, host_.begin() + offset);
+  }
+
+  // [offset, offset + n) readable on the host: the buffer itself, or a copy in scratch.
+  const T* host_view(size_t offset, size_t n, std::vector<T>& scratch) const {
+#if defined(EMBSTORE_HAVE_CUDA)
+    if (device_ != nullptr) {
+      scratch.resize(n);
+      cuda_check(
+          cudaMemcpy(scratch.data(), device_ + offset, n * sizeof(T), cudaMemcpyDeviceToHost));
+      return scratch.data();
+    }
+#endif
+    (void)n;
+    (void)scratch;
+    return host_.data() + offset;
+  }
+
+ private:
+#if defined(EMBSTORE_HAVE_CUDA)
+  static void cuda_check(cudaError_t err) {
+    if (err != cudaSuccess) throw std::runtime_error(cudaGetErrorString(err));
+  }
+#endif
+
+  embstore_backend_t backend_;
+  size_t size_;
+  std::vector<T> host_;
+  T* device_ = nullptr;
+};
+
+// Wall and process CPU seconds. CPU time counts every thread of the process and none of the
+// time it waits for a core, so on a shared machine it shows what preemption hides in the wall
+// time (cache and memory-bandwidth interference remain in both).
+struct Elapsed {
+  double wall = 0, cpu = 0;
+  Elapsed& operator+=(const Elapsed& o) {
+    wall += o.wall;
+    cpu += o.cpu;
+    return *this;
+  }
+};
+
+class Stopwatch {
+ public:
+  Stopwatch() : wall_(std::chrono::steady_clock::now()), cpu_(cpu_now()) {}
+  Elapsed elapsed() const {
+    const double cpu = cpu_now() - cpu_;
+    return {std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_).count(), cpu};
+  }
+  double seconds() const { return elapsed().wall; }
+
+ private:
+  static double cpu_now() {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
+
+  std::chrono::steady_clock::time_point wall_;
+  double cpu_;
+};
+
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+// Order-sensitive checksum of float bit patterns: equal outputs give equal sums, and reading
+// every output keeps the compiler from dropping the work that produced it.
+inline uint64_t checksum_floats(const float* values, size_t n, uint64_t seed) {
+  uint64_t h = seed * 0x100000001b3ull;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &values[i], sizeof(bits));
+    h += uint64_t{bits} * (2 * i + 1);
+  }
+  return h;
+}
+
+}  // namespace embstore::perf
