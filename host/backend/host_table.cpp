@@ -192,8 +192,11 @@ class HostTable final : public Table {
   // Gives each missing key one new row, in order of first appearance. Either every new row
   // fits under the row limit or nothing is inserted.
   void insert_missing(const int64_t* keys, size_t n, uint32_t* rows, uint64_t step) {
-    uint64_t missing = 0;
-    for (size_t i = 0; i < n; ++i) missing += rows[i] == row::kNoRow;
+    missing_pos_.clear();
+    for (size_t i = 0; i < n; ++i) {
+      if (rows[i] == row::kNoRow) missing_pos_.push_back(static_cast<uint32_t>(i));
+    }
+    const uint64_t missing = missing_pos_.size();
     if (missing == 0) return;
     const uint64_t limit =
         spec().max_capacity == 0 ? row::kMaxRows : std::min(spec().max_capacity, row::kMaxRows);
@@ -214,8 +217,11 @@ class HostTable final : public Table {
     }
 
     const uint64_t first_new = rows_;
-    for (size_t i = 0; i < n; ++i) {
-      if (rows[i] != row::kNoRow) continue;
+    for (size_t j = 0; j < missing; ++j) {
+      if (j + kAhead < missing) {
+        __builtin_prefetch(&index_.slots[index_.home(keys[missing_pos_[j + kAhead]])]);
+      }
+      const size_t i = missing_pos_[j];
       if (rows_ == room_) reserve_rows(rows_ + 1);  // doubles the arena or the index
       bool inserted = false;
       const uint32_t r =
@@ -359,7 +365,7 @@ class HostTable final : public Table {
   uint64_t room_ = 0;  // rows that fit before the arena or the index must grow
   bool dirty_tracking_ = true;
   // Scratch kept between calls so the hot path does not allocate.
-  std::vector<uint32_t> rows_scratch_, group_map_, next_;
+  std::vector<uint32_t> rows_scratch_, group_map_, next_, missing_pos_;
   std::vector<int64_t> missing_keys_;
   std::vector<Group> groups_;
 };
