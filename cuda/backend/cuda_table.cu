@@ -36,6 +36,10 @@
 
 namespace embstore::detail {
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 700
+#error "find_or_insert_kernel spins within a warp: it needs independent thread scheduling (sm_70+)"
+#endif
+
 inline constexpr int kBlock = 256;
 inline constexpr uint32_t kFullMask = 0xffffffffu;
 // Scratch sub-buffers start on this boundary (CUB wants 256 bytes for its temp storage).
@@ -62,7 +66,8 @@ __device__ __forceinline__ uint64_t grid_threads() {
   return uint64_t{gridDim.x} * BlockSize;
 }
 
-// Sums `local` over the block and adds it with one atomic. Every thread of the block calls it.
+// Sums `local` over the block and adds it with one atomic. Every thread of the block calls it,
+// at most once per kernel (the static shared storage is not reused safely).
 template <int BlockSize>
 __device__ __forceinline__ void block_add(unsigned long long local, unsigned long long* total) {
   using Reduce = cub::BlockReduce<unsigned long long, BlockSize>;
@@ -92,8 +97,9 @@ __global__ void __launch_bounds__(BlockSize)
 // and then compare the key, so duplicates in a batch share the winner's row.
 template <int BlockSize>
 __global__ void __launch_bounds__(BlockSize)
-    find_or_insert_kernel(row::IndexRef index, const int64_t* keys, uint64_t n, uint32_t* rows,
-                          uint8_t* created, DeviceCounters* counters) {
+    find_or_insert_kernel(row::IndexRef index, row::ArenaRef arena, const int64_t* keys, uint64_t n,
+                          uint64_t step, uint32_t* rows, uint8_t* created,
+                          DeviceCounters* counters) {
   using RowRef = cuda::atomic_ref<uint32_t, cuda::thread_scope_device>;
   unsigned long long local = 0;
   for (uint64_t i = grid_thread<BlockSize>(); i < n; i += grid_threads<BlockSize>()) {
@@ -109,6 +115,9 @@ __global__ void __launch_bounds__(BlockSize)
                                         cuda::memory_order_acquire)) {
           slot.key = key;
           found = static_cast<uint32_t>(atomicAdd(&counters->rows, 1ull));
+          // The row's key goes with its id: an index rebuild reads keys from the metadata, so
+          // it must never see an id whose metadata a later kernel was to write.
+          *arena.row_meta(found) = row::RowMeta{key, step};
           ref.store(found, cuda::memory_order_release);  // publishes the key too
           mine = 1;
           break;
@@ -131,13 +140,13 @@ __global__ void __launch_bounds__(BlockSize)
   block_add<BlockSize>(local, &counters->inserted);
 }
 
-// Fills each row created by find_or_insert_kernel exactly once: a tile of 2^tile_shift
-// threads per position, the tile's threads striding over the row's record.
+// Fills the values and state of each row created by find_or_insert_kernel exactly once: a tile of
+// 2^tile_shift threads per position, the tile's threads striding over the row's record.
 template <int BlockSize>
 __global__ void __launch_bounds__(BlockSize)
     init_rows_kernel(row::ArenaRef arena, row::InitParams init, row::OptParams opt,
                      const int64_t* keys, const uint32_t* rows, const uint8_t* created, uint64_t n,
-                     uint32_t tile_shift, uint64_t* dirty, uint64_t step) {
+                     uint32_t tile_shift, uint64_t* dirty) {
   const uint32_t tile = 1u << tile_shift;
   const uint32_t t = threadIdx.x & (tile - 1);
   const uint32_t dim = arena.dim;
@@ -148,13 +157,12 @@ __global__ void __launch_bounds__(BlockSize)
     const uint32_t r = rows[i];
     const int64_t key = keys[i];
     float* record = arena.row(r);
+    const uint64_t seed = row::init_row_seed(init, key);
     for (uint32_t c = t; c < stride; c += tile) {
-      record[c] = c < dim ? row::init_value(init, key, c) : row::initial_state(opt, dim, c - dim);
+      record[c] =
+          c < dim ? row::init_value_at(init, seed, c) : row::initial_state(opt, dim, c - dim);
     }
-    if (t == 0) {
-      *arena.row_meta(r) = row::RowMeta{key, step};
-      row::bitmap_set<true>(dirty, r);
-    }
+    if (t == 0) row::bitmap_set<true>(dirty, r);
   }
 }
 
@@ -249,17 +257,14 @@ __global__ void __launch_bounds__(BlockSize)
     };
     float sum_sq = 0.0f;
     if constexpr (Kind == row::OptKind::kRowwiseAdagrad) {
-      float s = 0.0f;  // row::lane_sum_sq over the summed gradient
-      for (uint32_t c = lane; c < dim; c += row::kLanes) {
-        const float e = row::effective_grad(p, grad_sum(c), value[c]);
-        s = s + e * e;
-      }
+      float s = row::lane_sum_sq_at(p, dim, lane, grad_sum, value);
       // Same additions as row::butterfly_sum; every lane ends with the same value.
       for (uint32_t m = row::kLanes / 2; m > 0; m /= 2) s = s + __shfl_xor_sync(kFullMask, s, m);
       sum_sq = s;
     }
     const row::RowScalars rs = row::begin_row(p, dim, state, sum_sq);
-    __syncwarp();  // every lane has read the row-level state before lane 0 rewrites it
+    // Columns never touch the row-level state that begin_row read; lane 0 rewrites that only
+    // in end_row, after the barrier below.
     for (uint32_t c = lane; c < dim; c += row::kLanes) {
       row::update_column_k<Kind>(p, rs, dim, c, row::effective_grad(p, grad_sum(c), value[c]),
                                  value, state);
@@ -408,8 +413,13 @@ class CudaTable final : public Table {
       check(cudaStreamWaitEvent(stream, done, 0), "cudaStreamWaitEvent");
     }
     ~CallScope() {
-      // Also after a failure part-way: the next call must wait for what was enqueued.
-      if (cudaEventRecord(done_, stream_) != cudaSuccess) (void)cudaGetLastError();
+      // Also after a failure part-way: the next call must wait for what was enqueued. If the
+      // event cannot be recorded, wait here instead, so no later call can overtake this one.
+      if (cudaEventRecord(done_, stream_) != cudaSuccess) {
+        (void)cudaGetLastError();
+        (void)cudaStreamSynchronize(stream_);
+        (void)cudaGetLastError();
+      }
     }
     CallScope(const CallScope&) = delete;
     CallScope& operator=(const CallScope&) = delete;
@@ -452,7 +462,8 @@ class CudaTable final : public Table {
   cudaEvent_t done_ = nullptr;
   cudaStream_t own_stream_ = nullptr;  // counters() and setup; never the caller's work
   // >= the true row count: the count at the last synchronization plus every row an insert
-  // enqueued since may have created. Keeps the insert path free of synchronization.
+  // enqueued since may have created. The insert path synchronizes only when this bound says
+  // the table might have to grow or pass its limit (about every capacity/n insert calls).
   uint64_t rows_bound_ = 0;
   bool dirty_tracking_ = true;
 };
@@ -469,10 +480,7 @@ CudaTable::CudaTable(TableSpec spec, int device) : Table(std::move(spec)), devic
     check(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
 
     // Chunk 0 holds at least initial_capacity rows (and at least 64: one bitmap word).
-    uint32_t base_shift = 6;
-    while (base_shift < 31 && (uint64_t{1} << base_shift) < this->spec().initial_capacity) {
-      ++base_shift;
-    }
+    const uint32_t base_shift = row::base_shift_for(this->spec().initial_capacity);
     arena_.base_shift = base_shift;
     arena_.dim = this->spec().dim;
     arena_.stride = this->spec().stride();
@@ -556,8 +564,7 @@ DeviceCounters CudaTable::read_counters(cudaStream_t stream) {
 // without inserting anything. Synchronizes only when the cheap upper bound says it might
 // need to grow or might pass the row limit.
 void CudaTable::reserve_rows(const int64_t* keys, size_t n, cudaStream_t stream) {
-  const uint64_t limit =
-      spec().max_capacity != 0 ? std::min(spec().max_capacity, row::kMaxRows) : row::kMaxRows;
+  const uint64_t limit = row::row_limit(spec().max_capacity);
   if (rows_bound_ + n <= capacity_rows() && rows_bound_ + n <= limit) {
     rows_bound_ += n;
     return;
@@ -565,12 +572,14 @@ void CudaTable::reserve_rows(const int64_t* keys, size_t n, cudaStream_t stream)
   const uint64_t rows = read_counters(stream).rows;  // syncs: every earlier insert is done
   rows_bound_ = rows;
   uint64_t need = rows + n;
-  if (need > limit) {
+  if (need > limit || need > capacity_rows()) {
+    // Count the batch's distinct new keys exactly, so growth and the limit see the rows this
+    // insert really adds (a batch of known or duplicate keys must not double the arena).
     const uint64_t fresh = count_new_keys(keys, n, stream);
     if (rows + fresh > limit) {
       fail(EMBSTORE_CAPACITY_EXCEEDED,
            "table '{}': {} new rows on top of {} would pass the limit of {} rows "
-           "(max_capacity {})",
+           "(max_capacity {}); nothing was inserted",
            spec().name, fresh, rows, limit, spec().max_capacity);
     }
     need = rows + fresh;
@@ -668,13 +677,12 @@ void CudaTable::lookup(const int64_t* keys, size_t n, float* values_out, bool in
 
   const uint32_t dim_shift = tile_shift_for(arena_.dim);
   if (insert) {
-    find_or_insert_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(index_ref(), keys, n, rows,
-                                                                        created, device_counters());
+    find_or_insert_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
+        index_ref(), arena_, keys, n, step, rows, created, device_counters());
     check_launch("find_or_insert_kernel");
     const uint32_t shift = tile_shift_for(arena_.stride);
     init_rows_kernel<kBlock><<<blocks_for(uint64_t{n} << shift), kBlock, 0, stream>>>(
-        arena_, spec().init, spec().opt, keys, rows, created, n, shift, dirty_.get<uint64_t>(),
-        step);
+        arena_, spec().init, spec().opt, keys, rows, created, n, shift, dirty_.get<uint64_t>());
     check_launch("init_rows_kernel");
     gather_rows_kernel<kBlock><<<blocks_for(uint64_t{n} << dim_shift), kBlock, 0, stream>>>(
         arena_, rows, n, dim_shift, values_out);

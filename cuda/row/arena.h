@@ -26,6 +26,13 @@ EMBSTORE_HD ChunkPos chunk_of(uint64_t row, uint32_t base_shift) {
   return {static_cast<uint32_t>(top - static_cast<int>(base_shift)), q - (uint64_t{1} << top)};
 }
 
+// log2 of chunk 0's rows: at least initial_capacity, and at least 64 (one bitmap word).
+EMBSTORE_HD uint32_t base_shift_for(uint64_t initial_capacity) {
+  uint32_t shift = 6;
+  while ((uint64_t{1} << shift) < initial_capacity) ++shift;
+  return shift;
+}
+
 EMBSTORE_HD uint64_t chunk_rows(uint32_t chunk, uint32_t base_shift) {
   return uint64_t{1} << (base_shift + chunk);
 }

@@ -18,6 +18,11 @@ struct alignas(16) Slot {
 };
 static_assert(sizeof(Slot) == 16);
 
+// Rows a table may hold: max_capacity (0: unbounded) within what 32-bit row ids allow.
+EMBSTORE_HD uint64_t row_limit(uint64_t max_capacity) {
+  return max_capacity != 0 && max_capacity < kMaxRows ? max_capacity : kMaxRows;
+}
+
 // The index stays at most half full, which keeps linear probes short.
 EMBSTORE_HD uint64_t index_slots_for(uint64_t rows) {
   uint64_t slots = 16;

@@ -145,15 +145,23 @@ EMBSTORE_HD void end_row(const OptParams& p, const RowScalars& rs, uint32_t dim,
   }
 }
 
-// Lane l's share of sum(effective_grad^2): columns l, l+32, ... in increasing order.
-EMBSTORE_HD float lane_sum_sq(const OptParams& p, uint32_t dim, uint32_t lane, const float* g,
-                              const float* value) {
+// Lane l's share of sum(effective_grad^2): columns l, l+32, ... in increasing order. grad(c)
+// gives column c of the row's summed gradient (the CUDA kernel sums duplicates on the fly).
+template <typename GradAt>
+EMBSTORE_HD float lane_sum_sq_at(const OptParams& p, uint32_t dim, uint32_t lane, GradAt grad,
+                                 const float* value) {
   float s = 0.0f;
   for (uint32_t c = lane; c < dim; c += kLanes) {
-    const float e = effective_grad(p, g[c], value[c]);
+    const float e = effective_grad(p, grad(c), value[c]);
     s = s + e * e;
   }
   return s;
+}
+
+EMBSTORE_HD float lane_sum_sq(const OptParams& p, uint32_t dim, uint32_t lane, const float* g,
+                              const float* value) {
+  return lane_sum_sq_at(
+      p, dim, lane, [g](uint32_t c) { return g[c]; }, value);
 }
 
 // The host form of a warp's xor butterfly: the same additions in the same grouping, so every

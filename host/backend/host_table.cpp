@@ -105,16 +105,10 @@ void prefetch_row(const float* row, uint32_t floats) {
   for (; p < end; p += 64) __builtin_prefetch(p);
 }
 
-uint32_t base_shift_for(uint64_t initial_capacity) {
-  uint32_t shift = 6;  // at least 64 rows in chunk 0
-  while ((uint64_t{1} << shift) < initial_capacity) ++shift;
-  return shift;
-}
-
 class HostTable final : public Table {
  public:
   HostTable(TableSpec spec, ThreadPool& pool) : Table(std::move(spec)), pool_(pool) {
-    arena_.base_shift = base_shift_for(this->spec().initial_capacity);
+    arena_.base_shift = row::base_shift_for(this->spec().initial_capacity);
     arena_.dim = this->spec().dim;
     arena_.stride = this->spec().stride();
     reserve_rows(this->spec().initial_capacity);
@@ -198,8 +192,7 @@ class HostTable final : public Table {
     }
     const uint64_t missing = missing_pos_.size();
     if (missing == 0) return;
-    const uint64_t limit =
-        spec().max_capacity == 0 ? row::kMaxRows : std::min(spec().max_capacity, row::kMaxRows);
+    const uint64_t limit = row::row_limit(spec().max_capacity);
     if (rows_ + missing > limit) {
       // Near the limit only: count distinct new keys exactly (duplicates share a row).
       missing_keys_.clear();
