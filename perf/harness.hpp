@@ -77,6 +77,18 @@ inline const char* backend_name(embstore_backend_t backend) {
   return backend == EMBSTORE_BACKEND_CUDA ? "cuda" : "host";
 }
 
+// The parameters every scenario reports, in the same order.
+inline void report_common(Report& report, const CommonOptions& o, embstore_backend_t backend) {
+  report.set("backend", backend_name(backend));
+  report.set("threads", o.threads);
+  report.set("dim", o.dim);
+  report.set("batch", o.batch);
+  report.set("key_space", o.key_space);
+  report.set("zipf", o.zipf);
+  report.set("steps", o.steps);
+  report.set("seed", o.seed);
+}
+
 // "sgd", "adagrad", "rowwise_adagrad", "adam" (CLI checks the name).
 inline embstore_optimizer_t optimizer_from_name(const std::string& name) {
   if (name == "sgd") return EMBSTORE_OPT_SGD;

@@ -8,18 +8,13 @@
 #include <stdexcept>
 #include <vector>
 
+#include "cuda/row/hash.h"
+
 namespace embstore::perf {
 
-// The splitmix64 finalizer: a bijection on 64 bits, so distinct ranks stay distinct keys and
-// hot ranks are scattered over the int64 range instead of being adjacent integers.
-inline uint64_t scramble64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  return x;
-}
+// A bijection on 64 bits (the index's own hash), so distinct ranks stay distinct keys and hot
+// ranks are scattered over the int64 range instead of being adjacent integers.
+inline uint64_t scramble64(uint64_t x) { return row::mix64(x); }
 
 // The key of rank k (1-based).
 inline int64_t key_of_rank(uint64_t rank) { return static_cast<int64_t>(scramble64(rank)); }

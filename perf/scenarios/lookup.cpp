@@ -201,14 +201,7 @@ class LookupScenario final : public Scenario {
                  sample.first_mismatch().empty() ? "-" : sample.first_mismatch());
     }
 
-    report.set("backend", backend_name(backend_));
-    report.set("threads", o.threads);
-    report.set("dim", o.dim);
-    report.set("batch", o.batch);
-    report.set("key_space", o.key_space);
-    report.set("zipf", o.zipf);
-    report.set("steps", o.steps);
-    report.set("seed", o.seed);
+    report_common(report, o, backend_);
     report.set("optimizer", optimizer_);
     report.set("repeat", repeat_);
     report.set("keys", total_);

@@ -169,14 +169,7 @@ class OptimizerScenario final : public Scenario {
                  populated.rows, stats.rows);
     }
 
-    report.set("backend", backend_name(backend));
-    report.set("threads", o.threads);
-    report.set("dim", o.dim);
-    report.set("batch", o.batch);
-    report.set("key_space", o.key_space);
-    report.set("zipf", o.zipf);
-    report.set("steps", o.steps);
-    report.set("seed", o.seed);
+    report_common(report, o, backend);
     report.set("optimizer", optimizer_);
     report.set("rounds", rounds_);
     report.set("batches_per_round", per_round);
