@@ -14,6 +14,11 @@
 #include "perf/report.hpp"
 
 namespace embstore::perf {
+
+// perf/scenarios/io.cpp (declared here rather than in harness.hpp: it needs none of the store
+// helpers there).
+std::unique_ptr<Scenario> make_io_scenario();
+
 namespace {
 
 struct Entry {
@@ -59,9 +64,10 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
 }
 
 int run(int argc, char** argv) {
-  std::vector<Entry> entries(2);
+  std::vector<Entry> entries(3);
   entries[0].scenario = make_lookup_scenario();
   entries[1].scenario = make_optimizer_scenario();
+  entries[2].scenario = make_io_scenario();
 
   CLI::App app{"embstore-perf: benchmark scenarios for embstore", "embstore-perf"};
   app.require_subcommand(1);

@@ -1,0 +1,233 @@
+#include "io/engine.hpp"
+
+#include <fcntl.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <set>
+
+#include "io/fault.hpp"
+
+namespace embstore::io {
+namespace {
+
+std::mutex g_fault_mutex;
+std::function<int(uint64_t, size_t)> g_fault;
+bool g_fault_set = false;  // read under the mutex; the hook is test-only, so no fast path
+
+std::mutex g_log_mutex;
+
+// Largest buffer_bytes accepted: a ring request's length is 32 bits, and staging beyond this
+// only costs memory.
+constexpr size_t kMaxBufferBytes = size_t{1} << 30;
+constexpr unsigned kMaxQueueDepth = 4096;
+
+}  // namespace
+
+void set_fault_injection(std::function<int(uint64_t offset, size_t bytes)> hook) {
+  std::lock_guard<std::mutex> lock(g_fault_mutex);
+  g_fault = std::move(hook);
+  g_fault_set = static_cast<bool>(g_fault);
+}
+
+namespace detail {
+
+int injected_fault(uint64_t offset, size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_fault_mutex);
+  if (!g_fault_set) return 0;
+  const int r = g_fault(offset, bytes);
+  return r > 0 ? -r : r;  // a positive errno by mistake still fails the write
+}
+
+std::string errno_name(int negative_errno) {
+  const char* name = strerrorname_np(-negative_errno);
+  return name != nullptr ? std::string("-") + name : std::to_string(negative_errno);
+}
+
+void log_engine(const std::string& line) {
+  static std::set<std::string> logged;
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  if (!logged.insert(line).second) return;
+  std::fprintf(stderr, "embstore: io engine %s\n", line.c_str());
+}
+
+Channel::~Channel() {
+  // The kernel may still write into (or read from) the buffers: wait before freeing them.
+  drain();
+  if (uring_ok_) io_uring_queue_exit(&ring_);
+  close_fd();
+  std::free(base_);
+}
+
+int Channel::open(const std::string& path, int flags, mode_t mode, const IoOptions& options,
+                  bool write) {
+  write_ = write;
+  if (options.queue_depth == 0 || options.queue_depth > kMaxQueueDepth ||
+      options.buffer_bytes == 0 || options.buffer_bytes > kMaxBufferBytes ||
+      options.buffers > kMaxQueueDepth) {
+    return -EINVAL;
+  }
+  queue_depth_ = options.queue_depth;
+  buffer_count_ = options.buffers != 0 ? options.buffers : options.queue_depth;
+  buffer_bytes_ = align_up(options.buffer_bytes);
+
+  std::string notes;
+  auto note = [&notes](const std::string& s) { notes += (notes.empty() ? "" : "; ") + s; };
+
+  flags |= O_CLOEXEC;
+  if (options.direct) {
+    fd_ = ::open(path.c_str(), flags | O_DIRECT, mode);
+    if (fd_ >= 0) {
+      direct_ = true;
+    } else if (errno == EINVAL) {
+      note("O_DIRECT refused (-EINVAL): buffered");
+    } else {
+      return -errno;
+    }
+  } else {
+    note("O_DIRECT off by option");
+  }
+  if (fd_ < 0) {
+    fd_ = ::open(path.c_str(), flags, mode);
+    if (fd_ < 0) return -errno;
+  }
+
+  void* base = nullptr;
+  if (posix_memalign(&base, kAlignment, buffer_count_ * buffer_bytes_) != 0) return -ENOMEM;
+  base_ = static_cast<char*>(base);
+
+  const char* sync_name = write ? "pwrite" : "pread";
+  if (options.allow_uring) {
+    const int r = io_uring_queue_init(queue_depth_, &ring_, 0);
+    if (r == 0) {
+      uring_ok_ = true;
+      std::vector<iovec> iov(buffer_count_);
+      for (unsigned i = 0; i < buffer_count_; ++i) iov[i] = {buffer(i), buffer_bytes_};
+      // Registration pins the pages once instead of per request; it can fail on the memlock
+      // limit, and plain requests work the same, only a little slower.
+      const int reg = io_uring_register_buffers(&ring_, iov.data(), buffer_count_);
+      if (reg == 0) {
+        fixed_ = true;
+      } else {
+        note("buffer registration refused (" + errno_name(reg) + "): unregistered buffers");
+      }
+    } else {
+      note("io_uring refused (" + errno_name(r) + "): " + sync_name + " fallback");
+    }
+  } else {
+    note(std::string("io_uring off by option: ") + sync_name);
+  }
+
+  if (uring_ok_) {
+    engine_ = direct_ ? "io_uring+O_DIRECT" : "io_uring";
+  } else if (write) {
+    engine_ = direct_ ? "pwrite+O_DIRECT" : "pwrite";
+  } else {
+    engine_ = direct_ ? "pread+O_DIRECT" : "pread";
+  }
+  log_engine(std::string(engine_) + " (" + (write ? "writer" : "reader") +
+             (notes.empty() ? "" : "; " + notes) + ")");
+  return 0;
+}
+
+int Channel::index_of(const void* p) const {
+  const char* c = static_cast<const char*>(p);
+  if (base_ == nullptr || c < base_ || c >= base_ + buffer_count_ * buffer_bytes_) return -1;
+  const size_t delta = static_cast<size_t>(c - base_);
+  if (delta % buffer_bytes_ != 0) return -1;
+  return static_cast<int>(delta / buffer_bytes_);
+}
+
+int Channel::start(unsigned index, size_t at, size_t len, uint64_t off) {
+  if (broken_) return -EIO;
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  // Callers keep in_flight <= queue_depth and submit each request at once, so a free entry
+  // exists; a missing one means the bookkeeping is wrong.
+  if (sqe == nullptr) return -EBUSY;
+  char* p = buffer(index) + at;
+  const unsigned n = static_cast<unsigned>(len);
+  if (write_) {
+    if (fixed_) {
+      io_uring_prep_write_fixed(sqe, fd_, p, n, off, static_cast<int>(index));
+    } else {
+      io_uring_prep_write(sqe, fd_, p, n, off);
+    }
+  } else {
+    if (fixed_) {
+      io_uring_prep_read_fixed(sqe, fd_, p, n, off, static_cast<int>(index));
+    } else {
+      io_uring_prep_read(sqe, fd_, p, n, off);
+    }
+  }
+  io_uring_sqe_set_data64(sqe, index);
+  int r;
+  do {
+    r = io_uring_submit(&ring_);
+  } while (r == -EINTR);
+  if (r < 0) {
+    // The entry may still sit in the submission queue and go out with a later submit, after
+    // its buffer was reused: refuse all further requests instead.
+    broken_ = true;
+    return r;
+  }
+  ++in_flight_;
+  return 0;
+}
+
+int Channel::reap(bool wait, unsigned* index, int* result) {
+  if (in_flight_ == 0) return wait ? -EINVAL : -EAGAIN;
+  io_uring_cqe* cqe = nullptr;
+  int r;
+  do {
+    r = wait ? io_uring_wait_cqe(&ring_, &cqe) : io_uring_peek_cqe(&ring_, &cqe);
+  } while (r == -EINTR);
+  if (r < 0) return r;
+  *index = static_cast<unsigned>(io_uring_cqe_get_data64(cqe));
+  *result = cqe->res;
+  io_uring_cqe_seen(&ring_, cqe);
+  --in_flight_;
+  return 0;
+}
+
+void Channel::drain() {
+  unsigned index;
+  int result;
+  while (in_flight_ > 0) {
+    if (reap(true, &index, &result) < 0) {
+      // The ring cannot be waited on: tearing it down (queue_exit) still cancels and waits.
+      break;
+    }
+  }
+}
+
+ssize_t Channel::transfer(unsigned index, size_t at, size_t len, uint64_t off) {
+  char* p = buffer(index) + at;
+  size_t done = 0;
+  while (done < len) {
+    const ssize_t r = write_ ? ::pwrite(fd_, p + done, len - done, static_cast<off_t>(off + done))
+                             : ::pread(fd_, p + done, len - done, static_cast<off_t>(off + done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return -errno;
+    }
+    if (r == 0) break;
+    done += static_cast<size_t>(r);
+  }
+  return static_cast<ssize_t>(done);
+}
+
+int Channel::close_fd() {
+  if (fd_ < 0) return 0;
+  const int r = ::close(fd_);
+  fd_ = -1;
+  return r == 0 ? 0 : -errno;
+}
+
+}  // namespace detail
+}  // namespace embstore::io

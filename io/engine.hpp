@@ -1,0 +1,99 @@
+// What FileWriter and FileReader share: their options and the I/O channel under them (a file
+// descriptor, aligned staging buffers and, where the kernel allows, an io_uring with those
+// buffers registered). The engine is chosen at run time: io_uring when io_uring_queue_init
+// succeeds, else pwrite/pread; O_DIRECT when open() accepts it, else buffered. Every function
+// returns 0 (or a count) or -errno; nothing throws.
+#pragma once
+
+#include <liburing.h>
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace embstore::io {
+
+// O_DIRECT needs buffers, offsets and lengths aligned to the logical block size; 4096 covers
+// every device we expect (512e and 4Kn disks, NVMe).
+inline constexpr size_t kAlignment = 4096;
+
+struct IoOptions {
+  unsigned queue_depth = 16;       // the most reads/writes in flight at once
+  size_t buffer_bytes = 1u << 20;  // one staging buffer; rounded up to kAlignment
+  unsigned buffers = 0;            // staging buffers; 0: queue_depth
+  bool direct = true;              // try O_DIRECT (falls back to buffered on EINVAL)
+  bool allow_uring = true;         // try io_uring (falls back to pwrite/pread)
+};
+
+namespace detail {
+
+inline size_t align_up(size_t n) { return (n + kAlignment - 1) & ~(kAlignment - 1); }
+
+// The fault hook of fault.hpp: 0, or the -errno the write at [offset, offset + bytes) reports.
+int injected_fault(uint64_t offset, size_t bytes);
+
+// One file and its buffers. Not thread-safe: one producer (writer) or consumer (reader).
+class Channel {
+ public:
+  Channel() = default;
+  ~Channel();
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  // Opens path with flags (O_DIRECT added when options.direct and accepted), allocates the
+  // buffers and sets up the ring. write selects the engine names and the log line.
+  int open(const std::string& path, int flags, mode_t mode, const IoOptions& options, bool write);
+
+  bool uring() const { return uring_ok_; }
+  bool direct() const { return direct_; }
+  const char* engine() const { return engine_; }
+  int fd() const { return fd_; }
+  unsigned queue_depth() const { return queue_depth_; }
+  unsigned buffer_count() const { return buffer_count_; }
+  size_t buffer_bytes() const { return buffer_bytes_; }
+  char* buffer(unsigned index) const { return base_ + index * buffer_bytes_; }
+  // The index of the buffer that starts at p, or -1.
+  int index_of(const void* p) const;
+  unsigned in_flight() const { return in_flight_; }
+
+  // io_uring: queues and submits one read/write of buffer(index)[at, at + len) at file offset
+  // off; user_data carries index. Returns 0 or -errno (the channel is then unusable).
+  int start(unsigned index, size_t at, size_t len, uint64_t off);
+  // io_uring: one completion. Waits when wait; returns -EAGAIN when none is ready and !wait.
+  int reap(bool wait, unsigned* index, int* result);
+  // Drains every request in flight, dropping their results.
+  void drain();
+
+  // pwrite/pread: the whole range or -errno; a zero-length transfer (end of file or a full
+  // device that reports no error) stops the loop and returns the bytes moved so far.
+  ssize_t transfer(unsigned index, size_t at, size_t len, uint64_t off);
+
+  // Closes the descriptor; returns close()'s error, if any.
+  int close_fd();
+
+ private:
+  int fd_ = -1;
+  bool write_ = false;
+  bool direct_ = false;
+  bool uring_ok_ = false;
+  bool fixed_ = false;  // buffers registered: io_uring_prep_{write,read}_fixed
+  bool broken_ = false;
+  const char* engine_ = "";
+  unsigned queue_depth_ = 0;
+  unsigned buffer_count_ = 0;
+  size_t buffer_bytes_ = 0;
+  char* base_ = nullptr;
+  unsigned in_flight_ = 0;
+  io_uring ring_{};
+};
+
+// Logs "embstore: io engine <name>[ (<notes>)]" to stderr, once per distinct line per process.
+void log_engine(const std::string& line);
+
+// "-EPERM" for -1; readable in logs without a lookup table.
+std::string errno_name(int negative_errno);
+
+}  // namespace detail
+}  // namespace embstore::io
