@@ -1,0 +1,300 @@
+#include "io/row_file.hpp"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+
+namespace embstore::io {
+
+// Keys and floats go to disk as they lie in memory.
+static_assert(std::endian::native == std::endian::little, "row files are little-endian");
+
+namespace {
+
+constexpr size_t kHeaderHashedBytes = 56;
+
+void put_u32(char* p, uint32_t v) { std::memcpy(p, &v, sizeof v); }
+void put_u64(char* p, uint64_t v) { std::memcpy(p, &v, sizeof v); }
+uint32_t get_u32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+uint64_t get_u64(const char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+uint64_t upsert_row_bytes(uint64_t dim, uint64_t state_dim) {
+  return sizeof(int64_t) + sizeof(float) * (dim + state_dim);
+}
+
+// The most rows of row_bytes that fit one block of buffer_bytes (0 when not even one does).
+uint32_t block_capacity(size_t buffer_bytes, uint64_t row_bytes) {
+  if (buffer_bytes < kRowBlockHeaderBytes) return 0;
+  const uint64_t rows = (buffer_bytes - kRowBlockHeaderBytes) / row_bytes;
+  return static_cast<uint32_t>(std::min<uint64_t>(rows, std::numeric_limits<uint32_t>::max()));
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------ writer --
+
+void RowFileWriter::HashDeleter::operator()(XXH3_state_s* s) const { XXH3_freeState(s); }
+
+RowFileWriter::~RowFileWriter() = default;
+
+int RowFileWriter::open(const std::string& path, uint32_t dim, uint32_t state_dim,
+                        const WriterOptions& options, std::unique_ptr<RowFileWriter>* out) {
+  if (out == nullptr || dim == 0) return -EINVAL;
+  std::unique_ptr<RowFileWriter> w(new RowFileWriter());
+  w->dim_ = dim;
+  w->state_dim_ = state_dim;
+  w->hash_.reset(XXH3_createState());
+  if (!w->hash_ || XXH3_64bits_reset(w->hash_.get()) != XXH_OK) return -ENOMEM;
+  if (const int r = FileWriter::open(path, options, &w->writer_); r < 0) return r;
+  const size_t buffer = w->writer_->buffer_bytes();
+  w->upsert_capacity_ = block_capacity(buffer, upsert_row_bytes(dim, state_dim));
+  w->tombstone_capacity_ = block_capacity(buffer, sizeof(int64_t));
+  if (w->upsert_capacity_ == 0) {
+    w->writer_->finish();
+    return -EINVAL;
+  }
+  *out = std::move(w);
+  return 0;
+}
+
+uint64_t RowFileWriter::checksum() const { return XXH3_64bits_digest(hash_.get()); }
+
+int RowFileWriter::start_block(RowBlockKind kind) {
+  void* buf = nullptr;
+  if (const int r = writer_->acquire(&buf); r < 0) {
+    fail(r);
+    return r;
+  }
+  buf_ = static_cast<char*>(buf);
+  kind_ = kind;
+  capacity_ = rows_per_block(kind);
+  count_ = 0;
+  return 0;
+}
+
+int RowFileWriter::flush_block() {
+  char* const payload = buf_ + kRowBlockHeaderBytes;
+  uint64_t payload_bytes = uint64_t{count_} * sizeof(int64_t);
+  if (kind_ == RowBlockKind::kUpserts) {
+    // Values and state were placed for a full block; a short block moves them down to follow
+    // its keys. Only the last block of a run pays this.
+    const size_t value_bytes = size_t{dim_} * sizeof(float);
+    const size_t state_bytes = size_t{state_dim_} * sizeof(float);
+    const char* values_at = payload + size_t{capacity_} * sizeof(int64_t);
+    const char* state_at = values_at + size_t{capacity_} * value_bytes;
+    char* dst = payload + payload_bytes;
+    if (count_ < capacity_) std::memmove(dst, values_at, count_ * value_bytes);
+    dst += count_ * value_bytes;
+    if (count_ < capacity_ && state_bytes > 0) std::memmove(dst, state_at, count_ * state_bytes);
+    payload_bytes += count_ * (value_bytes + state_bytes);
+  }
+  const size_t block_bytes = detail::align_up(kRowBlockHeaderBytes + payload_bytes);
+  std::memset(payload + payload_bytes, 0, block_bytes - kRowBlockHeaderBytes - payload_bytes);
+
+  char* h = buf_;
+  std::memset(h, 0, kRowBlockHeaderBytes);
+  std::memcpy(h, kRowFileMagic, sizeof kRowFileMagic);
+  put_u32(h + 8, kRowFileVersion);
+  put_u32(h + 12, static_cast<uint32_t>(kind_));
+  put_u32(h + 16, count_);
+  put_u32(h + 20, dim_);
+  put_u32(h + 24, state_dim_);
+  put_u64(h + 40, payload_bytes);
+  put_u64(h + 48, XXH3_64bits(payload, payload_bytes));
+  put_u64(h + 56, XXH3_64bits(h, kHeaderHashedBytes));
+  // Hash before submit: the buffer goes back to the writer with it.
+  XXH3_64bits_update(hash_.get(), buf_, block_bytes);
+
+  buf_ = nullptr;
+  count_ = 0;
+  if (const int r = writer_->submit(h, block_bytes); r < 0) {
+    fail(r);
+    return r;
+  }
+  return 0;
+}
+
+int RowFileWriter::add(int64_t key, const float* value, const float* state) {
+  if (finished_ || value == nullptr || (state == nullptr && state_dim_ > 0)) return -EINVAL;
+  if (error_ != 0) return error_;
+  if (buf_ != nullptr && kind_ != RowBlockKind::kUpserts) {
+    if (const int r = flush_block(); r < 0) return r;
+  }
+  if (buf_ == nullptr) {
+    if (const int r = start_block(RowBlockKind::kUpserts); r < 0) return r;
+  }
+  char* const payload = buf_ + kRowBlockHeaderBytes;
+  const size_t value_bytes = size_t{dim_} * sizeof(float);
+  const size_t state_bytes = size_t{state_dim_} * sizeof(float);
+  char* const values_at = payload + size_t{capacity_} * sizeof(int64_t);
+  char* const state_at = values_at + size_t{capacity_} * value_bytes;
+  std::memcpy(payload + size_t{count_} * sizeof(int64_t), &key, sizeof key);
+  std::memcpy(values_at + count_ * value_bytes, value, value_bytes);
+  if (state_bytes > 0) std::memcpy(state_at + count_ * state_bytes, state, state_bytes);
+  ++count_;
+  ++rows_;
+  if (count_ == capacity_) return flush_block();
+  return 0;
+}
+
+int RowFileWriter::add_tombstone(int64_t key) {
+  if (finished_) return -EINVAL;
+  if (error_ != 0) return error_;
+  if (buf_ != nullptr && kind_ != RowBlockKind::kTombstones) {
+    if (const int r = flush_block(); r < 0) return r;
+  }
+  if (buf_ == nullptr) {
+    if (const int r = start_block(RowBlockKind::kTombstones); r < 0) return r;
+  }
+  std::memcpy(buf_ + kRowBlockHeaderBytes + size_t{count_} * sizeof(int64_t), &key, sizeof key);
+  ++count_;
+  ++rows_;
+  if (count_ == capacity_) return flush_block();
+  return 0;
+}
+
+int RowFileWriter::finish() {
+  if (finished_) return -EINVAL;
+  finished_ = true;
+  if (buf_ != nullptr && error_ == 0) flush_block();
+  const int r = writer_->finish();
+  return error_ != 0 ? error_ : r;
+}
+
+// ------------------------------------------------------------------------------ reader --
+
+int RowFileReader::open(const std::string& path, const ReaderOptions& options,
+                        std::unique_ptr<RowFileReader>* out) {
+  if (out == nullptr) return -EINVAL;
+  std::unique_ptr<RowFileReader> r(new RowFileReader());
+  if (const int e = FileReader::open(path, options, &r->reader_); e < 0) return e;
+  *out = std::move(r);
+  return 0;
+}
+
+int RowFileReader::corrupt(uint64_t offset, const std::string& what) {
+  error_ = -EBADMSG;
+  error_detail_ = "block at offset " + std::to_string(offset) + ": " + what;
+  return error_;
+}
+
+int RowFileReader::take(size_t n, const char** data) {
+  if (chunk_at_ == chunk_bytes_) {
+    const void* p = nullptr;
+    if (const int e = reader_->next(&p, &chunk_bytes_); e < 0) return e;
+    chunk_ = static_cast<const char*>(p);
+    chunk_at_ = 0;
+  }
+  if (chunk_bytes_ - chunk_at_ >= n) {
+    *data = chunk_ + chunk_at_;
+    chunk_at_ += n;
+    offset_ += n;
+    return 0;
+  }
+  // Spans chunks: gather. The caller checked the file holds n more bytes.
+  scratch_.resize((n + sizeof(uint64_t) - 1) / sizeof(uint64_t));
+  char* dst = reinterpret_cast<char*>(scratch_.data());
+  size_t got = 0;
+  while (got < n) {
+    if (chunk_at_ == chunk_bytes_) {
+      const void* p = nullptr;
+      if (const int e = reader_->next(&p, &chunk_bytes_); e < 0) return e;
+      if (chunk_bytes_ == 0) return -EIO;  // the file shrank under us
+      chunk_ = static_cast<const char*>(p);
+      chunk_at_ = 0;
+    }
+    const size_t k = std::min(n - got, chunk_bytes_ - chunk_at_);
+    std::memcpy(dst + got, chunk_ + chunk_at_, k);
+    got += k;
+    chunk_at_ += k;
+  }
+  offset_ += n;
+  *data = dst;
+  return 0;
+}
+
+int RowFileReader::next_block(RowBlock* out) {
+  if (error_ != 0) return error_;
+  if (out == nullptr) return -EINVAL;
+  const uint64_t size = reader_->size();
+  const uint64_t at = offset_;
+  if (at == size) return 0;
+  if (size - at < kRowBlockHeaderBytes) return corrupt(at, "truncated header");
+
+  const char* p = nullptr;
+  if (const int e = take(kRowBlockHeaderBytes, &p); e < 0) return error_ = e;
+  char h[kRowBlockHeaderBytes];
+  std::memcpy(h, p, sizeof h);
+  if (std::memcmp(h, kRowFileMagic, sizeof kRowFileMagic) != 0) return corrupt(at, "bad magic");
+  if (get_u64(h + 56) != XXH3_64bits(h, kHeaderHashedBytes)) {
+    return corrupt(at, "header checksum mismatch");
+  }
+  if (const uint32_t version = get_u32(h + 8); version != kRowFileVersion) {
+    return corrupt(at, "unsupported format version " + std::to_string(version));
+  }
+  const uint32_t kind = get_u32(h + 12);
+  const uint32_t rows = get_u32(h + 16);
+  const uint32_t dim = get_u32(h + 20);
+  const uint32_t state_dim = get_u32(h + 24);
+  const uint64_t payload_bytes = get_u64(h + 40);
+  if (kind > static_cast<uint32_t>(RowBlockKind::kTombstones)) {
+    return corrupt(at, "unknown block kind " + std::to_string(kind));
+  }
+  if (have_shape_ && (dim != dim_ || state_dim != state_dim_)) {
+    return corrupt(at, "dim " + std::to_string(dim) + "/state_dim " + std::to_string(state_dim) +
+                           " differ from the first block's " + std::to_string(dim_) + "/" +
+                           std::to_string(state_dim_));
+  }
+  // Cannot overflow: rows < 2^32 and row_bytes < 2^36.
+  const unsigned __int128 expect = static_cast<unsigned __int128>(rows) *
+                                   (kind == 0 ? upsert_row_bytes(dim, state_dim) : sizeof(int64_t));
+  if (expect != payload_bytes) return corrupt(at, "payload size does not match the row count");
+  const uint64_t rest = size - at - kRowBlockHeaderBytes;
+  const uint64_t padded = detail::align_up(kRowBlockHeaderBytes + payload_bytes);
+  if (payload_bytes > rest || padded - kRowBlockHeaderBytes > rest) {
+    return corrupt(at, "truncated block");
+  }
+
+  if (const int e = take(padded - kRowBlockHeaderBytes, &p); e < 0) return error_ = e;
+  if (get_u64(h + 48) != XXH3_64bits(p, payload_bytes)) {
+    return corrupt(at, "payload checksum mismatch");
+  }
+  // Padding lies outside both checksums; zeros keep the file's bytes fully determined.
+  for (uint64_t i = payload_bytes; i < padded - kRowBlockHeaderBytes; ++i) {
+    if (p[i] != 0) return corrupt(at, "nonzero padding");
+  }
+
+  have_shape_ = true;
+  dim_ = dim;
+  state_dim_ = state_dim;
+  out->kind = static_cast<RowBlockKind>(kind);
+  out->rows = rows;
+  out->dim = dim;
+  out->state_dim = state_dim;
+  out->offset = at;
+  out->keys = reinterpret_cast<const int64_t*>(p);
+  out->values = nullptr;
+  out->state = nullptr;
+  if (out->kind == RowBlockKind::kUpserts) {
+    const char* values = p + uint64_t{rows} * sizeof(int64_t);
+    out->values = reinterpret_cast<const float*>(values);
+    if (state_dim > 0) {
+      out->state = reinterpret_cast<const float*>(values + uint64_t{rows} * dim * sizeof(float));
+    }
+  }
+  return 1;
+}
+
+}  // namespace embstore::io

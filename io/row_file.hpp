@@ -1,0 +1,174 @@
+// Row files of a checkpoint (../shared/DESIGN.md, "On-disk layout and commit"):
+// `<table>/shard-00000-of-00001.rows`, a sequence of checksummed blocks. liburing style: every
+// call returns 0 (or a count) or -errno; nothing throws.
+//
+// Block layout, all integers little-endian:
+//
+//   offset  size  field
+//        0     8  magic "EMBROWS1"
+//        8     4  format version, u32 = 1
+//       12     4  kind, u32: 0 = upserts (keys, values, state), 1 = tombstones (keys only)
+//       16     4  rows, u32
+//       20     4  dim, u32 (the file's; tombstone blocks carry it too)
+//       24     4  state_dim, u32 (the file's)
+//       28    12  reserved, written as zeros
+//       40     8  payload bytes, u64
+//       48     8  payload checksum, u64: XXH3_64bits of the payload
+//       56     8  header checksum, u64: XXH3_64bits of bytes [0, 56) of the header
+//       64        payload: keys (int64 x rows), then for upserts values (float x rows x dim),
+//                 then state (float x rows x state_dim)
+//                 zero padding up to the next multiple of 4096
+//
+// Every block, the last included, is padded to 4096 bytes, so each block is one FileWriter
+// submit that keeps FileWriter's alignment rule, and the file size is a multiple of 4096. An
+// empty file (0 bytes) holds no rows.
+//
+// Rows per block: a block must fit one FileWriter staging buffer (buffer_bytes, 1 MiB by
+// default), so a block holds at most (buffer_bytes - 64) / row_bytes rows, where row_bytes is
+// 8 + 4 * dim + 4 * state_dim for upserts and 8 for tombstones. A block ends early when the
+// kind changes (upserts and tombstones never share a block) and at finish().
+//
+//   std::unique_ptr<RowFileWriter> w;
+//   if (int r = RowFileWriter::open(path, dim, state_dim, {}, &w); r < 0) return r;
+//   for (...) if (int r = w->add(key, value, state); r < 0) { w->finish(); return r; }
+//   return w->finish();  // then bytes() and checksum() go into the manifest
+//
+//   std::unique_ptr<RowFileReader> r;
+//   if (int e = RowFileReader::open(path, {}, &r); e < 0) return e;
+//   RowBlock b;
+//   while ((e = r->next_block(&b)) == 1) apply(b);
+//   return e;  // 0 at a clean end; -EBADMSG with r->error_detail() for a corrupt file
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/file_reader.hpp"
+#include "io/file_writer.hpp"
+
+struct XXH3_state_s;
+
+namespace embstore::io {
+
+inline constexpr char kRowFileMagic[8] = {'E', 'M', 'B', 'R', 'O', 'W', 'S', '1'};
+inline constexpr uint32_t kRowFileVersion = 1;
+inline constexpr size_t kRowBlockHeaderBytes = 64;
+
+enum class RowBlockKind : uint32_t { kUpserts = 0, kTombstones = 1 };
+
+// One block as the reader hands it out; the pointers stay valid until the next call to
+// next_block(). values and state are null for tombstones (and state when state_dim is 0).
+struct RowBlock {
+  RowBlockKind kind = RowBlockKind::kUpserts;
+  uint32_t rows = 0;
+  uint32_t dim = 0;
+  uint32_t state_dim = 0;
+  uint64_t offset = 0;  // the block's byte offset in the file
+  const int64_t* keys = nullptr;
+  const float* values = nullptr;  // rows x dim, row-major
+  const float* state = nullptr;   // rows x state_dim, row-major
+};
+
+class RowFileWriter {
+ public:
+  // Creates (or truncates) path. -EINVAL when dim is 0 or one row does not fit a staging
+  // buffer; FileWriter::open's errors otherwise.
+  static int open(const std::string& path, uint32_t dim, uint32_t state_dim,
+                  const WriterOptions& options, std::unique_ptr<RowFileWriter>* out);
+  // Without finish(): the file is left incomplete (FileWriter's destructor, no fsync).
+  ~RowFileWriter();
+  RowFileWriter(const RowFileWriter&) = delete;
+  RowFileWriter& operator=(const RowFileWriter&) = delete;
+
+  // Appends an upsert: dim floats of value and state_dim floats of state (state may be null
+  // when state_dim is 0). Writes a block when it is full. -EINVAL for a null pointer that is
+  // needed or a call after finish(); the first write error once one has been seen.
+  int add(int64_t key, const float* value, const float* state);
+  // Appends a tombstone (a deleted key).
+  int add_tombstone(int64_t key);
+  // Writes the last block, waits, fsyncs and closes. Returns the first error of the whole
+  // file; the file is then incomplete and must not be committed. Call once.
+  int finish();
+
+  // Rows added (upserts and tombstones).
+  uint64_t rows() const { return rows_; }
+  // Bytes handed to the file so far: its size once finish() returned 0.
+  uint64_t bytes() const { return writer_->bytes_written(); }
+  // XXH3_64bits of every byte handed to the file, padding included: the whole file's checksum
+  // once finish() returned 0.
+  uint64_t checksum() const;
+  // The most rows one block of each kind holds.
+  uint32_t rows_per_block(RowBlockKind kind) const {
+    return kind == RowBlockKind::kUpserts ? upsert_capacity_ : tombstone_capacity_;
+  }
+
+ private:
+  RowFileWriter() = default;
+  void fail(int err) {
+    if (error_ == 0) error_ = err;
+  }
+  // Acquires a staging buffer and lays out a new block of kind there.
+  int start_block(RowBlockKind kind);
+  // Compacts, checksums and submits the block being filled.
+  int flush_block();
+
+  struct HashDeleter {
+    void operator()(XXH3_state_s* s) const;
+  };
+
+  std::unique_ptr<FileWriter> writer_;
+  std::unique_ptr<XXH3_state_s, HashDeleter> hash_;
+  uint32_t dim_ = 0;
+  uint32_t state_dim_ = 0;
+  uint32_t upsert_capacity_ = 0;
+  uint32_t tombstone_capacity_ = 0;
+  // The block being filled, in place in the staging buffer: keys, values and state each at
+  // its offset for a full block, compacted by flush_block() when the block ends short.
+  char* buf_ = nullptr;
+  RowBlockKind kind_ = RowBlockKind::kUpserts;
+  uint32_t capacity_ = 0;
+  uint32_t count_ = 0;
+  uint64_t rows_ = 0;
+  bool finished_ = false;
+  int error_ = 0;
+};
+
+class RowFileReader {
+ public:
+  // FileReader::open's errors. The first block is not read until next_block().
+  static int open(const std::string& path, const ReaderOptions& options,
+                  std::unique_ptr<RowFileReader>* out);
+  RowFileReader(const RowFileReader&) = delete;
+  RowFileReader& operator=(const RowFileReader&) = delete;
+
+  // 1 and the next block in *out; 0 at a clean end of the file; -EBADMSG for a corrupt or
+  // truncated block (error_detail() says where and what); other -errno from reading. An error
+  // is returned again by every later call.
+  int next_block(RowBlock* out);
+  // "block at offset N: what was wrong" after -EBADMSG; empty otherwise.
+  const std::string& error_detail() const { return error_detail_; }
+
+ private:
+  RowFileReader() = default;
+  int corrupt(uint64_t offset, const std::string& what);
+  // The next n bytes of the file: in place when they lie in the current chunk, else gathered
+  // into scratch_. Valid until the next call.
+  int take(size_t n, const char** data);
+
+  std::unique_ptr<FileReader> reader_;
+  const char* chunk_ = nullptr;  // the current chunk of FileReader
+  size_t chunk_bytes_ = 0;
+  size_t chunk_at_ = 0;            // bytes of the chunk already consumed
+  uint64_t offset_ = 0;            // file offset of the next unconsumed byte
+  std::vector<uint64_t> scratch_;  // uint64_t keeps gathered keys 8-byte aligned
+  bool have_shape_ = false;
+  uint32_t dim_ = 0;
+  uint32_t state_dim_ = 0;
+  int error_ = 0;
+  std::string error_detail_;
+};
+
+}  // namespace embstore::io
