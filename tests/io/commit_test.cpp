@@ -21,29 +21,15 @@
 #include <string>
 #include <vector>
 
+#include "tests/io/io_fixtures.hpp"
+
 using namespace embstore::io;
 namespace fs = std::filesystem;
 
+using embstore_test::FaultGuard;
+using embstore_test::TempDir;
+
 namespace {
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/embstore-commit-test-XXXXXX";
-    const char* p = mkdtemp(tmpl);
-    REQUIRE(p != nullptr);
-    path_ = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string sub(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 // Resets the global hook even when a REQUIRE fails.
 struct CommitFaultGuard {
@@ -92,7 +78,7 @@ std::vector<std::string> entries(const std::string& dir) {
 
 }  // namespace
 
-TEST_CASE("version dir names round trip", "[commit]") {
+TEST_CASE("commit: version dir names round trip", "[commit]") {
   CHECK(version_dir_name(1000, true) == "00000000000000001000.full");
   CHECK(version_dir_name(1100, false) == "00000000000000001100.delta");
   CHECK(version_dir_name(UINT64_MAX, true) == "18446744073709551615.full");
@@ -110,7 +96,7 @@ TEST_CASE("version dir names round trip", "[commit]") {
   CHECK(version_dir_name(999, true) < version_dir_name(1000, true));
 }
 
-TEST_CASE("version dir names parse strictly", "[commit]") {
+TEST_CASE("commit: version dir names parse strictly", "[commit]") {
   const char* bad[] = {
       "",
       ".full",
@@ -145,38 +131,38 @@ TEST_CASE("version dir names parse strictly", "[commit]") {
   CHECK_FALSE(full);
 }
 
-TEST_CASE("create_directories nests, accepts existing dirs, refuses files", "[commit]") {
+TEST_CASE("commit: create_directories nests, accepts existing dirs, refuses files", "[commit]") {
   TempDir tmp;
-  const std::string deep = tmp.sub("a/b/c/d");
+  const std::string deep = tmp.file("a/b/c/d");
   REQUIRE(create_directories(deep) == 0);
   CHECK(fs::is_directory(deep));
   CHECK((fs::status(deep).permissions() & fs::perms::owner_all) == fs::perms::owner_all);
   // Existing, partly existing, trailing and doubled slashes.
   CHECK(create_directories(deep) == 0);
-  CHECK(create_directories(tmp.sub("a/b/e/")) == 0);
-  CHECK(fs::is_directory(tmp.sub("a/b/e")));
-  CHECK(create_directories(tmp.sub("a//b/./f")) == 0);
-  CHECK(fs::is_directory(tmp.sub("a/b/f")));
+  CHECK(create_directories(tmp.file("a/b/e/")) == 0);
+  CHECK(fs::is_directory(tmp.file("a/b/e")));
+  CHECK(create_directories(tmp.file("a//b/./f")) == 0);
+  CHECK(fs::is_directory(tmp.file("a/b/f")));
   CHECK(create_directories(tmp.path()) == 0);
 
-  write_file(tmp.sub("file"), "x");
-  CHECK(create_directories(tmp.sub("file")) == -ENOTDIR);
-  CHECK(create_directories(tmp.sub("file/sub")) == -ENOTDIR);
-  CHECK(create_directories(tmp.sub("a/b/file2/x")) == 0);
-  write_file(tmp.sub("a/b/file3"), "y");
-  CHECK(create_directories(tmp.sub("a/b/file3/x/y")) == -ENOTDIR);
+  write_file(tmp.file("file"), "x");
+  CHECK(create_directories(tmp.file("file")) == -ENOTDIR);
+  CHECK(create_directories(tmp.file("file/sub")) == -ENOTDIR);
+  CHECK(create_directories(tmp.file("a/b/file2/x")) == 0);
+  write_file(tmp.file("a/b/file3"), "y");
+  CHECK(create_directories(tmp.file("a/b/file3/x/y")) == -ENOTDIR);
   CHECK(create_directories("") == -ENOENT);
 
   // Other errors come through as -errno.
   if (geteuid() != 0) {  // root ignores permissions
-    REQUIRE(create_directories(tmp.sub("ro")) == 0);
-    REQUIRE(chmod(tmp.sub("ro").c_str(), 0555) == 0);
-    CHECK(create_directories(tmp.sub("ro/x")) == -EACCES);
-    chmod(tmp.sub("ro").c_str(), 0755);
+    REQUIRE(create_directories(tmp.file("ro")) == 0);
+    REQUIRE(chmod(tmp.file("ro").c_str(), 0555) == 0);
+    CHECK(create_directories(tmp.file("ro/x")) == -EACCES);
+    chmod(tmp.file("ro").c_str(), 0755);
   }
 }
 
-TEST_CASE("staging dirs are named .tmp-<version>-<nonce> and unique", "[commit]") {
+TEST_CASE("commit: staging dirs are named .tmp-<version>-<nonce> and unique", "[commit]") {
   TempDir tmp;
   std::set<std::string> seen;
   for (int i = 0; i < 50; ++i) {
@@ -192,18 +178,18 @@ TEST_CASE("staging dirs are named .tmp-<version>-<nonce> and unique", "[commit]"
   }
   CHECK(entries(tmp.path()).size() == 50);
   std::string path;
-  CHECK(make_staging_dir(tmp.sub("missing"), 1, &path) == -ENOENT);
+  CHECK(make_staging_dir(tmp.file("missing"), 1, &path) == -ENOENT);
 }
 
-TEST_CASE("fsync_path syncs files and directories", "[commit]") {
+TEST_CASE("commit: fsync_path syncs files and directories", "[commit]") {
   TempDir tmp;
-  write_file(tmp.sub("f"), "data");
-  CHECK(fsync_path(tmp.sub("f")) == 0);
+  write_file(tmp.file("f"), "data");
+  CHECK(fsync_path(tmp.file("f")) == 0);
   CHECK(fsync_path(tmp.path()) == 0);
-  CHECK(fsync_path(tmp.sub("missing")) == -ENOENT);
+  CHECK(fsync_path(tmp.file("missing")) == -ENOENT);
 }
 
-TEST_CASE("commit renames a synced staging dir to its final name", "[commit]") {
+TEST_CASE("commit: commit renames a synced staging dir to its final name", "[commit]") {
   TempDir tmp;
   std::string staging;
   REQUIRE(make_staging_dir(tmp.path(), 1000, &staging) == 0);
@@ -214,7 +200,7 @@ TEST_CASE("commit renames a synced staging dir to its final name", "[commit]") {
     steps.push_back(step);
     return 0;
   });
-  const std::string final_path = tmp.sub(version_dir_name(1000, true));
+  const std::string final_path = tmp.file(version_dir_name(1000, true));
   REQUIRE(commit_staging_dir(staging, final_path) == 0);
   CHECK_FALSE(fs::exists(staging));
   check_checkpoint(final_path);
@@ -233,9 +219,9 @@ TEST_CASE("commit renames a synced staging dir to its final name", "[commit]") {
   CHECK(steps.back() == "fsync_parent");
 }
 
-TEST_CASE("commit never replaces an existing final directory", "[commit]") {
+TEST_CASE("commit: commit never replaces an existing final directory", "[commit]") {
   TempDir tmp;
-  const std::string final_path = tmp.sub(version_dir_name(1000, true));
+  const std::string final_path = tmp.file(version_dir_name(1000, true));
   bool fallback = GENERATE(false, true);  // renameat2, or the stat-and-rename fallback
   INFO("fallback " << fallback);
   CommitFaultGuard guard(
@@ -257,13 +243,13 @@ TEST_CASE("commit never replaces an existing final directory", "[commit]") {
   }
 
   // The fallback also commits when the name is free.
-  const std::string other = tmp.sub(version_dir_name(1001, true));
+  const std::string other = tmp.file(version_dir_name(1001, true));
   REQUIRE(commit_staging_dir(staging, other) == 0);
   CHECK_FALSE(fs::exists(staging));
   check_checkpoint(other);
 }
 
-TEST_CASE("a failed step leaves the staging dir and no final dir", "[commit]") {
+TEST_CASE("commit: a failed step leaves the staging dir and no final dir", "[commit]") {
   const char* failing = GENERATE("fsync_file", "fsync_dir", "fsync_staging", "rename");
   const int error = GENERATE(-EIO, -ENOSPC);
   INFO(failing << " " << error);
@@ -271,7 +257,7 @@ TEST_CASE("a failed step leaves the staging dir and no final dir", "[commit]") {
   std::string staging;
   REQUIRE(make_staging_dir(tmp.path(), 2000, &staging) == 0);
   fill_checkpoint(staging);
-  const std::string final_path = tmp.sub(version_dir_name(2000, false));
+  const std::string final_path = tmp.file(version_dir_name(2000, false));
   {
     CommitFaultGuard guard(
         [&](const char* step) { return std::string(step) == failing ? error : 0; });
@@ -292,12 +278,12 @@ TEST_CASE("a failed step leaves the staging dir and no final dir", "[commit]") {
   check_checkpoint(final_path);
 }
 
-TEST_CASE("a failed parent fsync is reported after the rename", "[commit]") {
+TEST_CASE("commit: a failed parent fsync is reported after the rename", "[commit]") {
   TempDir tmp;
   std::string staging;
   REQUIRE(make_staging_dir(tmp.path(), 3000, &staging) == 0);
   fill_checkpoint(staging);
-  const std::string final_path = tmp.sub(version_dir_name(3000, true));
+  const std::string final_path = tmp.file(version_dir_name(3000, true));
   CommitFaultGuard guard(
       [](const char* step) { return std::string(step) == "fsync_parent" ? -EIO : 0; });
   CHECK(commit_staging_dir(staging, final_path) == -EIO);
@@ -306,42 +292,42 @@ TEST_CASE("a failed parent fsync is reported after the rename", "[commit]") {
   check_checkpoint(final_path);
 }
 
-TEST_CASE("commit of a missing staging dir fails cleanly", "[commit]") {
+TEST_CASE("commit: commit of a missing staging dir fails cleanly", "[commit]") {
   TempDir tmp;
-  const std::string final_path = tmp.sub(version_dir_name(1, true));
-  CHECK(commit_staging_dir(tmp.sub(".tmp-1-missing"), final_path) == -ENOENT);
+  const std::string final_path = tmp.file(version_dir_name(1, true));
+  CHECK(commit_staging_dir(tmp.file(".tmp-1-missing"), final_path) == -ENOENT);
   CHECK_FALSE(fs::exists(final_path));
 }
 
-TEST_CASE("remove_tree removes nested trees without following symlinks", "[commit]") {
+TEST_CASE("commit: remove_tree removes nested trees without following symlinks", "[commit]") {
   TempDir tmp;
-  REQUIRE(create_directories(tmp.sub("keep")) == 0);
-  write_file(tmp.sub("keep/precious"), "p");
-  REQUIRE(create_directories(tmp.sub("t/a/b")) == 0);
-  write_file(tmp.sub("t/a/b/f"), "f");
-  write_file(tmp.sub("t/g"), "g");
-  fs::create_directory_symlink(tmp.sub("keep"), tmp.sub("t/a/link"));
-  REQUIRE(remove_tree(tmp.sub("t")) == 0);
-  CHECK_FALSE(fs::exists(tmp.sub("t")));
-  CHECK(read_file(tmp.sub("keep/precious")) == "p");
-  CHECK(remove_tree(tmp.sub("t")) == 0);  // missing is fine
-  write_file(tmp.sub("plain"), "x");
-  CHECK(remove_tree(tmp.sub("plain")) == 0);
-  CHECK_FALSE(fs::exists(tmp.sub("plain")));
+  REQUIRE(create_directories(tmp.file("keep")) == 0);
+  write_file(tmp.file("keep/precious"), "p");
+  REQUIRE(create_directories(tmp.file("t/a/b")) == 0);
+  write_file(tmp.file("t/a/b/f"), "f");
+  write_file(tmp.file("t/g"), "g");
+  fs::create_directory_symlink(tmp.file("keep"), tmp.file("t/a/link"));
+  REQUIRE(remove_tree(tmp.file("t")) == 0);
+  CHECK_FALSE(fs::exists(tmp.file("t")));
+  CHECK(read_file(tmp.file("keep/precious")) == "p");
+  CHECK(remove_tree(tmp.file("t")) == 0);  // missing is fine
+  write_file(tmp.file("plain"), "x");
+  CHECK(remove_tree(tmp.file("plain")) == 0);
+  CHECK_FALSE(fs::exists(tmp.file("plain")));
 }
 
-TEST_CASE("remove_leftovers removes only .tmp-* entries", "[commit]") {
+TEST_CASE("commit: remove_leftovers removes only .tmp-* entries", "[commit]") {
   TempDir tmp;
   std::string s1, s2;
   REQUIRE(make_staging_dir(tmp.path(), 10, &s1) == 0);
   REQUIRE(make_staging_dir(tmp.path(), 20, &s2) == 0);
   fill_checkpoint(s1);
-  write_file(tmp.sub(".tmp-stray-file"), "x");
-  REQUIRE(create_directories(tmp.sub(version_dir_name(5, true))) == 0);
-  write_file(tmp.sub(version_dir_name(5, true)) + "/MANIFEST.json", "m");
-  REQUIRE(create_directories(tmp.sub(".tmpx")) == 0);  // not the prefix
-  REQUIRE(create_directories(tmp.sub("tmp-1")) == 0);
-  write_file(tmp.sub("notes.txt"), "n");
+  write_file(tmp.file(".tmp-stray-file"), "x");
+  REQUIRE(create_directories(tmp.file(version_dir_name(5, true))) == 0);
+  write_file(tmp.file(version_dir_name(5, true)) + "/MANIFEST.json", "m");
+  REQUIRE(create_directories(tmp.file(".tmpx")) == 0);  // not the prefix
+  REQUIRE(create_directories(tmp.file("tmp-1")) == 0);
+  write_file(tmp.file("notes.txt"), "n");
 
   std::vector<std::string> removed;
   REQUIRE(remove_leftovers(tmp.path(), &removed) == 0);
@@ -351,27 +337,27 @@ TEST_CASE("remove_leftovers removes only .tmp-* entries", "[commit]") {
   CHECK(removed == expected);
   CHECK(entries(tmp.path()) ==
         std::vector<std::string>{".tmpx", version_dir_name(5, true), "notes.txt", "tmp-1"});
-  CHECK(read_file(tmp.sub(version_dir_name(5, true)) + "/MANIFEST.json") == "m");
+  CHECK(read_file(tmp.file(version_dir_name(5, true)) + "/MANIFEST.json") == "m");
 
   removed.clear();
   CHECK(remove_leftovers(tmp.path(), &removed) == 0);
   CHECK(removed.empty());
-  CHECK(remove_leftovers(tmp.sub("missing"), &removed) == -ENOENT);
+  CHECK(remove_leftovers(tmp.file("missing"), &removed) == -ENOENT);
 }
 
-TEST_CASE("list_versions lists committed dirs in version order", "[commit]") {
+TEST_CASE("commit: list_versions lists committed dirs in version order", "[commit]") {
   TempDir tmp;
   for (auto [v, full] : std::vector<std::pair<uint64_t, bool>>{
            {1100, false}, {1000, true}, {2000, true}, {1200, false}, {2000, false}, {900, true}}) {
-    REQUIRE(create_directories(tmp.sub(version_dir_name(v, full))) == 0);
+    REQUIRE(create_directories(tmp.file(version_dir_name(v, full))) == 0);
   }
   std::string staging;
   REQUIRE(make_staging_dir(tmp.path(), 3000, &staging) == 0);  // not committed
-  write_file(tmp.sub(version_dir_name(4000, true)), "a file, not a checkpoint");
-  REQUIRE(create_directories(tmp.sub("1000.full")) == 0);
-  REQUIRE(create_directories(tmp.sub("00000000000000005000.full.old")) == 0);
-  fs::create_directory_symlink(tmp.sub(version_dir_name(1000, true)),
-                               tmp.sub(version_dir_name(6000, true)));
+  write_file(tmp.file(version_dir_name(4000, true)), "a file, not a checkpoint");
+  REQUIRE(create_directories(tmp.file("1000.full")) == 0);
+  REQUIRE(create_directories(tmp.file("00000000000000005000.full.old")) == 0);
+  fs::create_directory_symlink(tmp.file(version_dir_name(1000, true)),
+                               tmp.file(version_dir_name(6000, true)));
 
   std::vector<VersionDir> versions = {{1, true, "stale"}};
   REQUIRE(list_versions(tmp.path(), &versions) == 0);
@@ -384,19 +370,19 @@ TEST_CASE("list_versions lists committed dirs in version order", "[commit]") {
         std::vector<std::pair<uint64_t, bool>>{
             {900, true}, {1000, true}, {1100, false}, {1200, false}, {2000, true}, {2000, false}});
 
-  CHECK(list_versions(tmp.sub("missing"), &versions) == -ENOENT);
+  CHECK(list_versions(tmp.file("missing"), &versions) == -ENOENT);
   TempDir empty;
   REQUIRE(list_versions(empty.path(), &versions) == 0);
   CHECK(versions.empty());
 }
 
-TEST_CASE("a writer killed before commit leaves only a leftover", "[commit]") {
+TEST_CASE("commit: a writer killed before commit leaves only a leftover", "[commit]") {
   TempDir tmp;
   // One committed checkpoint that must survive the cleanup.
   std::string staging;
   REQUIRE(make_staging_dir(tmp.path(), 1000, &staging) == 0);
   fill_checkpoint(staging);
-  REQUIRE(commit_staging_dir(staging, tmp.sub(version_dir_name(1000, true))) == 0);
+  REQUIRE(commit_staging_dir(staging, tmp.file(version_dir_name(1000, true))) == 0);
 
   int fds[2];
   REQUIRE(pipe(fds) == 0);
@@ -437,5 +423,5 @@ TEST_CASE("a writer killed before commit leaves only a leftover", "[commit]") {
   CHECK(removed == std::vector<std::string>{fs::path(child_staging).filename()});
   CHECK_FALSE(fs::exists(child_staging));
   CHECK(entries(tmp.path()) == std::vector<std::string>{version_dir_name(1000, true)});
-  check_checkpoint(tmp.sub(version_dir_name(1000, true)));
+  check_checkpoint(tmp.file(version_dir_name(1000, true)));
 }

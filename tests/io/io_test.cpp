@@ -21,36 +21,14 @@
 #include "io/fault.hpp"
 #include "io/file_reader.hpp"
 #include "io/file_writer.hpp"
+#include "tests/io/io_fixtures.hpp"
 
 using namespace embstore::io;
 
+using embstore_test::FaultGuard;
+using embstore_test::TempDir;
+
 namespace {
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/embstore-io-test-XXXXXX";
-    const char* p = mkdtemp(tmpl);
-    REQUIRE(p != nullptr);
-    path_ = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
-// Resets the global hook even when a REQUIRE fails.
-struct FaultGuard {
-  explicit FaultGuard(std::function<int(uint64_t, size_t)> hook) {
-    set_fault_injection(std::move(hook));
-  }
-  ~FaultGuard() { set_fault_injection(nullptr); }
-};
 
 std::vector<unsigned char> pattern(size_t n, uint64_t seed) {
   std::vector<unsigned char> v(n);

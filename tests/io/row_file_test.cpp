@@ -23,36 +23,14 @@
 #include <vector>
 
 #include "io/fault.hpp"
+#include "tests/io/io_fixtures.hpp"
 
 using namespace embstore::io;
 
+using embstore_test::FaultGuard;
+using embstore_test::TempDir;
+
 namespace {
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/embstore-rowfile-test-XXXXXX";
-    const char* p = mkdtemp(tmpl);
-    REQUIRE(p != nullptr);
-    path_ = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
-// Resets the global hook even when a REQUIRE fails.
-struct FaultGuard {
-  explicit FaultGuard(std::function<int(uint64_t, size_t)> hook) {
-    set_fault_injection(std::move(hook));
-  }
-  ~FaultGuard() { set_fault_injection(nullptr); }
-};
 
 uint64_t next_random(uint64_t* x) {
   *x ^= *x >> 12;
@@ -181,7 +159,7 @@ std::string at_offset(uint64_t offset) { return "block at offset " + std::to_str
 
 }  // namespace
 
-TEST_CASE("round trip of 0, 1 and many rows, bit-exact", "[rowfile]") {
+TEST_CASE("row file: round trip of 0, 1 and many rows, bit-exact", "[rowfile]") {
   TempDir dir;
   for (const uint32_t dim : {1u, 64u}) {
     for (const uint32_t state_dim : {0u, 2 * dim + 2}) {
@@ -216,7 +194,7 @@ TEST_CASE("round trip of 0, 1 and many rows, bit-exact", "[rowfile]") {
   }
 }
 
-TEST_CASE("rows per block fill one staging buffer", "[rowfile]") {
+TEST_CASE("row file: rows per block fill one staging buffer", "[rowfile]") {
   TempDir dir;
   std::unique_ptr<RowFileWriter> w;
   REQUIRE(RowFileWriter::open(dir.file("a.rows"), 64, 130, {}, &w) == 0);
@@ -226,7 +204,7 @@ TEST_CASE("rows per block fill one staging buffer", "[rowfile]") {
   REQUIRE(w->finish() == 0);
 }
 
-TEST_CASE("tombstone blocks mixed with upserts keep their order", "[rowfile]") {
+TEST_CASE("row file: tombstone blocks mixed with upserts keep their order", "[rowfile]") {
   TempDir dir;
   const std::string path = dir.file("delta.rows");
   const uint32_t dim = 3, state_dim = 8;
@@ -289,7 +267,7 @@ TEST_CASE("tombstone blocks mixed with upserts keep their order", "[rowfile]") {
   }
 }
 
-TEST_CASE("checksum() is the XXH3 of the file read back", "[rowfile]") {
+TEST_CASE("row file: checksum() is the XXH3 of the file read back", "[rowfile]") {
   TempDir dir;
   const std::string path = dir.file("c.rows");
   for (const size_t n : {size_t{0}, size_t{1}, size_t{5000}}) {
@@ -301,7 +279,8 @@ TEST_CASE("checksum() is the XXH3 of the file read back", "[rowfile]") {
   }
 }
 
-TEST_CASE("a flipped byte fails its block with -EBADMSG and the block's offset", "[rowfile]") {
+TEST_CASE("row file: a flipped byte fails its block with -EBADMSG and the block's offset",
+          "[rowfile]") {
   TempDir dir;
   const std::string path = dir.file("f.rows");
   const std::vector<uint64_t> offsets = write_blocks(path, 4);
@@ -341,7 +320,7 @@ TEST_CASE("a flipped byte fails its block with -EBADMSG and the block's offset",
   }
 }
 
-TEST_CASE("a truncated file is -EBADMSG", "[rowfile]") {
+TEST_CASE("row file: a truncated file is -EBADMSG", "[rowfile]") {
   TempDir dir;
   const std::string path = dir.file("t.rows");
   const std::vector<uint64_t> offsets = write_blocks(path, 3);
@@ -367,7 +346,7 @@ TEST_CASE("a truncated file is -EBADMSG", "[rowfile]") {
   }
 }
 
-TEST_CASE("the error sticks", "[rowfile]") {
+TEST_CASE("row file: the error sticks", "[rowfile]") {
   TempDir dir;
   const std::string path = dir.file("s.rows");
   write_blocks(path, 2);
@@ -382,7 +361,7 @@ TEST_CASE("the error sticks", "[rowfile]") {
   CHECK(r->error_detail() == "block at offset 0: payload checksum mismatch");
 }
 
-TEST_CASE("an empty file ends at once", "[rowfile]") {
+TEST_CASE("row file: an empty file ends at once", "[rowfile]") {
   TempDir dir;
   const std::string path = dir.file("e.rows");
   write_file(path, {});
@@ -394,7 +373,7 @@ TEST_CASE("an empty file ends at once", "[rowfile]") {
   CHECK(r->error_detail().empty());
 }
 
-TEST_CASE("a block whose dim differs from the first block's is -EBADMSG", "[rowfile]") {
+TEST_CASE("row file: a block whose dim differs from the first block's is -EBADMSG", "[rowfile]") {
   TempDir dir;
   const Rows a = make_rows(10, 4, 0, 1);
   const Rows b = make_rows(10, 5, 0, 2);
@@ -412,7 +391,7 @@ TEST_CASE("a block whose dim differs from the first block's is -EBADMSG", "[rowf
   CHECK(detail == at_offset(second) + " dim 5/state_dim 0 differ from the first block's 4/0");
 }
 
-TEST_CASE("an injected write fault is returned by finish()", "[rowfile]") {
+TEST_CASE("row file: an injected write fault is returned by finish()", "[rowfile]") {
   TempDir dir;
   for (const int fault : {-ENOSPC, -EIO}) {
     for (const bool uring : {true, false}) {
@@ -444,7 +423,7 @@ TEST_CASE("an injected write fault is returned by finish()", "[rowfile]") {
   }
 }
 
-TEST_CASE("misuse is refused with -EINVAL", "[rowfile]") {
+TEST_CASE("row file: misuse is refused with -EINVAL", "[rowfile]") {
   TempDir dir;
   std::unique_ptr<RowFileWriter> w;
   CHECK(RowFileWriter::open(dir.file("z.rows"), 0, 0, {}, &w) == -EINVAL);
