@@ -122,6 +122,19 @@ class Store {
   embstore_store_t* store_ = nullptr;
 };
 
+// A table of the scenario's dim and optimizer, everything else at its default.
+inline embstore_table_t* create_table(const Store& store, const char* name, uint32_t dim,
+                                      embstore_optimizer_t optimizer) {
+  embstore_table_config_t config;
+  embstore_table_config_init(&config);
+  config.name = name;
+  config.dim = dim;
+  config.optimizer = optimizer;
+  embstore_table_t* table = nullptr;
+  check(embstore_table_create(store.get(), &config, &table), "embstore_table_create");
+  return table;
+}
+
 inline embstore_table_stats_t table_stats(embstore_table_t* table) {
   embstore_table_stats_t stats;
   stats.struct_size = sizeof(stats);

@@ -429,6 +429,20 @@ class CudaTable final : public Table {
     cudaStream_t stream_;
   };
 
+  // What every data-path call holds: the table's lock, its device, and its place in the
+  // table's call order.
+  struct Call {
+    Call(CudaTable& t, void* stream_ptr)
+        : lock(t.mutex_),
+          guard(t.device_),
+          stream(static_cast<cudaStream_t>(stream_ptr)),
+          scope(t.done_, stream) {}
+    std::lock_guard<std::mutex> lock;
+    DeviceGuard guard;
+    cudaStream_t stream;
+    CallScope scope;
+  };
+
   uint64_t capacity_rows() const { return row::arena_capacity(chunks_, arena_.base_shift); }
   row::IndexRef index_ref() const {
     return row::IndexRef{index_.get<row::Slot>(), index_slots_ - 1};
@@ -662,10 +676,8 @@ void CudaTable::lookup(const int64_t* keys, size_t n, float* values_out, bool in
                        void* stream_ptr) {
   if (n == 0) return;
   check_batch(n);
-  std::lock_guard lock(mutex_);
-  DeviceGuard guard(device_);
-  const auto stream = static_cast<cudaStream_t>(stream_ptr);
-  CallScope scope(done_, stream);
+  Call call(*this, stream_ptr);
+  const cudaStream_t stream = call.stream;
 
   if (insert) reserve_rows(keys, n, stream);
   ScratchLayout layout;
@@ -713,10 +725,8 @@ void CudaTable::apply_gradients(const int64_t* keys, const float* grads, size_t 
                                 void* stream_ptr) {
   if (n == 0) return;
   check_batch(n);
-  std::lock_guard lock(mutex_);
-  DeviceGuard guard(device_);
-  const auto stream = static_cast<cudaStream_t>(stream_ptr);
-  CallScope scope(done_, stream);
+  Call call(*this, stream_ptr);
+  const cudaStream_t stream = call.stream;
   const int count = static_cast<int>(n);
 
   // Sort only the bits a row id can use: every id is below rows_bound_, and keys without a

@@ -16,6 +16,16 @@ EMBSTORE_HD uint64_t mix64(uint64_t x) {
   return x;
 }
 
+// murmur3's 32-bit finalizer: a bijection with full avalanche.
+EMBSTORE_HD uint32_t mix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  h ^= h >> 16;
+  return h;
+}
+
 EMBSTORE_HD uint64_t hash_key(int64_t key) { return mix64(static_cast<uint64_t>(key)); }
 
 // Combines values in order; used for (seed, key, column, draw) streams.

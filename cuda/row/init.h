@@ -62,16 +62,6 @@ EMBSTORE_HD uint64_t init_column_hash(uint64_t row_seed, uint32_t col) {
   return mix64(row_seed + (uint64_t{col} + 1) * 0x9e3779b97f4a7c15ull);
 }
 
-// murmur3's 32-bit finalizer: a bijection with full avalanche.
-EMBSTORE_HD uint32_t mix32(uint32_t h) {
-  h ^= h >> 16;
-  h *= 0x85ebca6bu;
-  h ^= h >> 13;
-  h *= 0xc2b2ae35u;
-  h ^= h >> 16;
-  return h;
-}
-
 // 32 random bits for column `col` of a row: distinct columns give distinct values. 32-bit
 // arithmetic only, so the host compiler vectorizes a row's loop (a uniform row is the hot
 // path of inserting new keys).

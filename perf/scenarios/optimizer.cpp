@@ -76,13 +76,8 @@ class OptimizerScenario final : public Scenario {
 
     Store store(o);
     const embstore_backend_t backend = store.backend();
-    embstore_table_config_t config;
-    embstore_table_config_init(&config);
-    config.name = "perf_optimizer";
-    config.dim = o.dim;
-    config.optimizer = optimizer_from_name(optimizer_);
-    embstore_table_t* table = nullptr;
-    check(embstore_table_create(store.get(), &config, &table), "embstore_table_create");
+    embstore_table_t* table =
+        create_table(store, "perf_optimizer", o.dim, optimizer_from_name(optimizer_));
 
     BackendBuffer<int64_t> device_keys(backend, keys.size());
     device_keys.upload(keys.data(), keys.size());
