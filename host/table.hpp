@@ -10,6 +10,7 @@
 
 #include "cuda/row/init.h"
 #include "cuda/row/optimizer.h"
+#include "host/snapshot_sink.hpp"
 
 namespace embstore {
 
@@ -56,6 +57,26 @@ class Table {
   // Benchmarks only (embstore-perf optimizer): turns dirty marking in the fused update off to
   // measure what it costs. Not exposed in the C API: incremental checkpoints depend on it.
   virtual void set_dirty_tracking(bool on) = 0;
+
+  // ---- snapshots (host/checkpoint/): one at a time per table, driven by the store --------
+  // Captures after every earlier call on the table: every live row when full, else the dirty
+  // rows; clears the dirty bitmap. No row is copied. From here on a mutating call that meets a
+  // captured row writes the row to sink first (copy-on-write). Returns the rows captured.
+  virtual uint64_t capture(bool full, SnapshotSink* sink) = 0;
+  // Moves up to max_rows captured rows into the sink (reserve without waiting: stops early
+  // when staging is full), then flushes the sink. Returns the rows still captured; 0 once the
+  // snapshot is written out, copy-on-write included.
+  virtual uint64_t drain(uint64_t max_rows) = 0;
+  // Detaches the sink. After a failed snapshot (failed = true) every row it captured is marked
+  // dirty again, so the next checkpoint still writes it.
+  virtual void end_snapshot(bool failed) = 0;
+
+  // ---- restore ---------------------------------------------------------------------------
+  // Inserts n rows with their values (n x dim) and optimizer state (n x state_dim) from host
+  // memory, rows stamped with step, none dirty. For a new, empty table; keys distinct.
+  // Throws Error(CAPACITY_EXCEEDED) past max_capacity.
+  virtual void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
+                         uint64_t step) = 0;
 
  private:
   TableSpec spec_;

@@ -39,6 +39,16 @@ EMBSTORE_HD void atomic_or(uint64_t* word, uint64_t bits) {
 #endif
 }
 
+// Relaxed atomic AND; returns the word before the AND.
+EMBSTORE_HD uint64_t atomic_and(uint64_t* word, uint64_t bits) {
+#if defined(__CUDA_ARCH__)
+  return atomicAnd(reinterpret_cast<unsigned long long*>(word),
+                   static_cast<unsigned long long>(bits));
+#else
+  return __atomic_fetch_and(word, bits, __ATOMIC_RELAXED);
+#endif
+}
+
 EMBSTORE_HD int popcount64(uint64_t x) {
 #if defined(__CUDA_ARCH__)
   return __popcll(x);

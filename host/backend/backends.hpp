@@ -1,6 +1,7 @@
 // Backend factories. The store picks one at creation (host/store.cpp).
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -19,5 +20,9 @@ bool cuda_built();
 bool cuda_device_usable(int device, std::string* why);
 // Throws Error(UNSUPPORTED) without a CUDA build, Error(DEVICE_ERROR) on CUDA failures.
 std::unique_ptr<Table> make_cuda_table(TableSpec spec, int device);
+// Page-locks host memory that device copies target (the checkpoint staging ring), so they run
+// as DMA. Without CUDA, or where it fails, the memory stays pageable: copies still work.
+void pin_host_memory(void* p, size_t bytes);
+void unpin_host_memory(void* p);
 
 }  // namespace embstore
