@@ -6,6 +6,7 @@
 #include <limits>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "host/error.hpp"
 #include "host/store.hpp"
@@ -122,7 +123,15 @@ embstore_status_t embstore_store_create(const embstore_store_config_t* config,
 }
 
 embstore_status_t embstore_store_destroy(embstore_store_t* store) {
-  return guarded(__func__, [&] { delete store; });
+  if (store == nullptr) return EMBSTORE_OK;
+  embstore_status_t status = EMBSTORE_OK;
+  std::string message;
+  const embstore_status_t s = guarded(__func__, [&] {
+    status = store->checkpointer->wait_idle(&message);
+    delete store;
+  });
+  if (s != EMBSTORE_OK) return s;
+  return status == EMBSTORE_OK ? status : record(status, __func__, message.c_str());
 }
 
 embstore_backend_t embstore_store_backend(const embstore_store_t* store) {
@@ -211,10 +220,15 @@ embstore_status_t embstore_apply_gradients(embstore_table_t* table, const int64_
 }
 
 embstore_status_t embstore_step(embstore_store_t* store, uint64_t global_step) {
-  return guarded(__func__, [&] {
+  embstore_status_t status = EMBSTORE_OK;
+  std::string message;
+  const embstore_status_t s = guarded(__func__, [&] {
     require(store, "store");
     store->step.store(global_step, std::memory_order_relaxed);
+    status = store->checkpointer->on_step(global_step, &message);
   });
+  if (s != EMBSTORE_OK) return s;
+  return status == EMBSTORE_OK ? status : record(status, __func__, message.c_str());
 }
 
 embstore_status_t embstore_table_stats(embstore_table_t* table, embstore_table_stats_t* out) {
@@ -236,36 +250,42 @@ embstore_status_t embstore_table_stats(embstore_table_t* table, embstore_table_s
   });
 }
 
-// ----------------------------------------------------------- checkpoints (next version) --
+// --------------------------------------------------------------------------- checkpoints --
 
 embstore_status_t embstore_checkpoint(embstore_store_t* store, const char* dir,
                                       embstore_ckpt_kind_t kind, uint64_t* version_out) {
   return guarded(__func__, [&] {
     require(store, "store");
     require(dir, "dir");
-    require(version_out, "version_out");
+    if (*dir == '\0') fail(EMBSTORE_INVALID_ARGUMENT, "dir is empty");
     const int k = embstore::enum_value(kind);
     if (k != EMBSTORE_CKPT_FULL && k != EMBSTORE_CKPT_INCREMENTAL) {
       fail(EMBSTORE_INVALID_ARGUMENT, "unknown checkpoint kind {}", k);
     }
-    not_yet("embstore_checkpoint");
+    if (k == EMBSTORE_CKPT_INCREMENTAL) not_yet("an incremental checkpoint");
+    const uint64_t version = store->checkpointer->checkpoint(dir, true);
+    if (version_out) *version_out = version;
   });
 }
 
-embstore_status_t embstore_checkpoint_wait(embstore_store_t* store, uint64_t) {
-  return guarded(__func__, [&] {
+embstore_status_t embstore_checkpoint_wait(embstore_store_t* store, uint64_t version) {
+  embstore_status_t status = EMBSTORE_OK;
+  std::string message;
+  const embstore_status_t s = guarded(__func__, [&] {
     require(store, "store");
-    not_yet("embstore_checkpoint_wait");
+    status = store->checkpointer->wait(version, &message);
   });
+  if (s != EMBSTORE_OK) return s;
+  return status == EMBSTORE_OK ? status : record(status, __func__, message.c_str());
 }
 
 embstore_status_t embstore_checkpoint_attach(embstore_store_t* store, const char* name,
                                              const void* data, size_t bytes) {
   return guarded(__func__, [&] {
     require(store, "store");
-    require(name, "name");
+    embstore::check_name("attachment", name);
     if (bytes > 0) require(data, "data");
-    not_yet("embstore_checkpoint_attach");
+    store->checkpointer->attach(name, data, bytes);
   });
 }
 
@@ -280,17 +300,54 @@ embstore_status_t embstore_checkpoint_set_policy(embstore_store_t* store,
   return guarded(__func__, [&] {
     require(store, "store");
     require(policy, "policy");
-    not_yet("embstore_checkpoint_set_policy");
+    if (policy->struct_size < sizeof(embstore_checkpoint_policy_t)) {
+      fail(EMBSTORE_INVALID_ARGUMENT,
+           "policy struct_size is {}, expected {}: fill it with embstore_checkpoint_policy_init",
+           policy->struct_size, sizeof(embstore_checkpoint_policy_t));
+    }
+    for (double s : {policy->full_every_seconds, policy->incremental_every_seconds}) {
+      if (!(s >= 0.0) || s == std::numeric_limits<double>::infinity()) {
+        fail(EMBSTORE_INVALID_ARGUMENT, "policy seconds must be finite and >= 0, are {}", s);
+      }
+    }
+    if (policy->incremental_every_steps != 0 || policy->incremental_every_seconds != 0.0) {
+      not_yet("an incremental checkpoint policy");
+    }
+    const bool scheduled = policy->full_every_steps != 0 || policy->full_every_seconds != 0.0;
+    const bool has_dir = policy->dir != nullptr && *policy->dir != '\0';
+    if ((scheduled || policy->keep_full != 0) && !has_dir) {
+      fail(EMBSTORE_INVALID_ARGUMENT, "policy has a schedule or keep_full but no dir");
+    }
+    embstore::checkpoint::Policy p;
+    if (has_dir) p.dir = policy->dir;
+    p.full_every_steps = policy->full_every_steps;
+    p.full_every_seconds = policy->full_every_seconds;
+    p.keep_full = policy->keep_full;
+    store->checkpointer->set_policy(std::move(p));
   });
 }
 
-embstore_status_t embstore_restore(embstore_store_t* store, const char* dir, uint64_t,
+embstore_status_t embstore_checkpoint_stats(embstore_store_t* store,
+                                            embstore_checkpoint_stats_t* out) {
+  return guarded(__func__, [&] {
+    require(store, "store");
+    require(out, "out");
+    if (out->struct_size < sizeof(embstore_checkpoint_stats_t)) {
+      fail(EMBSTORE_INVALID_ARGUMENT, "stats struct_size is {}, expected {}", out->struct_size,
+           sizeof(embstore_checkpoint_stats_t));
+    }
+    *out = store->checkpointer->stats();
+  });
+}
+
+embstore_status_t embstore_restore(embstore_store_t* store, const char* dir, uint64_t version,
                                    uint64_t* restored_version_out) {
   return guarded(__func__, [&] {
     require(store, "store");
     require(dir, "dir");
-    require(restored_version_out, "restored_version_out");
-    not_yet("embstore_restore");
+    if (*dir == '\0') fail(EMBSTORE_INVALID_ARGUMENT, "dir is empty");
+    const uint64_t restored = store->checkpointer->restore(dir, version);
+    if (restored_version_out) *restored_version_out = restored;
   });
 }
 
@@ -301,7 +358,17 @@ embstore_status_t embstore_restore_attachment(embstore_store_t* store, const cha
     require(name, "name");
     if (capacity > 0) require(buf, "buf");
     require(bytes_out, "bytes_out");
-    not_yet("embstore_restore_attachment");
+    std::vector<char> data;
+    if (!store->checkpointer->restored_attachment(name, &data)) {
+      fail(EMBSTORE_NOT_FOUND, "the last restore brought no attachment named '{}'", name);
+    }
+    *bytes_out = data.size();
+    if (buf == nullptr && capacity == 0) return;
+    if (capacity < data.size()) {
+      fail(EMBSTORE_INVALID_ARGUMENT, "attachment '{}' is {} bytes, capacity is {}", name,
+           data.size(), capacity);
+    }
+    if (!data.empty()) std::memcpy(buf, data.data(), data.size());
   });
 }
 

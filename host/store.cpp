@@ -24,6 +24,13 @@ embstore_store::embstore_store(const embstore_store_config_t& c) {
     fail(EMBSTORE_UNSUPPORTED, "world_size {} > 1: sharded stores are not implemented yet",
          c.world_size);
   }
+  // A chunk of the staging ring must hold the widest row (dim 4096 with Adam: 48 KiB), and the
+  // ring several chunks.
+  if (c.staging_bytes < (size_t{1} << 20)) {
+    fail(EMBSTORE_INVALID_ARGUMENT, "staging_bytes must be >= 1 MiB, is {}", c.staging_bytes);
+  }
+  staging_bytes = c.staging_bytes;
+  io_queue_depth = static_cast<unsigned>(c.io_queue_depth);
   if (c.device < 0) fail(EMBSTORE_INVALID_ARGUMENT, "device must be >= 0, is {}", c.device);
   device = c.device;
   switch (embstore::enum_value(c.backend)) {
@@ -48,23 +55,42 @@ embstore_store::embstore_store(const embstore_store_config_t& c) {
   if (backend == EMBSTORE_BACKEND_HOST) {
     pool = std::make_unique<embstore::ThreadPool>(static_cast<unsigned>(c.host_threads));
   }
+  checkpointer = std::make_unique<embstore::checkpoint::Checkpointer>(*this);
+}
+
+embstore_store::~embstore_store() { checkpointer.reset(); }
+
+std::unique_ptr<embstore::Table> embstore_store::make_table_impl(embstore::TableSpec spec) {
+  return backend == EMBSTORE_BACKEND_CUDA ? embstore::make_cuda_table(std::move(spec), device)
+                                          : embstore::make_host_table(std::move(spec), *pool);
 }
 
 embstore_table* embstore_store::create_table(const embstore_table_config_t& config) {
   embstore::TableSpec spec = embstore::make_table_spec(config);
-  std::lock_guard lock(mutex_);
-  if (tables_.count(spec.name) != 0) {
+  if (find_table(spec.name.c_str()) != nullptr) {
     fail(EMBSTORE_ALREADY_EXISTS, "a table named '{}' exists", spec.name);
   }
+  return adopt_table(make_table_impl(std::move(spec)));
+}
+
+embstore_table* embstore_store::adopt_table(std::unique_ptr<embstore::Table> impl) {
+  std::lock_guard lock(mutex_);
+  const std::string& name = impl->spec().name;
+  if (tables_.count(name) != 0) fail(EMBSTORE_ALREADY_EXISTS, "a table named '{}' exists", name);
   auto table = std::make_unique<embstore_table>();
   table->store = this;
-  std::string name = spec.name;
-  table->impl = backend == EMBSTORE_BACKEND_CUDA
-                    ? embstore::make_cuda_table(std::move(spec), device)
-                    : embstore::make_host_table(std::move(spec), *pool);
+  table->impl = std::move(impl);
   embstore_table* handle = table.get();
-  tables_.emplace(std::move(name), std::move(table));
+  tables_.emplace(handle->impl->spec().name, std::move(table));
   return handle;
+}
+
+std::vector<embstore_table*> embstore_store::tables() {
+  std::lock_guard lock(mutex_);
+  std::vector<embstore_table*> out;
+  out.reserve(tables_.size());
+  for (auto& [name, table] : tables_) out.push_back(table.get());
+  return out;
 }
 
 embstore_table* embstore_store::find_table(const char* name) {

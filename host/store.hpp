@@ -9,7 +9,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
+#include "host/checkpoint/checkpointer.hpp"
 #include "host/table.hpp"
 #include "host/thread_pool.hpp"
 
@@ -22,15 +24,29 @@ struct embstore_store {
   // Validates config and picks the backend; throws embstore::Error.
   explicit embstore_store(const embstore_store_config_t& config);
 
+  ~embstore_store();
+
   embstore_table* create_table(const embstore_table_config_t& config);
   embstore_table* find_table(const char* name);  // nullptr if none
+  // Every table, in name order.
+  std::vector<embstore_table*> tables();
+  // A table of this store's backend, not registered.
+  std::unique_ptr<embstore::Table> make_table_impl(embstore::TableSpec spec);
+  // Registers impl under its spec's name; throws Error(ALREADY_EXISTS).
+  embstore_table* adopt_table(std::unique_ptr<embstore::Table> impl);
 
   embstore_backend_t backend;
   int device;
+  size_t staging_bytes;
+  unsigned io_queue_depth;
   std::unique_ptr<embstore::ThreadPool> pool;  // host backend only
   std::atomic<uint64_t> step{0};
 
  private:
   std::mutex mutex_;  // guards tables_
   std::map<std::string, std::unique_ptr<embstore_table>, std::less<>> tables_;
+
+ public:
+  // Last: it is destroyed first, waiting for the checkpoint in flight while tables still exist.
+  std::unique_ptr<embstore::checkpoint::Checkpointer> checkpointer;
 };

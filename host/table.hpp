@@ -32,6 +32,11 @@ struct TableSpec {
 // Validates config (every field) and returns the spec; throws Error(INVALID_ARGUMENT or
 // UNSUPPORTED) naming the field.
 TableSpec make_table_spec(const embstore_table_config_t& config);
+// Throws Error(INVALID_ARGUMENT) unless name is [A-Za-z0-9_.-]{1,128} and not "." or "..";
+// what ("table", "attachment") starts the message.
+void check_name(const char* what, const char* name);
+// The inverse, for manifests: make_table_spec(to_config(s)) == s. name points into s.
+embstore_table_config_t to_config(const TableSpec& s);
 
 struct TableCounters {
   uint64_t rows = 0, capacity = 0, dirty_rows = 0, inserted = 0, evicted = 0, pending_admission = 0,
@@ -61,11 +66,14 @@ class Table {
   // ---- snapshots (host/checkpoint/): one at a time per table, driven by the store --------
   // Captures after every earlier call on the table: every live row when full, else the dirty
   // rows; clears the dirty bitmap. No row is copied. From here on a mutating call that meets a
-  // captured row writes the row to sink first (copy-on-write). Returns the rows captured.
+  // captured row writes the row to sink first (copy-on-write, waiting for room), and flushes
+  // the sink before it returns, so no staging chunk stays with a table between calls. Returns
+  // the rows captured.
   virtual uint64_t capture(bool full, SnapshotSink* sink) = 0;
   // Moves up to max_rows captured rows into the sink (reserve without waiting: stops early
   // when staging is full), then flushes the sink. Returns the rows still captured; 0 once the
-  // snapshot is written out, copy-on-write included.
+  // snapshot is written out, copy-on-write included. May do nothing (and return the last
+  // count) while a training call wants the table: training goes first.
   virtual uint64_t drain(uint64_t max_rows) = 0;
   // Detaches the sink. After a failed snapshot (failed = true) every row it captured is marked
   // dirty again, so the next checkpoint still writes it.

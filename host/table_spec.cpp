@@ -15,25 +15,6 @@ bool valid_name_char(char c) {
          c == '.' || c == '-';
 }
 
-// Table names become directory names in checkpoints, hence the narrow alphabet.
-void check_name(const char* name) {
-  if (name == nullptr) fail(EMBSTORE_INVALID_ARGUMENT, "table name is NULL");
-  const size_t len = std::strlen(name);
-  if (len == 0 || len > 128) {
-    fail(EMBSTORE_INVALID_ARGUMENT, "table name must have 1 to 128 characters, has {}", len);
-  }
-  for (size_t i = 0; i < len; ++i) {
-    if (!valid_name_char(name[i])) {
-      fail(EMBSTORE_INVALID_ARGUMENT,
-           "table name '{}' has character {:#04x} at {}: allowed are [A-Za-z0-9_.-]", name,
-           static_cast<unsigned char>(name[i]), i);
-    }
-  }
-  if (std::strcmp(name, ".") == 0 || std::strcmp(name, "..") == 0) {
-    fail(EMBSTORE_INVALID_ARGUMENT, "table name '{}' is reserved", name);
-  }
-}
-
 void check_finite(const char* field, float v) {
   if (!std::isfinite(v)) fail(EMBSTORE_INVALID_ARGUMENT, "table {} is not finite", field);
 }
@@ -45,13 +26,32 @@ void check_non_negative(const char* field, float v) {
 
 }  // namespace
 
+// Table and attachment names become file names in checkpoints, hence the narrow alphabet.
+void check_name(const char* what, const char* name) {
+  if (name == nullptr) fail(EMBSTORE_INVALID_ARGUMENT, "{} name is NULL", what);
+  const size_t len = std::strlen(name);
+  if (len == 0 || len > 128) {
+    fail(EMBSTORE_INVALID_ARGUMENT, "{} name must have 1 to 128 characters, has {}", what, len);
+  }
+  for (size_t i = 0; i < len; ++i) {
+    if (!valid_name_char(name[i])) {
+      fail(EMBSTORE_INVALID_ARGUMENT,
+           "{} name '{}' has character {:#04x} at {}: allowed are [A-Za-z0-9_.-]", what, name,
+           static_cast<unsigned char>(name[i]), i);
+    }
+  }
+  if (std::strcmp(name, ".") == 0 || std::strcmp(name, "..") == 0) {
+    fail(EMBSTORE_INVALID_ARGUMENT, "{} name '{}' is reserved", what, name);
+  }
+}
+
 TableSpec make_table_spec(const embstore_table_config_t& c) {
   if (c.struct_size < sizeof(embstore_table_config_t)) {
     fail(EMBSTORE_INVALID_ARGUMENT,
          "table config struct_size is {}, expected {}: fill it with embstore_table_config_init",
          c.struct_size, sizeof(embstore_table_config_t));
   }
-  check_name(c.name);
+  check_name("table", c.name);
   TableSpec s;
   s.name = c.name;
   if (c.dim < 1 || c.dim > 4096) {
@@ -146,6 +146,29 @@ TableSpec make_table_spec(const embstore_table_config_t& c) {
   }
   s.evict_idle_steps = c.evict_idle_steps;
   return s;
+}
+
+embstore_table_config_t to_config(const TableSpec& s) {
+  embstore_table_config_t c;
+  embstore_table_config_init(&c);
+  c.name = s.name.c_str();
+  c.dim = s.dim;
+  c.initial_capacity = s.initial_capacity;
+  c.max_capacity = s.max_capacity;
+  c.optimizer = static_cast<embstore_optimizer_t>(s.opt.kind);
+  c.learning_rate = s.opt.lr;
+  c.epsilon = s.opt.eps;
+  c.beta1 = s.opt.beta1;
+  c.beta2 = s.opt.beta2;
+  c.weight_decay = s.opt.weight_decay;
+  c.initial_accumulator = s.opt.initial_accumulator;
+  c.init = static_cast<embstore_init_t>(s.init.kind);
+  c.init_a = s.init.a;
+  c.init_b = s.init.b;
+  c.seed = s.init.seed;
+  c.admit_after = s.admit_after;
+  c.evict_idle_steps = s.evict_idle_steps;
+  return c;
 }
 
 }  // namespace embstore

@@ -30,6 +30,7 @@
 #include "cuda/row/index.h"
 #include "cuda/row/init.h"
 #include "cuda/row/optimizer.h"
+#include "cuda/row/snapshot.h"
 #include "host/backend/backends.hpp"
 #include "host/error.hpp"
 #include "host/table.hpp"
@@ -45,6 +46,14 @@ inline constexpr uint32_t kFullMask = 0xffffffffu;
 // Scratch sub-buffers start on this boundary (CUB wants 256 bytes for its temp storage).
 inline constexpr size_t kScratchAlign = 256;
 
+// Device staging of the snapshot paths (drain, copy-on-write, load_rows) holds at most about
+// this much at a time; larger amounts go in pieces.
+inline constexpr uint64_t kStageBytes = uint64_t{32} << 20;
+// Bitmap words drain scans per pass: enough for a bounded number of passes per piece on a
+// sparse bitmap, few enough that a dense one does not scan far past the rows it takes.
+inline constexpr uint64_t kMinDrainWords = uint64_t{1} << 16;
+inline constexpr uint64_t kMaxDrainWords = uint64_t{1} << 22;  // 2^28 rows: counts fit uint32
+
 // Device-resident counters. unsigned long long: the type atomicAdd takes.
 struct DeviceCounters {
   unsigned long long rows;          // row ids handed out; the next id
@@ -52,6 +61,10 @@ struct DeviceCounters {
   unsigned long long skipped_keys;  // gradient keys without a row
   unsigned long long dirty_rows;    // result slot of counters()
   unsigned long long new_keys;      // result slot of the max_capacity check
+  unsigned long long captured;      // result slot of capture()
+  unsigned long long drain_total;   // result slots of one drain pass: captured rows in the
+  unsigned long long drain_word;    //   window, and the word where the pass stopped taking
+  unsigned long long cow_rows;      // result slot of one copy-on-write pass
 };
 
 // ------------------------------------------------------------------------------ kernels --
@@ -278,6 +291,159 @@ __global__ void __launch_bounds__(BlockSize)
   }
 }
 
+// ---------------------------------------------------------------------- snapshot kernels --
+
+// capture_word over every word of the bitmaps; counts the captured rows.
+template <int BlockSize>
+__global__ void __launch_bounds__(BlockSize)
+    capture_kernel(bool full, uint64_t* dirty, uint64_t* captured, uint64_t n_words, uint64_t rows,
+                   unsigned long long* total) {
+  unsigned long long local = 0;
+  for (uint64_t w = grid_thread<BlockSize>(); w < n_words; w += grid_threads<BlockSize>()) {
+    local += row::popcount64(row::capture_word(full, dirty, captured, w, rows));
+  }
+  block_add<BlockSize>(local, total);
+}
+
+// dirty |= the rows a failed snapshot captured.
+template <int BlockSize>
+__global__ void __launch_bounds__(BlockSize)
+    restore_dirty_kernel(uint64_t* dirty, const uint64_t* snapshot_set, uint64_t n_words) {
+  for (uint64_t w = grid_thread<BlockSize>(); w < n_words; w += grid_threads<BlockSize>()) {
+    dirty[w] |= snapshot_set[w];
+  }
+}
+
+// Captured rows per word of the window [first_word, first_word + n_words).
+template <int BlockSize>
+__global__ void __launch_bounds__(BlockSize)
+    captured_counts_kernel(const uint64_t* captured, uint64_t first_word, uint64_t n_words,
+                           uint32_t* counts) {
+  for (uint64_t i = grid_thread<BlockSize>(); i < n_words; i += grid_threads<BlockSize>()) {
+    counts[i] = static_cast<uint32_t>(row::popcount64(captured[first_word + i]));
+  }
+}
+
+// Takes the first `want` captured rows of the window in row order: ends[i] is the inclusive
+// prefix sum of the window's per-word counts, so word i's rows go to out[ends[i] - count ..].
+// One thread owns a word. *total gets the captured rows of the window; *cut_word the word
+// holding the want-th of them (meaningful where *total >= want): every word before it is
+// empty afterwards.
+template <int BlockSize>
+__global__ void __launch_bounds__(BlockSize)
+    take_captured_kernel(uint64_t* captured, uint64_t first_word, uint64_t n_words,
+                         const uint32_t* ends, uint64_t want, uint32_t* out,
+                         unsigned long long* total, unsigned long long* cut_word) {
+  for (uint64_t i = grid_thread<BlockSize>(); i < n_words; i += grid_threads<BlockSize>()) {
+    const uint64_t end = ends[i];
+    if (i == n_words - 1) *total = end;
+    const uint64_t word_index = first_word + i;
+    uint64_t bits = captured[word_index];
+    const uint64_t begin = end - static_cast<uint64_t>(row::popcount64(bits));
+    if (bits == 0 || begin >= want) continue;
+    if (want <= end) *cut_word = word_index;  // begin < want <= end: exactly one thread
+    for (uint64_t j = begin; bits != 0 && j < want; ++j) {
+      const uint64_t r =
+          word_index * 64 + static_cast<uint64_t>(__ffsll(static_cast<long long>(bits)) - 1);
+      bits &= bits - 1;
+      (void)row::take_captured<false>(captured, r);  // the word is this thread's alone
+      out[j] = static_cast<uint32_t>(r);
+    }
+  }
+}
+
+// Copy-on-write, first half: takes each captured row among the unique rows of a gradient batch
+// and appends its id to out at *count (one atomic per warp). The loop bound is uniform within
+// a block, so every warp is complete at the ballot.
+template <int BlockSize>
+__global__ void __launch_bounds__(BlockSize)
+    take_runs_kernel(uint64_t* captured, const uint32_t* run_rows, uint64_t n, uint32_t no_row,
+                     uint32_t* out, unsigned long long* count) {
+  static_assert(BlockSize % 32 == 0);
+  const uint32_t lane = threadIdx.x % 32;
+  for (uint64_t base = uint64_t{blockIdx.x} * BlockSize; base < n;
+       base += grid_threads<BlockSize>()) {
+    const uint64_t i = base + threadIdx.x;
+    uint32_t r = 0;
+    bool take = false;
+    if (i < n) {
+      r = run_rows[i];
+      take = r != no_row && row::take_captured<true>(captured, r);
+    }
+    const uint32_t ballot = __ballot_sync(kFullMask, take);
+    if (ballot == 0) continue;  // warp-uniform
+    const int leader = __ffs(static_cast<int>(ballot)) - 1;
+    unsigned long long first = 0;
+    if (static_cast<int>(lane) == leader) {
+      first = atomicAdd(count, static_cast<unsigned long long>(__popc(ballot)));
+    }
+    first = __shfl_sync(kFullMask, first, leader);
+    if (take) out[first + static_cast<uint32_t>(__popc(ballot & ((1u << lane) - 1)))] = r;
+  }
+}
+
+// One staging record per row id (row::write_record), padding zeroed; the first
+// min(n, *count) ids where count is given (a count a kernel before it wrote).
+template <int BlockSize>
+__global__ void __launch_bounds__(BlockSize)
+    write_records_kernel(row::ArenaRef arena, const uint32_t* rows, uint64_t n,
+                         const unsigned long long* count, char* records, uint64_t record_size) {
+  const uint64_t m = count != nullptr && *count < n ? *count : n;
+  const uint64_t used = 8 + uint64_t{arena.stride} * 4;
+  for (uint64_t i = grid_thread<BlockSize>(); i < m; i += grid_threads<BlockSize>()) {
+    const uint32_t r = rows[i];
+    char* record = records + i * record_size;
+    row::write_record(record, arena.row_meta(r)->key, arena.row(r), arena.stride);
+    if (record_size > used) memset(record + used, 0, record_size - used);
+  }
+}
+
+// load_rows: row first_row + i for keys[i], keys distinct and absent from the index (checked
+// before). Like rebuild_index_kernel, a claimed slot is final and nothing reads the index until
+// the kernel ends.
+template <int BlockSize>
+__global__ void __launch_bounds__(BlockSize)
+    load_index_kernel(row::IndexRef index, row::ArenaRef arena, const int64_t* keys, uint64_t n,
+                      uint64_t first_row, uint64_t step) {
+  for (uint64_t i = grid_thread<BlockSize>(); i < n; i += grid_threads<BlockSize>()) {
+    const int64_t key = keys[i];
+    const uint32_t r = static_cast<uint32_t>(first_row + i);
+    *arena.row_meta(r) = row::RowMeta{key, step};
+    for (uint64_t s = index.home(key);; s = index.next(s)) {
+      if (atomicCAS(&index.slots[s].row, row::kEmptyRow, r) == row::kEmptyRow) {
+        index.slots[s].key = key;
+        break;
+      }
+    }
+  }
+}
+
+// load_rows: record of row first_row + i = [values[i]][state[i]], a tile per row as in
+// init_rows_kernel.
+template <int BlockSize>
+__global__ void __launch_bounds__(BlockSize)
+    load_values_kernel(row::ArenaRef arena, const float* values, const float* state, uint64_t n,
+                       uint64_t first_row, uint32_t tile_shift) {
+  const uint32_t tile = 1u << tile_shift;
+  const uint32_t t = threadIdx.x & (tile - 1);
+  const uint32_t dim = arena.dim;
+  const uint32_t stride = arena.stride;
+  const uint32_t state_dim = stride - dim;
+  for (uint64_t i = grid_thread<BlockSize>() >> tile_shift; i < n;
+       i += grid_threads<BlockSize>() >> tile_shift) {
+    float* record = arena.row(first_row + i);
+    for (uint32_t c = t; c < stride; c += tile) {
+      record[c] = c < dim ? values[i * dim + c] : state[i * state_dim + (c - dim)];
+    }
+  }
+}
+
+// load_rows: the rows a load added, in the counters (one thread).
+__global__ void add_loaded_rows_kernel(DeviceCounters* counters, unsigned long long rows) {
+  counters->rows += rows;
+  counters->inserted += rows;
+}
+
 // ---------------------------------------------------------------------------- host side --
 // Internal linkage: other translation units may define helpers of the same names.
 namespace {
@@ -404,6 +570,11 @@ class CudaTable final : public Table {
     std::lock_guard lock(mutex_);
     dirty_tracking_ = on;
   }
+  uint64_t capture(bool full, SnapshotSink* sink) override;
+  uint64_t drain(uint64_t max_rows) override;
+  void end_snapshot(bool failed) override;
+  void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
+                 uint64_t step) override;
 
  private:
   // Orders a call after the table's previous call and marks its end for the next one.
@@ -459,6 +630,13 @@ class CudaTable final : public Table {
   uint64_t count_new_keys(const int64_t* keys, size_t n, cudaStream_t stream);
   void grow(uint64_t need, uint64_t rows, cudaStream_t stream);
   void release() noexcept;
+  char* stage(size_t bytes, cudaStream_t stream);
+  uint64_t stage_rows() const {
+    return std::max<uint64_t>(1, kStageBytes / row::record_bytes(arena_.stride));
+  }
+  uint64_t drain_piece(uint64_t want, char* out, cudaStream_t stream);
+  void copy_on_write(const uint32_t* run_rows, const uint32_t* num_runs, uint32_t no_row,
+                     cudaStream_t stream);
 
   int device_;
   uint64_t max_blocks_ = 1;
@@ -480,6 +658,21 @@ class CudaTable final : public Table {
   // the table might have to grow or pass its limit (about every capacity/n insert calls).
   uint64_t rows_bound_ = 0;
   bool dirty_tracking_ = true;
+
+  // Snapshots. captured_ and snapshot_set_ (the captured bitmap as capture left it, for
+  // end_snapshot(failed)) are allocated at the first capture and then kept at dirty_words_
+  // words; stage_ is the grow-only device staging of records and of load_rows input.
+  DeviceBuffer captured_;
+  DeviceBuffer snapshot_set_;
+  DeviceBuffer stage_;
+  SnapshotSink* sink_ = nullptr;
+  bool snapshot_active_ = false;
+  // >= the rows still captured (exact unless a call failed part-way); 0: no copy-on-write.
+  uint64_t captured_left_ = 0;
+  // Drain resumes at this word; every word before it is empty. Captured rows lie below
+  // drain_end_word_ (the live rows at capture).
+  uint64_t drain_word_ = 0;
+  uint64_t drain_end_word_ = 0;
 };
 
 CudaTable::CudaTable(TableSpec spec, int device) : Table(std::move(spec)), device_(device) {
@@ -539,6 +732,9 @@ void CudaTable::release() noexcept {
   dirty_.reset();
   counters_.reset();
   scratch_.reset();
+  captured_.reset();
+  snapshot_set_.reset();
+  stage_.reset();
   if (done_ != nullptr) (void)cudaEventDestroy(done_);
   if (own_stream_ != nullptr) (void)cudaStreamDestroy(own_stream_);
   done_ = nullptr;
@@ -653,6 +849,20 @@ void CudaTable::grow(uint64_t need, uint64_t rows, cudaStream_t stream) {
   check(cudaMemcpyAsync(dirty.get(), dirty_.get(), dirty_words_ * sizeof(uint64_t),
                         cudaMemcpyDeviceToDevice, stream),
         "cudaMemcpyAsync");
+  // A snapshot's bitmaps grow with the dirty one; new rows are never captured.
+  auto grown_bitmap = [&](const DeviceBuffer& old, const char* what) {
+    DeviceBuffer bitmap(words * sizeof(uint64_t), what);
+    check(cudaMemsetAsync(bitmap.get(), 0, bitmap.bytes(), stream), "cudaMemsetAsync");
+    check(cudaMemcpyAsync(bitmap.get(), old.get(), std::min(old.bytes(), bitmap.bytes()),
+                          cudaMemcpyDeviceToDevice, stream),
+          "cudaMemcpyAsync");
+    return bitmap;
+  };
+  DeviceBuffer captured, snapshot_set;
+  if (captured_.get() != nullptr) {
+    captured = grown_bitmap(captured_, "captured bitmap");
+    snapshot_set = grown_bitmap(snapshot_set_, "snapshot bitmap");
+  }
 
   const uint64_t slots = row::index_slots_for(capacity);
   DeviceBuffer index(slots * sizeof(row::Slot), "index");
@@ -668,6 +878,10 @@ void CudaTable::grow(uint64_t need, uint64_t rows, cudaStream_t stream) {
   chunks_ = chunks;
   dirty_ = std::move(dirty);  // frees the old bitmap and index; nothing uses them now
   dirty_words_ = words;
+  if (captured.get() != nullptr) {
+    captured_ = std::move(captured);
+    snapshot_set_ = std::move(snapshot_set);
+  }
   index_ = std::move(index);
   index_slots_ = slots;
 }
@@ -782,6 +996,10 @@ void CudaTable::apply_gradients(const int64_t* keys, const float* grads, size_t 
   check(cub::DeviceScan::ExclusiveSum(temp, scan_bytes, run_lengths, run_offsets, count, stream),
         "cub::DeviceScan::ExclusiveSum");
 
+  // (3b) Copy-on-write: captured rows among the unique rows go to the snapshot first, with the
+  // contents they had at capture. Synchronous, and only while rows remain captured.
+  if (sink_ != nullptr && captured_left_ > 0) copy_on_write(run_rows, num_runs, no_row, stream);
+
   // (4) One warp per unique row: as many warps as there can be runs, capped (grid-stride).
   const unsigned blocks = blocks_for(uint64_t{n} * row::kLanes);
   const uint32_t* positions = sorted_pos.Current();
@@ -821,6 +1039,296 @@ TableCounters CudaTable::counters() {
   c.pending_admission = 0;
   c.skipped_keys = d.skipped_keys;
   return c;
+}
+
+// ---------------------------------------------------------------------------- snapshots --
+// Each runs on own_stream_ in the table's call order (Call) and synchronizes before it
+// returns, so the host state below always describes finished device work.
+
+// The grow-only device staging buffer, at least `bytes`. Every earlier use of it has
+// finished (each user synchronizes before it returns); growing waits for the stream anyway.
+char* CudaTable::stage(size_t bytes, cudaStream_t stream) {
+  if (bytes > stage_.bytes()) {
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    const size_t grown = std::max(bytes, stage_.bytes() + stage_.bytes() / 2);
+    stage_.reset();
+    stage_ = DeviceBuffer(grown, "snapshot staging");
+  }
+  return stage_.get<char>();
+}
+
+uint64_t CudaTable::capture(bool full, SnapshotSink* sink) {
+  Call call(*this, own_stream_);
+  const cudaStream_t stream = call.stream;
+  if (snapshot_active_) {
+    fail(EMBSTORE_INTERNAL, "table '{}': capture while a snapshot is in progress", spec().name);
+  }
+  // Synchronizes after the wait on the previous call: the row count is exact.
+  const uint64_t rows = read_counters(stream).rows;
+  rows_bound_ = rows;
+
+  const size_t bitmap_bytes = dirty_words_ * sizeof(uint64_t);
+  if (captured_.bytes() != bitmap_bytes) {
+    DeviceBuffer captured(bitmap_bytes, "captured bitmap");
+    DeviceBuffer snapshot_set(bitmap_bytes, "snapshot bitmap");
+    captured_ = std::move(captured);
+    snapshot_set_ = std::move(snapshot_set);
+  }
+  unsigned long long* total = &device_counters()->captured;
+  check(cudaMemsetAsync(total, 0, sizeof(*total), stream), "cudaMemsetAsync");
+  // Writes every word of captured_ (and clears every word of dirty_).
+  capture_kernel<kBlock><<<blocks_for(dirty_words_), kBlock, 0, stream>>>(
+      full, dirty_.get<uint64_t>(), captured_.get<uint64_t>(), dirty_words_, rows, total);
+  check_launch("capture_kernel");
+  check(cudaMemcpyAsync(snapshot_set_.get(), captured_.get(), bitmap_bytes,
+                        cudaMemcpyDeviceToDevice, stream),
+        "cudaMemcpyAsync");
+  const uint64_t captured = read_counters(stream).captured;
+
+  sink_ = sink;
+  snapshot_active_ = true;
+  captured_left_ = captured;
+  drain_word_ = 0;
+  drain_end_word_ = row::bitmap_words(rows);
+  return captured;
+}
+
+// Takes up to `want` captured rows in row order from drain_word_ and writes their records to
+// host memory `out`. Returns the rows written, fewer than want only when no captured row is
+// left. Synchronous.
+uint64_t CudaTable::drain_piece(uint64_t want, char* out, cudaStream_t stream) {
+  if (want == 0 || drain_word_ >= drain_end_word_) return 0;
+  const uint64_t window =
+      std::min(drain_end_word_ - drain_word_,
+               std::clamp<uint64_t>(row::bitmap_words(want) * 2, kMinDrainWords, kMaxDrainWords));
+
+  // The scan's temporary storage for the largest window serves every smaller one.
+  size_t scan_bytes = 0;
+  check(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, static_cast<const uint32_t*>(nullptr),
+                                      static_cast<uint32_t*>(nullptr), static_cast<int>(window),
+                                      stream),
+        "cub::DeviceScan::InclusiveSum");
+  ScratchLayout layout;
+  const size_t ids_at = layout.take(want * sizeof(uint32_t));
+  const size_t counts_at = layout.take(window * sizeof(uint32_t));
+  const size_t ends_at = layout.take(window * sizeof(uint32_t));
+  const size_t temp_at = layout.take(scan_bytes);
+  char* base = scratch(layout.bytes, stream);
+  auto* ids = reinterpret_cast<uint32_t*>(base + ids_at);
+  auto* counts = reinterpret_cast<uint32_t*>(base + counts_at);
+  auto* ends = reinterpret_cast<uint32_t*>(base + ends_at);
+  // Allocated before any bit is taken, so that a failure to allocate loses no row.
+  const uint64_t record = row::record_bytes(arena_.stride);
+  char* records = stage(want * record, stream);
+  uint64_t* captured = captured_.get<uint64_t>();
+  DeviceCounters* dc = device_counters();
+
+  uint64_t got = 0;
+  while (got < want && drain_word_ < drain_end_word_) {
+    const uint64_t first = drain_word_;
+    const uint64_t words = std::min(drain_end_word_ - first, window);
+    const uint64_t left = want - got;
+    captured_counts_kernel<kBlock>
+        <<<blocks_for(words), kBlock, 0, stream>>>(captured, first, words, counts);
+    check_launch("captured_counts_kernel");
+    size_t temp_bytes = scan_bytes;
+    check(cub::DeviceScan::InclusiveSum(base + temp_at, temp_bytes, counts, ends,
+                                        static_cast<int>(words), stream),
+          "cub::DeviceScan::InclusiveSum");
+    take_captured_kernel<kBlock><<<blocks_for(words), kBlock, 0, stream>>>(
+        captured, first, words, ends, left, ids + got, &dc->drain_total, &dc->drain_word);
+    check_launch("take_captured_kernel");
+    const DeviceCounters d = read_counters(stream);
+    if (d.drain_total > left) {  // the pass stopped inside word drain_word
+      drain_word_ = d.drain_word;
+      got = want;
+    } else {  // took every captured row of the window
+      drain_word_ = first + words;
+      got += d.drain_total;
+    }
+  }
+  if (got == 0) return 0;
+
+  write_records_kernel<kBlock>
+      <<<blocks_for(got), kBlock, 0, stream>>>(arena_, ids, got, nullptr, records, record);
+  check_launch("write_records_kernel");
+  check(cudaMemcpyAsync(out, records, got * record, cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return got;
+}
+
+uint64_t CudaTable::drain(uint64_t max_rows) {
+  Call call(*this, own_stream_);
+  const cudaStream_t stream = call.stream;
+  if (sink_ == nullptr) return 0;
+  uint64_t budget = std::min(max_rows, captured_left_);
+  while (budget > 0) {
+    const uint64_t ask = std::min(budget, stage_rows());
+    uint64_t granted = 0;
+    char* out = sink_->reserve(ask, /*wait=*/false, &granted);
+    if (out == nullptr) break;  // staging is full
+    granted = std::min(granted, ask);
+    const uint64_t filled = drain_piece(granted, out, stream);
+    sink_->commit(filled);
+    captured_left_ -= std::min(filled, captured_left_);
+    budget -= filled;
+    if (granted == 0) break;  // no room after all (a sink grants at least 1 row)
+    if (filled < granted) {   // the bitmap holds no captured row any more
+      captured_left_ = 0;
+      break;
+    }
+  }
+  sink_->flush();
+  return captured_left_;
+}
+
+// Copy-on-write of apply_gradients, between the run-length encoding and the fused update: the
+// captured rows among run_rows[0, *num_runs) are taken and their records (their contents at
+// capture: no update has touched them since) written to the sink, waiting for room. In windows
+// of runs so that device staging stays bounded. Synchronous.
+void CudaTable::copy_on_write(const uint32_t* run_rows, const uint32_t* num_runs, uint32_t no_row,
+                              cudaStream_t stream) {
+  uint32_t runs = 0;
+  check(cudaMemcpyAsync(&runs, num_runs, sizeof(runs), cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  if (runs == 0) return;
+
+  const uint64_t record = row::record_bytes(arena_.stride);
+  const uint64_t window = std::min<uint64_t>(runs, stage_rows());
+  ScratchLayout layout;
+  const size_t records_at = layout.take(window * record);
+  const size_t ids_at = layout.take(window * sizeof(uint32_t));
+  char* base = stage(layout.bytes, stream);
+  char* records = base + records_at;
+  auto* ids = reinterpret_cast<uint32_t*>(base + ids_at);
+  unsigned long long* count = &device_counters()->cow_rows;
+
+  uint64_t taken = 0;
+  bool aborted = false;
+  for (uint64_t first = 0; first < runs && captured_left_ > 0 && !aborted; first += window) {
+    const uint64_t n = std::min<uint64_t>(window, runs - first);
+    check(cudaMemsetAsync(count, 0, sizeof(*count), stream), "cudaMemsetAsync");
+    take_runs_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
+        captured_.get<uint64_t>(), run_rows + first, n, no_row, ids, count);
+    check_launch("take_runs_kernel");
+    write_records_kernel<kBlock>
+        <<<blocks_for(n), kBlock, 0, stream>>>(arena_, ids, n, count, records, record);
+    check_launch("write_records_kernel");
+    const uint64_t k = read_counters(stream).cow_rows;  // synchronizes
+    captured_left_ -= std::min(k, captured_left_);
+    taken += k;
+    for (uint64_t done = 0; done < k;) {
+      uint64_t granted = 0;
+      char* out = sink_->reserve(k - done, /*wait=*/true, &granted);
+      if (out == nullptr) {  // the snapshot was aborted: nothing needs writing any more
+        aborted = true;
+        break;
+      }
+      granted = std::min(granted, k - done);
+      if (granted == 0) {  // would never finish; the rows stay in the snapshot set
+        fail(EMBSTORE_INTERNAL, "table '{}': the snapshot sink granted no room while waiting",
+             spec().name);
+      }
+      check(cudaMemcpyAsync(out, records + done * record, granted * record, cudaMemcpyDeviceToHost,
+                            stream),
+            "cudaMemcpyAsync");
+      check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      sink_->commit(granted);
+      done += granted;
+    }
+  }
+  if (taken > 0) sink_->count_copy_on_write(taken);
+  // No staging chunk stays with the table between calls: the writer can always free one.
+  sink_->flush();
+}
+
+void CudaTable::end_snapshot(bool failed) {
+  Call call(*this, own_stream_);
+  const cudaStream_t stream = call.stream;
+  const bool active = snapshot_active_;
+  sink_ = nullptr;
+  snapshot_active_ = false;
+  captured_left_ = 0;
+  drain_word_ = 0;
+  drain_end_word_ = 0;
+  if (!active) return;
+  if (failed) {
+    restore_dirty_kernel<kBlock><<<blocks_for(dirty_words_), kBlock, 0, stream>>>(
+        dirty_.get<uint64_t>(), snapshot_set_.get<uint64_t>(), dirty_words_);
+    check_launch("restore_dirty_kernel");
+  }
+  check(cudaMemsetAsync(captured_.get(), 0, captured_.bytes(), stream), "cudaMemsetAsync");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+
+// Rows get ids in the order given, like the host backend's serial inserts: the keys, checked
+// distinct and absent per piece, each claim an empty slot with a preset id.
+void CudaTable::load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
+                          uint64_t step) {
+  if (n == 0) return;
+  Call call(*this, own_stream_);
+  const cudaStream_t stream = call.stream;
+  uint64_t rows = read_counters(stream).rows;  // exact: synchronizes after the wait
+  rows_bound_ = rows;
+  const uint64_t limit = row::row_limit(spec().max_capacity);
+  if (rows + n > limit) {
+    fail(EMBSTORE_CAPACITY_EXCEEDED,
+         "table '{}': {} rows to load on top of {} would pass the limit of {} rows "
+         "(max_capacity {}); nothing was loaded",
+         spec().name, n, rows, limit, spec().max_capacity);
+  }
+
+  const uint32_t dim = arena_.dim;
+  const uint32_t state_dim = arena_.stride - dim;
+  const uint64_t row_bytes = sizeof(int64_t) + uint64_t{arena_.stride} * sizeof(float);
+  const uint64_t piece_max = std::max<uint64_t>(1, kStageBytes / row_bytes);
+  const uint32_t shift = tile_shift_for(arena_.stride);
+  for (size_t done = 0; done < n;) {
+    const uint64_t c = std::min<uint64_t>(n - done, piece_max);
+    ScratchLayout layout;
+    const size_t keys_at = layout.take(c * sizeof(int64_t));
+    const size_t values_at = layout.take(c * dim * sizeof(float));
+    const size_t state_at = layout.take(c * state_dim * sizeof(float));
+    // Not scratch: count_new_keys and grow use that.
+    char* base = stage(layout.bytes, stream);
+    auto* d_keys = reinterpret_cast<int64_t*>(base + keys_at);
+    auto* d_values = reinterpret_cast<float*>(base + values_at);
+    auto* d_state = reinterpret_cast<float*>(base + state_at);
+    check(cudaMemcpyAsync(d_keys, keys + done, c * sizeof(int64_t), cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync");
+    check(cudaMemcpyAsync(d_values, values + done * dim, c * dim * sizeof(float),
+                          cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync");
+    if (state_dim > 0) {
+      check(cudaMemcpyAsync(d_state, state + done * state_dim, c * state_dim * sizeof(float),
+                            cudaMemcpyHostToDevice, stream),
+            "cudaMemcpyAsync");
+    }
+    const uint64_t fresh = count_new_keys(d_keys, c, stream);  // synchronizes
+    if (fresh != c) {
+      fail(EMBSTORE_INVALID_ARGUMENT,
+           "table '{}': load_rows needs distinct keys that the table does not hold; {} of {} "
+           "keys at offset {} are repeated or present",
+           spec().name, c - fresh, c, done);
+    }
+    if (rows + c > capacity_rows()) grow(rows + c, rows, stream);  // the stream is idle
+
+    load_index_kernel<kBlock>
+        <<<blocks_for(c), kBlock, 0, stream>>>(index_ref(), arena_, d_keys, c, rows, step);
+    check_launch("load_index_kernel");
+    load_values_kernel<kBlock>
+        <<<blocks_for(c << shift), kBlock, 0, stream>>>(arena_, d_values, d_state, c, rows, shift);
+    check_launch("load_values_kernel");
+    add_loaded_rows_kernel<<<1, 1, 0, stream>>>(device_counters(), c);
+    check_launch("add_loaded_rows_kernel");
+    rows += c;
+    rows_bound_ = rows;
+    done += c;
+  }
+  // The host buffers may go once this returns.
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 }
 
 }  // namespace
@@ -876,6 +1384,21 @@ bool cuda_device_usable(int device, std::string* why) {
 
 std::unique_ptr<Table> make_cuda_table(TableSpec spec, int device) {
   return std::make_unique<detail::CudaTable>(std::move(spec), device);
+}
+
+// Never throws: where registration fails the memory stays pageable (copies still work, only
+// slower) and the error is cleared so no later check sees it.
+void pin_host_memory(void* p, size_t bytes) {
+  if (p == nullptr || bytes == 0) return;
+  // Portable: pinned for every device's context, whichever device a table lives on.
+  if (cudaHostRegister(p, bytes, cudaHostRegisterPortable) != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
+}
+
+void unpin_host_memory(void* p) {
+  if (p == nullptr) return;
+  if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();  // e.g. never pinned
 }
 
 }  // namespace embstore

@@ -7,6 +7,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -18,6 +19,7 @@
 #include "cuda/row/index.h"
 #include "cuda/row/init.h"
 #include "cuda/row/optimizer.h"
+#include "cuda/row/snapshot.h"
 #include "host/backend/backends.hpp"
 #include "host/error.hpp"
 #include "host/thread_pool.hpp"
@@ -116,6 +118,7 @@ class HostTable final : public Table {
 
   void lookup(const int64_t* keys, size_t n, float* out, bool insert, uint64_t step,
               void*) override {
+    const Caller caller(callers_);
     std::lock_guard lock(mutex_);
     rows_scratch_.resize(n);
     uint32_t* rows = rows_scratch_.data();
@@ -129,11 +132,13 @@ class HostTable final : public Table {
 
   void apply_gradients(const int64_t* keys, const float* grads, size_t n, uint64_t step,
                        void*) override {
+    const Caller caller(callers_);
     std::lock_guard lock(mutex_);
     rows_scratch_.resize(n);
     uint32_t* rows = rows_scratch_.data();
     find_rows(keys, n, rows);
     group_by_row(rows, n, dirty_tracking_);
+    if (captured_left_ > 0) copy_on_write();
     row::dispatch_opt(spec().opt.kind,
                       [&](auto kind) { update_groups<decltype(kind)::value>(grads, step); });
   }
@@ -154,7 +159,125 @@ class HostTable final : public Table {
     dirty_tracking_ = on;
   }
 
+  uint64_t capture(bool full, SnapshotSink* sink) override {
+    std::lock_guard lock(mutex_);
+    const uint64_t words = dirty_.size();
+    captured_.assign(words, 0);
+    uint64_t taken = 0;
+    for (uint64_t w = 0; w < words; ++w) {
+      taken += row::popcount64(row::capture_word(full, dirty_.data(), captured_.data(), w, rows_));
+    }
+    snapshot_set_ = captured_;
+    sink_ = sink;
+    captured_left_ = taken;
+    captured_left_seen_.store(taken);
+    drain_word_ = 0;
+    return taken;
+  }
+
+  uint64_t drain(uint64_t max_rows) override {
+    // Training calls go first: drain takes the table only when no call wants it, so a call
+    // waits for at most one drain chunk, however fast the drain loop comes back.
+    if (callers_.load(std::memory_order_acquire) > 0) return captured_left_seen_.load();
+    std::unique_lock lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) return captured_left_seen_.load();
+    if (sink_ == nullptr) return 0;
+    const uint32_t stride = spec().stride();
+    const uint64_t record = row::record_bytes(stride);
+    uint64_t budget = std::min(max_rows, captured_left_);
+    while (budget > 0) {
+      uint64_t granted = 0;
+      char* out = sink_->reserve(budget, false, &granted);
+      if (out == nullptr) break;
+      uint64_t filled = 0;
+      // Rows in row order from a cursor: every word before it is already empty.
+      while (filled < granted && drain_word_ < captured_.size()) {
+        uint64_t& word = captured_[drain_word_];
+        if (word == 0) {
+          ++drain_word_;
+          continue;
+        }
+        const uint64_t r = drain_word_ * 64 + static_cast<uint64_t>(__builtin_ctzll(word));
+        word &= word - 1;
+        row::write_record(out + filled * record, arena_.row_meta(r)->key, arena_.row(r), stride);
+        ++filled;
+      }
+      sink_->commit(filled);
+      captured_left_ -= filled;
+      budget -= filled;
+      if (filled < granted) break;  // nothing captured is left
+    }
+    sink_->flush();
+    captured_left_seen_.store(captured_left_);
+    return captured_left_;
+  }
+
+  void end_snapshot(bool failed) override {
+    std::lock_guard lock(mutex_);
+    if (failed) {
+      for (size_t w = 0; w < snapshot_set_.size(); ++w) dirty_[w] |= snapshot_set_[w];
+    }
+    captured_.clear();
+    snapshot_set_.clear();
+    captured_left_ = 0;
+    captured_left_seen_.store(0);
+    sink_ = nullptr;
+  }
+
+  void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
+                 uint64_t step) override {
+    std::lock_guard lock(mutex_);
+    if (n == 0) return;
+    const uint64_t limit = row::row_limit(spec().max_capacity);
+    if (rows_ + n > limit) {
+      fail(EMBSTORE_CAPACITY_EXCEEDED, "table '{}': {} rows to load, max_capacity is {}",
+           spec().name, rows_ + n, limit);
+    }
+    reserve_rows(rows_ + n);
+    const uint32_t dim = spec().dim;
+    const uint32_t state_dim = spec().state_dim();
+    for (size_t i = 0; i < n; ++i) {
+      bool inserted = false;
+      const uint32_t r =
+          index_.find_or_insert_serial(keys[i], static_cast<uint32_t>(rows_), &inserted);
+      if (inserted) ++rows_;
+      row::RowMeta* meta = arena_.row_meta(r);
+      meta->key = keys[i];
+      meta->step = step;
+      float* dst = arena_.row(r);
+      std::memcpy(dst, values + i * dim, dim * sizeof(float));
+      if (state_dim > 0) std::memcpy(dst + dim, state + i * state_dim, state_dim * sizeof(float));
+    }
+    inserted_ += n;
+  }
+
  private:
+  // Writes the captured rows among this call's groups to the sink before they are updated.
+  void copy_on_write() {
+    const uint32_t stride = spec().stride();
+    const uint64_t record = row::record_bytes(stride);
+    cow_rows_.clear();
+    for (const Group& g : groups_) {
+      if (row::take_captured<false>(captured_.data(), g.row)) cow_rows_.push_back(g.row);
+    }
+    captured_left_ -= cow_rows_.size();
+    size_t done = 0;
+    while (done < cow_rows_.size()) {
+      uint64_t granted = 0;
+      char* out = sink_->reserve(cow_rows_.size() - done, true, &granted);
+      if (out == nullptr) break;  // the snapshot was aborted
+      for (uint64_t k = 0; k < granted; ++k) {
+        const uint32_t r = cow_rows_[done + k];
+        row::write_record(out + k * record, arena_.row_meta(r)->key, arena_.row(r), stride);
+      }
+      sink_->commit(granted);
+      done += granted;
+    }
+    sink_->count_copy_on_write(cow_rows_.size());
+    // No staging chunk stays with the table between calls: the writer can always free one.
+    sink_->flush();
+  }
+
   template <bool Streaming>
   void copy_rows(const uint32_t* rows, size_t n, float* out) {
     const uint32_t dim = spec().dim;
@@ -322,7 +445,13 @@ class HostTable final : public Table {
       meta_chunks_.push_back(std::move(meta));
       ++chunks_;
     }
-    dirty_.resize(row::bitmap_words(row::arena_capacity(chunks_, arena_.base_shift)), 0);
+    const uint64_t words = row::bitmap_words(row::arena_capacity(chunks_, arena_.base_shift));
+    dirty_.resize(words, 0);
+    // New rows are never captured; the bitmaps of a snapshot in progress only grow.
+    if (sink_ != nullptr) {
+      captured_.resize(words, 0);
+      snapshot_set_.resize(words, 0);
+    }
     const uint64_t slots = row::index_slots_for(rows);
     if (index_.slots == nullptr || slots > index_.mask + 1) rebuild_index(slots);
     room_ = std::min(row::arena_capacity(chunks_, arena_.base_shift), (index_.mask + 1) / 2);
@@ -346,7 +475,15 @@ class HostTable final : public Table {
     uint32_t row, first, last;
   };
 
+  // Counts the data-path calls that hold or wait for mutex_ (see drain()).
+  struct Caller {
+    explicit Caller(std::atomic<int>& n) : n_(n) { n_.fetch_add(1, std::memory_order_acq_rel); }
+    ~Caller() { n_.fetch_sub(1, std::memory_order_acq_rel); }
+    std::atomic<int>& n_;
+  };
+
   std::mutex mutex_;  // one call at a time per table
+  std::atomic<int> callers_{0};
   ThreadPool& pool_;
   row::ArenaRef arena_{};
   uint32_t chunks_ = 0;
@@ -357,6 +494,13 @@ class HostTable final : public Table {
   uint64_t rows_ = 0, inserted_ = 0, skipped_ = 0;
   uint64_t room_ = 0;  // rows that fit before the arena or the index must grow
   bool dirty_tracking_ = true;
+  // The snapshot in progress: rows still to write, the rows it captured, where drain resumes.
+  SnapshotSink* sink_ = nullptr;
+  std::vector<uint64_t> captured_, snapshot_set_;
+  uint64_t captured_left_ = 0;
+  std::atomic<uint64_t> captured_left_seen_{0};  // captured_left_ as drain last saw it
+  uint64_t drain_word_ = 0;
+  std::vector<uint32_t> cow_rows_;
   // Scratch kept between calls so the hot path does not allocate.
   std::vector<uint32_t> rows_scratch_, group_map_, next_, missing_pos_;
   std::vector<int64_t> missing_keys_;

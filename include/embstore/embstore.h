@@ -197,9 +197,12 @@ EMBSTORE_API embstore_status_t embstore_apply_gradients(embstore_table_t* table,
                                                         const int64_t* keys, const float* grads,
                                                         size_t n, void* stream);
 
-/* A step boundary: sets the global step that later updates stamp on their rows, and (in later
-   versions) runs eviction and the checkpoint policy. Steps need not be consecutive.
-   Returns OK; INVALID_ARGUMENT (NULL store). */
+/* A step boundary: sets the global step that later updates stamp on their rows and that the
+   next checkpoint is named by, and runs the checkpoint policy (see
+   embstore_checkpoint_set_policy). Steps need not be consecutive.
+   Returns OK; INVALID_ARGUMENT (NULL store); or, once, the outcome of a policy checkpoint that
+   failed since the last call (IO_ERROR ...; the store stays usable and the step is set); or
+   the error of starting a due policy checkpoint (the step is set all the same). */
 EMBSTORE_API embstore_status_t embstore_step(embstore_store_t* store, uint64_t global_step);
 
 typedef struct embstore_table_stats {
@@ -219,24 +222,40 @@ EMBSTORE_API embstore_status_t embstore_table_stats(embstore_table_t* table,
                                                     embstore_table_stats_t* out);
 
 /* ------------------------------------------------------------------------- checkpoints -- */
-/* Not implemented in this version: each call validates its arguments, then returns
-   UNSUPPORTED. */
+/* A checkpoint directory holds one subdirectory per version, named by the global step at
+   capture ("00000000000000001000.full"), each with a MANIFEST.json, one row file per table and
+   the attachments. A version is written into a hidden temporary directory and renamed into
+   place only once every file is durable, so a crash never leaves a half-written version
+   behind; the leftovers are removed at the next checkpoint into dir. One store (one process)
+   writes a given dir at a time. Incremental checkpoints are not implemented in this version. */
 
 typedef enum { EMBSTORE_CKPT_FULL = 1, EMBSTORE_CKPT_INCREMENTAL = 2 } embstore_ckpt_kind_t;
 #define EMBSTORE_LATEST UINT64_MAX
 
-/* Captures the state after all earlier work and writes it in the background into dir
-   (created with missing parents). version = the global step at capture. An incremental
-   checkpoint holds the rows changed, inserted and evicted since the previous checkpoint in
-   dir; with no full checkpoint in dir it is taken as a full one. */
+/* Captures every table after all earlier calls (no row is copied) and writes the checkpoint
+   in the background while training goes on: a training call that updates a row not yet
+   written copies it out first, so the checkpoint holds exactly the state at capture. dir is
+   created with missing parents. *version_out (may be NULL) = the global step of the last
+   embstore_step. A checkpoint still being written is finished first (this call then blocks;
+   the wait is counted in embstore_checkpoint_stats). Pending attachments are saved with it and
+   cleared. Call it between steps, not concurrently with calls on the store's tables.
+   Returns OK once captured (embstore_checkpoint_wait gives the outcome); INVALID_ARGUMENT
+   (NULL store or dir, empty dir, bad kind); ALREADY_EXISTS (dir holds this version already);
+   IO_ERROR (dir or its temporary directory cannot be created); UNSUPPORTED (INCREMENTAL, in
+   this version); OUT_OF_MEMORY; DEVICE_ERROR. */
 EMBSTORE_API embstore_status_t embstore_checkpoint(embstore_store_t* store, const char* dir,
                                                    embstore_ckpt_kind_t kind,
                                                    uint64_t* version_out);
 
-/* Blocks until that version is committed or has failed; returns its outcome. */
+/* Blocks until that version (taken by this store) is committed or has failed, and returns its
+   outcome: OK; IO_ERROR (a write, fsync or rename failed: that version does not exist, earlier
+   ones are intact, and its rows stay dirty for the next checkpoint); NOT_FOUND (this store took
+   no checkpoint of that version); INVALID_ARGUMENT (NULL store). */
 EMBSTORE_API embstore_status_t embstore_checkpoint_wait(embstore_store_t* store, uint64_t version);
 
-/* Bytes saved with the next checkpoint (dense weights, reader offsets, RNG state ...). */
+/* Copies bytes to be saved with the next checkpoint (dense weights, reader offsets, RNG state
+   ...) as attachments/<name>; attaching a name again replaces it. name: [A-Za-z0-9_.-]{1,128}.
+   data may be NULL when bytes is 0. Returns OK; INVALID_ARGUMENT; OUT_OF_MEMORY. */
 EMBSTORE_API embstore_status_t embstore_checkpoint_attach(embstore_store_t* store, const char* name,
                                                           const void* data, size_t bytes);
 
@@ -248,21 +267,67 @@ typedef struct embstore_checkpoint_policy {
   uint32_t keep_full; /* full checkpoints kept with their deltas; 0: all */
 } embstore_checkpoint_policy_t;
 
+/* Fills policy with: dir NULL, everything off, keep_full 0 (keep all). NULL is a no-op. */
 EMBSTORE_API void embstore_checkpoint_policy_init(embstore_checkpoint_policy_t* policy);
+/* Replaces the store's policy (dir is copied). embstore_step then takes a full checkpoint into
+   dir when the step crosses a multiple of full_every_steps, or when full_every_seconds have
+   passed since the policy was set or the last policy checkpoint; one due while another is
+   still being written is deferred to a later step, never skipped. After each checkpoint
+   committed into dir, only the newest keep_full full checkpoints are kept; older ones are
+   deleted only after the newer one is committed. dir NULL with everything off turns the policy
+   off. Returns OK; INVALID_ARGUMENT (NULL pointer, struct_size too small, negative or NaN
+   seconds, a schedule without dir); UNSUPPORTED (incremental_every_* in this version). */
 EMBSTORE_API embstore_status_t
 embstore_checkpoint_set_policy(embstore_store_t* store, const embstore_checkpoint_policy_t* policy);
 
-/* Loads version (EMBSTORE_LATEST: the newest committed) from dir: its full base and every
-   delta of its chain, checksums verified. Tables missing from the store are created exactly
-   as they were configured; existing tables must match in dim. */
+typedef struct embstore_checkpoint_stats {
+  size_t struct_size;          /* set by the caller to sizeof(embstore_checkpoint_stats_t) */
+  uint64_t committed;          /* checkpoints this store committed */
+  uint64_t failed;             /* checkpoints this store failed to write */
+  uint64_t last_version;       /* newest committed version, EMBSTORE_LATEST when none */
+  uint64_t in_flight;          /* checkpoints captured and not yet committed or failed: 0 or 1 */
+  uint64_t rows_written;       /* rows in committed checkpoints */
+  uint64_t bytes_written;      /* bytes of committed checkpoints (row files, attachments) */
+  uint64_t copy_on_write_rows; /* rows that training calls copied out before updating them */
+  double stall_seconds_total;  /* training calls waiting on the pipeline (staging full, or a
+                                  checkpoint call finishing the previous checkpoint) */
+  double stall_seconds_max;    /* the longest single such wait */
+  double capture_seconds_last; /* how long the last capture held the tables */
+} embstore_checkpoint_stats_t;
+
+/* Fills out. Returns OK; INVALID_ARGUMENT (NULL pointer, struct_size too small). */
+EMBSTORE_API embstore_status_t embstore_checkpoint_stats(embstore_store_t* store,
+                                                         embstore_checkpoint_stats_t* out);
+
+/* Loads version (EMBSTORE_LATEST: the newest committed) from dir and returns it in
+   *restored_version_out (may be NULL); sets the store's global step to it. Every block
+   checksum, file size and row count is verified before the store is changed: on any error
+   the store is left as it was. Tables missing from the store are created exactly as they were
+   configured (optimizer and hyperparameters, initializer and seed), so training continues as
+   if it had never stopped; an existing table must match in dim and optimizer, keeps its own
+   hyperparameters and has its rows replaced. Tables of the store that the checkpoint lacks are
+   left alone. The checkpoint's attachments become readable by embstore_restore_attachment.
+   Works across backends (a checkpoint of a HOST store restores into a CUDA one). Waits for a
+   checkpoint in flight. Not concurrently with calls on the store's tables. Needs memory for
+   the restored tables beside the ones they replace.
+   Returns OK; INVALID_ARGUMENT (NULL store or dir, dim or optimizer mismatch); NOT_FOUND (dir
+   missing, no committed checkpoint, or no such version); CORRUPT (checksum, size or format
+   mismatch: file and offset in embstore_last_error()); IO_ERROR; UNSUPPORTED (a delta or a
+   checkpoint of several ranks, in this version); CAPACITY_EXCEEDED (more rows than an
+   existing table's max_capacity); OUT_OF_MEMORY; DEVICE_ERROR. */
 EMBSTORE_API embstore_status_t embstore_restore(embstore_store_t* store, const char* dir,
                                                 uint64_t version, uint64_t* restored_version_out);
+/* Copies the attachment `name` of the last restored checkpoint into buf and its size into
+   *bytes_out. buf may be NULL with capacity 0 to ask for the size. Returns OK; NOT_FOUND (no
+   restore yet, or no such attachment); INVALID_ARGUMENT (NULL store, name or bytes_out;
+   capacity smaller than the attachment: *bytes_out is still set). */
 EMBSTORE_API embstore_status_t embstore_restore_attachment(embstore_store_t* store,
                                                            const char* name, void* buf,
                                                            size_t capacity, size_t* bytes_out);
 
 /* Warm start: load the tables whose names match tables_regex (ECMAScript) from each source in
-   turn; a later source overrides an earlier one. */
+   turn; a later source overrides an earlier one. Not implemented in this version: validates
+   its arguments, then returns UNSUPPORTED. */
 typedef struct embstore_warm_start_source {
   size_t struct_size;
   const char* dir;

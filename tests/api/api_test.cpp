@@ -2,6 +2,7 @@
 // every bad argument.
 #include <catch2/catch.hpp>
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -286,33 +287,73 @@ TEST_CASE("last_error is per thread and kept across successes", "[api]") {
   REQUIRE(other.empty());
 }
 
-TEST_CASE("checkpoint calls are not implemented yet and say so", "[api]") {
+TEST_CASE("checkpoint calls check their arguments", "[api]") {
   StoreGuard store(make_store());
   uint64_t version = 0;
-  require_failed(embstore_checkpoint(store, "/tmp/x", EMBSTORE_CKPT_FULL, &version),
-                 EMBSTORE_UNSUPPORTED, "not implemented");
+  require_failed(embstore_checkpoint(nullptr, "/tmp/x", EMBSTORE_CKPT_FULL, &version),
+                 EMBSTORE_INVALID_ARGUMENT, "store");
   require_failed(
       embstore_checkpoint(store, "/tmp/x", static_cast<embstore_ckpt_kind_t>(5), &version),
       EMBSTORE_INVALID_ARGUMENT, "kind");
   require_failed(embstore_checkpoint(store, nullptr, EMBSTORE_CKPT_FULL, &version),
                  EMBSTORE_INVALID_ARGUMENT, "dir");
-  require_failed(embstore_checkpoint_wait(store, 1), EMBSTORE_UNSUPPORTED, "not implemented");
-  require_failed(embstore_restore(store, "/tmp/x", EMBSTORE_LATEST, &version), EMBSTORE_UNSUPPORTED,
-                 "not implemented");
-  require_failed(embstore_restore(store, "/tmp/x", EMBSTORE_LATEST, nullptr),
-                 EMBSTORE_INVALID_ARGUMENT, "restored_version_out");
+  require_failed(embstore_checkpoint(store, "", EMBSTORE_CKPT_FULL, &version),
+                 EMBSTORE_INVALID_ARGUMENT, "dir is empty");
+  require_failed(embstore_checkpoint(store, "/tmp/x", EMBSTORE_CKPT_INCREMENTAL, &version),
+                 EMBSTORE_UNSUPPORTED, "incremental");
+  require_failed(embstore_checkpoint_wait(store, 12345), EMBSTORE_NOT_FOUND, "12345");
+  require_failed(embstore_checkpoint_wait(nullptr, 1), EMBSTORE_INVALID_ARGUMENT, "store");
+  require_failed(embstore_restore(store, nullptr, EMBSTORE_LATEST, &version),
+                 EMBSTORE_INVALID_ARGUMENT, "dir");
+  require_failed(embstore_restore(store, "/nonexistent/embstore-ckpt", EMBSTORE_LATEST, &version),
+                 EMBSTORE_NOT_FOUND, "does not exist");
   require_failed(embstore_checkpoint_attach(store, "rng", nullptr, 4), EMBSTORE_INVALID_ARGUMENT,
                  "data");
+  require_failed(embstore_checkpoint_attach(store, "../x", "abcd", 4), EMBSTORE_INVALID_ARGUMENT,
+                 "attachment name");
+  require_failed(embstore_checkpoint_attach(store, nullptr, "abcd", 4), EMBSTORE_INVALID_ARGUMENT,
+                 "attachment name");
+  REQUIRE(embstore_checkpoint_attach(store, "empty", nullptr, 0) == EMBSTORE_OK);
+
   embstore_checkpoint_policy_t policy;
   embstore_checkpoint_policy_init(&policy);
   REQUIRE(policy.struct_size == sizeof(policy));
+  REQUIRE(policy.dir == nullptr);
+  REQUIRE(embstore_checkpoint_set_policy(store, &policy) == EMBSTORE_OK);  // off
+  policy.full_every_steps = 10;
+  require_failed(embstore_checkpoint_set_policy(store, &policy), EMBSTORE_INVALID_ARGUMENT,
+                 "no dir");
+  policy.dir = "/tmp/x";
+  policy.full_every_seconds = -1;
+  require_failed(embstore_checkpoint_set_policy(store, &policy), EMBSTORE_INVALID_ARGUMENT,
+                 "seconds");
+  policy.full_every_seconds = std::nan("");
+  require_failed(embstore_checkpoint_set_policy(store, &policy), EMBSTORE_INVALID_ARGUMENT,
+                 "seconds");
+  policy.full_every_seconds = 0;
+  policy.incremental_every_steps = 5;
   require_failed(embstore_checkpoint_set_policy(store, &policy), EMBSTORE_UNSUPPORTED,
-                 "not implemented");
+                 "incremental");
+  policy.incremental_every_steps = 0;
+  policy.struct_size = 8;
+  require_failed(embstore_checkpoint_set_policy(store, &policy), EMBSTORE_INVALID_ARGUMENT,
+                 "struct_size");
+
+  embstore_checkpoint_stats_t cs;
+  cs.struct_size = 4;
+  require_failed(embstore_checkpoint_stats(store, &cs), EMBSTORE_INVALID_ARGUMENT, "struct_size");
+  cs.struct_size = sizeof(cs);
+  REQUIRE(embstore_checkpoint_stats(store, &cs) == EMBSTORE_OK);
+  REQUIRE(cs.committed == 0);
+  REQUIRE(cs.last_version == EMBSTORE_LATEST);
+
   embstore_warm_start_source_t src;
   embstore_warm_start_source_init(&src);
   REQUIRE(src.version == EMBSTORE_LATEST);
   require_failed(embstore_warm_start(store, &src, 1), EMBSTORE_UNSUPPORTED, "not implemented");
   size_t bytes = 0;
-  require_failed(embstore_restore_attachment(store, "rng", nullptr, 0, &bytes),
-                 EMBSTORE_UNSUPPORTED, "not implemented");
+  require_failed(embstore_restore_attachment(store, "rng", nullptr, 0, &bytes), EMBSTORE_NOT_FOUND,
+                 "rng");
+  require_failed(embstore_restore_attachment(store, "rng", nullptr, 0, nullptr),
+                 EMBSTORE_INVALID_ARGUMENT, "bytes_out");
 }

@@ -17,8 +17,12 @@ const char* backend_name() { return g_backend == EMBSTORE_BACKEND_CUDA ? "cuda" 
 embstore_store_t* make_store(int host_threads) {
   embstore_store_config_t config;
   embstore_store_config_init(&config);
-  config.backend = g_backend;
   config.host_threads = host_threads;
+  return make_store(config);
+}
+
+embstore_store_t* make_store(embstore_store_config_t config) {
+  config.backend = g_backend;
   embstore_store_t* store = nullptr;
   const embstore_status_t st = embstore_store_create(&config, &store);
   INFO(embstore_last_error());

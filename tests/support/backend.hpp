@@ -16,6 +16,8 @@ const char* backend_name();
 
 // A store on the tested backend; fails the test on error.
 embstore_store_t* make_store(int host_threads = 0);
+// The same with config's other fields (backend is set to the tested one).
+embstore_store_t* make_store(embstore_store_config_t config);
 
 struct StoreGuard {
   embstore_store_t* store;

@@ -1,0 +1,563 @@
+#include "host/checkpoint/checkpointer.hpp"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+
+#include "cuda/row/snapshot.h"
+#include "host/checkpoint/staging.hpp"
+#include "host/error.hpp"
+#include "host/store.hpp"
+#include "io/commit.hpp"
+#include "io/engine.hpp"
+#include "io/manifest.hpp"
+#include "io/row_file.hpp"
+
+namespace embstore::checkpoint {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string errno_text(int negative_errno) {
+  return fmt::format("{} ({})", std::strerror(-negative_errno),
+                     io::detail::errno_name(negative_errno));
+}
+
+constexpr const char* kShardFile = "shard-00000-of-00001.rows";
+// Row file staging buffers of all tables together stay near this.
+constexpr size_t kWriterBudget = size_t{64} << 20;
+
+void log_line(const std::string& line) { std::fprintf(stderr, "embstore: %s\n", line.c_str()); }
+
+}  // namespace
+
+struct TableJob {
+  embstore_table* handle = nullptr;
+  Table* impl = nullptr;
+  TableSpec spec;
+  std::string file;  // relative to the version directory
+  std::unique_ptr<StagingRing::Sink> sink;
+  std::unique_ptr<io::RowFileWriter> writer;
+  uint64_t captured = 0;
+  uint64_t remaining = 0;
+  bool drained = false;
+  bool capture_done = false;
+};
+
+struct Job {
+  uint64_t version = 0;
+  bool full = true;
+  bool from_policy = false;
+  bool started = false;
+  std::string dir, staging, final_path;
+  std::vector<TableJob> tables;
+  std::map<std::string, std::vector<char>> attachments;
+};
+
+Checkpointer::Checkpointer(embstore_store& store) : store_(store) {}
+
+Checkpointer::~Checkpointer() {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return job_ == nullptr; });
+  stopping_ = true;
+  lock.unlock();
+  changed_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+void Checkpointer::wait_for_job(std::unique_lock<std::mutex>& lock, bool stall) {
+  if (job_ == nullptr) return;
+  const auto start = Clock::now();
+  changed_.wait(lock, [&] { return job_ == nullptr; });
+  if (stall) {
+    const double s = seconds_since(start);
+    wait_stall_total_ += s;
+    wait_stall_max_ = std::max(wait_stall_max_, s);
+  }
+}
+
+uint64_t Checkpointer::checkpoint(const std::string& dir, bool full) {
+  std::lock_guard op(op_mutex_);
+  return start(dir, full, false);
+}
+
+uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy) {
+  {
+    std::unique_lock lock(mutex_);
+    wait_for_job(lock, true);
+  }
+  const uint64_t version = store_.step.load(std::memory_order_relaxed);
+  if (int r = io::create_directories(dir); r < 0) {
+    fail(EMBSTORE_IO_ERROR, "cannot create checkpoint directory '{}': {}", dir, errno_text(r));
+  }
+  std::vector<io::VersionDir> versions;
+  if (int r = io::list_versions(dir, &versions); r < 0) {
+    fail(EMBSTORE_IO_ERROR, "cannot list checkpoint directory '{}': {}", dir, errno_text(r));
+  }
+  for (const io::VersionDir& v : versions) {
+    if (v.version == version) {
+      fail(EMBSTORE_ALREADY_EXISTS, "'{}' holds version {} already ({}): call embstore_step first",
+           dir, version, v.name);
+    }
+  }
+  std::vector<std::string> removed;
+  if (int r = io::remove_leftovers(dir, &removed); r < 0) {
+    log_line(fmt::format("could not remove every leftover in '{}': {}", dir, errno_text(r)));
+  }
+
+  auto job = std::make_unique<Job>();
+  job->version = version;
+  job->full = full;
+  job->from_policy = from_policy;
+  job->dir = dir;
+  job->final_path = dir + "/" + io::version_dir_name(version, full);
+  if (int r = io::make_staging_dir(dir, version, &job->staging); r < 0) {
+    fail(EMBSTORE_IO_ERROR, "cannot create a temporary directory in '{}': {}", dir, errno_text(r));
+  }
+
+  // Everything that can fail on the way comes before capture, so a failure changes nothing.
+  try {
+    const std::vector<embstore_table*> tables = store_.tables();
+    uint64_t widest = 0;
+    for (embstore_table* t : tables) {
+      widest = std::max(widest, row::record_bytes(t->impl->spec().stride()));
+    }
+    if (!ring_ || ring_->chunk_bytes() < widest) {
+      std::lock_guard lock(mutex_);  // stats() reads ring_
+      if (ring_) {
+        const StallStats r = ring_->stats();
+        ring_stats_base_.seconds_total += r.seconds_total;
+        ring_stats_base_.seconds_max = std::max(ring_stats_base_.seconds_max, r.seconds_max);
+        ring_stats_base_.waits += r.waits;
+        ring_stats_base_.copy_on_write_rows += r.copy_on_write_rows;
+      }
+      ring_.reset();
+      ring_ = std::make_unique<StagingRing>(store_.staging_bytes, widest,
+                                            store_.backend == EMBSTORE_BACKEND_CUDA);
+    }
+    io::WriterOptions options;
+    options.queue_depth = store_.io_queue_depth;
+    size_t buffer = kWriterBudget / std::max<size_t>(1, tables.size() * options.queue_depth);
+    buffer = std::clamp<size_t>(buffer, size_t{128} << 10, size_t{1} << 20);
+    options.buffer_bytes = std::max<size_t>(buffer, io::kRowBlockHeaderBytes + widest);
+    job->tables.resize(tables.size());
+    for (size_t i = 0; i < tables.size(); ++i) {
+      TableJob& t = job->tables[i];
+      t.handle = tables[i];
+      t.impl = tables[i]->impl.get();
+      t.spec = t.impl->spec();
+      t.file = t.spec.name + "/" + kShardFile;
+      const std::string table_dir = job->staging + "/" + t.spec.name;
+      if (int r = io::create_directories(table_dir); r < 0) {
+        fail(EMBSTORE_IO_ERROR, "cannot create '{}': {}", table_dir, errno_text(r));
+      }
+      const std::string path = job->staging + "/" + t.file;
+      if (int r = io::RowFileWriter::open(path, t.spec.dim, t.spec.state_dim(), options, &t.writer);
+          r < 0) {
+        fail(EMBSTORE_IO_ERROR, "cannot open '{}': {}", path, errno_text(r));
+      }
+      t.sink = std::make_unique<StagingRing::Sink>(*ring_, static_cast<uint32_t>(i),
+                                                   row::record_bytes(t.spec.stride()));
+    }
+    {
+      std::lock_guard lock(mutex_);
+      job->attachments = std::move(attachments_);
+      attachments_.clear();
+    }
+
+    const auto capture_start = Clock::now();
+    try {
+      for (TableJob& t : job->tables) {
+        t.captured = t.impl->capture(full, t.sink.get());
+        t.remaining = t.captured;
+        t.capture_done = true;
+      }
+    } catch (...) {
+      for (TableJob& t : job->tables) {
+        if (t.capture_done) t.impl->end_snapshot(true);
+      }
+      ring_->reset();
+      std::lock_guard lock(mutex_);
+      attachments_ = std::move(job->attachments);
+      throw;
+    }
+    std::lock_guard lock(mutex_);
+    capture_seconds_last_ = seconds_since(capture_start);
+  } catch (...) {
+    io::remove_tree(job->staging);
+    throw;
+  }
+
+  std::lock_guard lock(mutex_);
+  job_ = std::move(job);
+  outcomes_.erase(version);
+  if (!worker_.joinable()) worker_ = std::thread([this] { worker_main(); });
+  changed_.notify_all();
+  return version;
+}
+
+void Checkpointer::worker_main() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] { return stopping_ || (job_ != nullptr && !job_->started); });
+    if (job_ == nullptr || job_->started) return;  // stopping with nothing to do
+    job_->started = true;
+    Job& job = *job_;
+    lock.unlock();
+    run(job);
+    lock.lock();
+  }
+}
+
+void Checkpointer::run(Job& job) {
+  embstore_status_t status = EMBSTORE_OK;
+  std::string message;
+  auto failed = [&](embstore_status_t s, std::string m) {
+    if (status == EMBSTORE_OK) {
+      status = s;
+      message = std::move(m);
+    }
+  };
+  const std::string what = fmt::format("checkpoint {} into '{}'", job.version, job.dir);
+  try {
+    // Two threads: this one drains captured rows into staging, a writer writes full chunks to
+    // the row files and frees them. The writer never waits for a table, so a training call
+    // that waits for staging room (holding its table) always gets it; and drain may block on a
+    // table's lock without stopping the writes.
+    std::mutex write_mutex;
+    embstore_status_t write_status = EMBSTORE_OK;
+    std::string write_message;
+    std::atomic<bool> write_failed{false}, drained{false};
+    std::thread writer([&] {
+      for (;;) {
+        StagingRing::Full chunk;
+        if (!ring_->pop(&chunk)) {
+          // Copy-on-write needs captured rows, so once all is drained nothing new arrives.
+          if (drained.load()) {
+            if (!ring_->pop(&chunk)) return;
+          } else {
+            ring_->wait_for_change(std::chrono::milliseconds(2));
+            continue;
+          }
+        }
+        if (!write_failed.load()) {
+          TableJob& t = job.tables[chunk.table];
+          const uint32_t dim = t.spec.dim;
+          const uint64_t record = row::record_bytes(t.spec.stride());
+          for (uint64_t k = 0; k < chunk.rows; ++k) {
+            const char* rec = chunk.data + k * record;
+            int64_t key;
+            std::memcpy(&key, rec, sizeof(key));
+            const float* value = reinterpret_cast<const float*>(rec + 8);
+            if (int r = t.writer->add(key, value, value + dim); r < 0) {
+              std::lock_guard lock(write_mutex);
+              write_status = EMBSTORE_IO_ERROR;
+              write_message = fmt::format("{}: writing {}: {}", what, t.file, errno_text(r));
+              write_failed.store(true);
+              ring_->abort();  // training calls stop waiting for staging; drain stops
+              break;
+            }
+          }
+        }
+        ring_->release(chunk.chunk);
+      }
+    });
+    try {
+      size_t next = 0;
+      while (!write_failed.load()) {
+        bool all_drained = true, progress = false;
+        for (size_t k = 0; k < job.tables.size(); ++k) {
+          TableJob& t = job.tables[(next + k) % job.tables.size()];
+          if (t.drained) continue;
+          all_drained = false;
+          const uint64_t before = t.remaining;
+          const uint64_t rows =
+              std::max<uint64_t>(1, ring_->chunk_bytes() / row::record_bytes(t.spec.stride()));
+          t.remaining = t.impl->drain(rows);
+          t.drained = t.remaining == 0;
+          progress = t.drained || t.remaining < before;
+          next = (next + k + 1) % job.tables.size();
+          break;
+        }
+        if (all_drained) break;
+        if (!progress) {
+          // Staging is full, or training holds the table: let either move on.
+          ring_->wait_for_free(std::chrono::milliseconds(2));
+          std::this_thread::sleep_for(std::chrono::microseconds(100));
+        }
+      }
+    } catch (...) {
+      ring_->abort();
+      drained.store(true);
+      writer.join();
+      throw;
+    }
+    drained.store(true);
+    writer.join();
+    if (write_failed.load()) failed(write_status, write_message);
+
+    // Make the row files durable and check that every captured row was written once.
+    for (TableJob& t : job.tables) {
+      if (status != EMBSTORE_OK) break;
+      if (int r = t.writer->finish(); r < 0) {
+        failed(EMBSTORE_IO_ERROR, fmt::format("{}: writing {}: {}", what, t.file, errno_text(r)));
+      } else if (t.writer->rows() != t.captured) {
+        failed(EMBSTORE_INTERNAL, fmt::format("{}: table '{}' captured {} rows but wrote {}", what,
+                                              t.spec.name, t.captured, t.writer->rows()));
+      }
+    }
+
+    io::Manifest m;
+    m.full = job.full;
+    m.version = job.version;
+    m.world_size = 1;
+    m.embstore_version = EMBSTORE_VERSION_CODE;
+    uint64_t rows_total = 0, bytes_total = 0;
+    if (status == EMBSTORE_OK) {
+      for (TableJob& t : job.tables) {
+        io::TableEntry e;
+        e.name = t.spec.name;
+        e.config = to_config(t.spec);
+        e.config.name = nullptr;
+        e.state_dim = t.spec.state_dim();
+        e.state_layout = io::state_layout(static_cast<int>(t.spec.opt.kind));
+        e.rows = t.writer->rows();
+        e.files.push_back({t.file, t.writer->bytes(), t.writer->rows(), t.writer->checksum()});
+        rows_total += e.rows;
+        bytes_total += t.writer->bytes();
+        m.tables.push_back(std::move(e));
+      }
+      if (!job.attachments.empty()) {
+        const std::string adir = job.staging + "/attachments";
+        if (int r = io::create_directories(adir); r < 0) {
+          failed(EMBSTORE_IO_ERROR, fmt::format("{}: {}: {}", what, adir, errno_text(r)));
+        }
+        for (const auto& [name, data] : job.attachments) {
+          if (status != EMBSTORE_OK) break;
+          const std::string rel = "attachments/" + name;
+          if (int r = io::write_whole_file(job.staging + "/" + rel, data.data(), data.size());
+              r < 0) {
+            failed(EMBSTORE_IO_ERROR, fmt::format("{}: writing {}: {}", what, rel, errno_text(r)));
+          }
+          m.attachments.push_back(
+              {name, {rel, data.size(), 0, XXH3_64bits(data.data(), data.size())}});
+          bytes_total += data.size();
+        }
+      }
+    }
+    if (status == EMBSTORE_OK) {
+      if (int r = io::write_manifest(job.staging, m); r < 0) {
+        failed(EMBSTORE_IO_ERROR,
+               fmt::format("{}: writing {}: {}", what, io::kManifestName, errno_text(r)));
+      }
+    }
+    if (status == EMBSTORE_OK) {
+      if (int r = io::commit_staging_dir(job.staging, job.final_path); r < 0) {
+        failed(EMBSTORE_IO_ERROR, fmt::format("{}: commit: {}", what, errno_text(r)));
+      }
+    }
+    if (status == EMBSTORE_OK) {
+      std::lock_guard lock(mutex_);
+      rows_written_ += rows_total;
+      bytes_written_ += bytes_total;
+    }
+  } catch (const Error& e) {
+    failed(e.status(), fmt::format("{}: {}", what, e.what()));
+  } catch (const std::bad_alloc&) {
+    failed(EMBSTORE_OUT_OF_MEMORY, what + ": host memory allocation failed");
+  } catch (const std::exception& e) {
+    failed(EMBSTORE_INTERNAL, fmt::format("{}: {}", what, e.what()));
+  }
+
+  // End the snapshot on every table. After a failure the ring is aborted first, so that a
+  // training call waiting for staging (under its table's lock) lets go of the table.
+  const bool ok = status == EMBSTORE_OK;
+  if (!ok) ring_->abort();
+  for (TableJob& t : job.tables) {
+    try {
+      t.impl->end_snapshot(!ok);
+    } catch (const std::exception& e) {
+      failed(EMBSTORE_INTERNAL,
+             fmt::format("{}: ending the snapshot of '{}': {}", what, t.spec.name, e.what()));
+    }
+    t.writer.reset();  // without finish(): waits for writes in flight, no fsync
+  }
+  ring_->reset();
+  if (!ok) {
+    io::remove_tree(job.staging);
+  } else {
+    std::string policy_dir;
+    uint32_t keep = 0;
+    {
+      std::lock_guard lock(mutex_);
+      policy_dir = policy_.dir;
+      keep = policy_.keep_full;
+    }
+    if (keep > 0 && policy_dir == job.dir) {
+      std::vector<io::VersionDir> versions;
+      if (io::list_versions(job.dir, &versions) == 0) {
+        std::vector<uint64_t> fulls;
+        for (const io::VersionDir& v : versions) {
+          if (v.full) fulls.push_back(v.version);
+        }
+        if (fulls.size() > keep) {
+          const uint64_t oldest_kept = fulls[fulls.size() - keep];
+          for (const io::VersionDir& v : versions) {
+            if (v.version >= oldest_kept) continue;
+            // Renamed out of sight first, so a crash half-way never leaves a damaged version.
+            const std::string hidden = job.dir + "/.tmp-retired-" + v.name;
+            if (std::rename((job.dir + "/" + v.name).c_str(), hidden.c_str()) != 0 ||
+                io::remove_tree(hidden) < 0) {
+              log_line(fmt::format("retention: could not delete '{}/{}'", job.dir, v.name));
+            }
+          }
+        }
+      }
+    }
+  }
+  finish(job, status, message);
+}
+
+void Checkpointer::finish(Job& job, embstore_status_t status, const std::string& message) {
+  if (status != EMBSTORE_OK) log_line(message);
+  std::lock_guard lock(mutex_);
+  Outcome& o = outcomes_[job.version];
+  o.status = status;
+  o.message = message;
+  o.from_policy = job.from_policy;
+  o.reported = false;
+  if (status == EMBSTORE_OK) {
+    ++committed_;
+    last_version_ = job.version;
+  } else {
+    ++failed_;
+  }
+  job_.reset();
+  changed_.notify_all();
+}
+
+embstore_status_t Checkpointer::wait(uint64_t version, std::string* message) {
+  std::unique_lock lock(mutex_);
+  if (job_ != nullptr && job_->version == version) wait_for_job(lock, false);
+  auto it = outcomes_.find(version);
+  if (it == outcomes_.end()) {
+    *message = fmt::format("this store took no checkpoint of version {}", version);
+    return EMBSTORE_NOT_FOUND;
+  }
+  it->second.reported = true;
+  *message = it->second.message;
+  return it->second.status;
+}
+
+embstore_status_t Checkpointer::wait_idle(std::string* message) {
+  std::unique_lock lock(mutex_);
+  wait_for_job(lock, false);
+  for (auto& [version, o] : outcomes_) {
+    if (o.status != EMBSTORE_OK && !o.reported) {
+      o.reported = true;
+      *message = o.message;
+      return o.status;
+    }
+  }
+  return EMBSTORE_OK;
+}
+
+void Checkpointer::attach(const std::string& name, const void* data, size_t bytes) {
+  std::vector<char> copy(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
+  std::lock_guard lock(mutex_);
+  attachments_[name] = std::move(copy);
+}
+
+void Checkpointer::set_policy(Policy policy) {
+  std::lock_guard lock(mutex_);
+  policy_ = std::move(policy);
+  policy_step_mark_set_ = false;
+  policy_time_mark_ = Clock::now();
+  policy_due_ = false;
+}
+
+embstore_status_t Checkpointer::on_step(uint64_t step, std::string* message) {
+  std::unique_lock op(op_mutex_, std::try_to_lock);
+  if (!op.owns_lock()) return EMBSTORE_OK;  // a checkpoint() or restore() runs: later
+  std::string dir;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [version, o] : outcomes_) {
+      if (o.from_policy && o.status != EMBSTORE_OK && !o.reported) {
+        o.reported = true;
+        *message = o.message;
+        return o.status;
+      }
+    }
+    if (policy_.dir.empty()) return EMBSTORE_OK;
+    bool due = policy_due_;
+    if (policy_.full_every_steps > 0) {
+      if (!policy_step_mark_set_) {
+        policy_step_mark_ = step;
+        policy_step_mark_set_ = true;
+      } else if (step / policy_.full_every_steps > policy_step_mark_ / policy_.full_every_steps) {
+        due = true;
+      }
+    }
+    if (policy_.full_every_seconds > 0 &&
+        seconds_since(policy_time_mark_) >= policy_.full_every_seconds) {
+      due = true;
+    }
+    if (!due) return EMBSTORE_OK;
+    if (job_ != nullptr) {
+      policy_due_ = true;  // deferred, never skipped
+      return EMBSTORE_OK;
+    }
+    policy_due_ = false;
+    policy_step_mark_ = step;
+    policy_step_mark_set_ = true;
+    policy_time_mark_ = Clock::now();
+    dir = policy_.dir;
+  }
+  start(dir, true, true);
+  return EMBSTORE_OK;
+}
+
+bool Checkpointer::restored_attachment(const std::string& name, std::vector<char>* out) const {
+  std::lock_guard lock(mutex_);
+  auto it = restored_attachments_.find(name);
+  if (it == restored_attachments_.end()) return false;
+  *out = it->second;
+  return true;
+}
+
+embstore_checkpoint_stats_t Checkpointer::stats() const {
+  embstore_checkpoint_stats_t s{};
+  s.struct_size = sizeof(s);
+  std::lock_guard lock(mutex_);
+  s.committed = committed_;
+  s.failed = failed_;
+  s.last_version = last_version_;
+  s.in_flight = job_ != nullptr ? 1 : 0;
+  s.rows_written = rows_written_;
+  s.bytes_written = bytes_written_;
+  s.stall_seconds_total = wait_stall_total_;
+  s.stall_seconds_max = wait_stall_max_;
+  StallStats r = ring_stats_base_;
+  if (ring_) {
+    const StallStats now = ring_->stats();
+    r.copy_on_write_rows += now.copy_on_write_rows;
+    r.seconds_total += now.seconds_total;
+    r.seconds_max = std::max(r.seconds_max, now.seconds_max);
+  }
+  s.copy_on_write_rows = r.copy_on_write_rows;
+  s.stall_seconds_total += r.seconds_total;
+  s.stall_seconds_max = std::max(s.stall_seconds_max, r.seconds_max);
+  s.capture_seconds_last = capture_seconds_last_;
+  return s;
+}
+
+}  // namespace embstore::checkpoint

@@ -1,0 +1,359 @@
+#include "io/manifest.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+namespace embstore::io {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kFormat = "embstore-checkpoint";
+constexpr const char* kOptimizers[] = {"sgd", "adagrad", "rowwise_adagrad", "adam"};
+constexpr const char* kInits[] = {"zeros", "constant", "uniform", "normal"};
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
+  return buf;
+}
+
+// Thrown inside parse_manifest only; becomes -EBADMSG with its message.
+struct Bad : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+const json& member(const json& j, const char* key) {
+  if (!j.is_object()) throw Bad("expected an object");
+  auto it = j.find(key);
+  if (it == j.end()) throw Bad(std::string("member '") + key + "' is missing");
+  return *it;
+}
+
+uint64_t get_u64(const json& j, const char* key) {
+  const json& v = member(j, key);
+  if (!v.is_number_unsigned()) throw Bad(std::string("'") + key + "' is not an unsigned integer");
+  return v.get<uint64_t>();
+}
+
+uint32_t get_u32(const json& j, const char* key) {
+  const uint64_t v = get_u64(j, key);
+  if (v > UINT32_MAX) throw Bad(std::string("'") + key + "' is out of range");
+  return static_cast<uint32_t>(v);
+}
+
+float get_float(const json& j, const char* key) {
+  const json& v = member(j, key);
+  if (!v.is_number()) throw Bad(std::string("'") + key + "' is not a number");
+  return static_cast<float>(v.get<double>());
+}
+
+std::string get_string(const json& j, const char* key) {
+  const json& v = member(j, key);
+  if (!v.is_string()) throw Bad(std::string("'") + key + "' is not a string");
+  return v.get<std::string>();
+}
+
+uint64_t get_hex64(const json& j, const char* key) {
+  const std::string s = get_string(j, key);
+  if (s.size() != 16 || s.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    throw Bad(std::string("'") + key + "' is not 16 hex digits");
+  }
+  return std::stoull(s, nullptr, 16);
+}
+
+template <size_t N>
+int get_enum(const json& j, const char* key, const char* const (&names)[N]) {
+  const std::string s = get_string(j, key);
+  for (size_t i = 0; i < N; ++i) {
+    if (s == names[i]) return static_cast<int>(i);
+  }
+  throw Bad(std::string("'") + key + "' has unknown value '" + s + "'");
+}
+
+// Paths inside a version directory: relative, no "..", no empty components.
+std::string get_path(const json& j, const char* key) {
+  const std::string p = get_string(j, key);
+  bool ok = !p.empty() && p.front() != '/';
+  size_t start = 0;
+  while (ok && start <= p.size()) {
+    size_t end = p.find('/', start);
+    if (end == std::string::npos) end = p.size();
+    const std::string part = p.substr(start, end - start);
+    ok = !part.empty() && part != "." && part != "..";
+    start = end + 1;
+  }
+  if (!ok) throw Bad(std::string("'") + key + "' is not a relative path: '" + p + "'");
+  return p;
+}
+
+json file_json(const FileEntry& f) {
+  return json{{"path", f.path}, {"bytes", f.bytes}, {"rows", f.rows}, {"xxh3", hex64(f.xxh3)}};
+}
+
+FileEntry file_from(const json& j) {
+  FileEntry f;
+  f.path = get_path(j, "path");
+  f.bytes = get_u64(j, "bytes");
+  f.rows = get_u64(j, "rows");
+  f.xxh3 = get_hex64(j, "xxh3");
+  return f;
+}
+
+json manifest_json(const Manifest& m) {
+  json tables = json::array();
+  for (const TableEntry& t : m.tables) {
+    const embstore_table_config_t& c = t.config;
+    json files = json::array();
+    for (const FileEntry& f : t.files) files.push_back(file_json(f));
+    tables.push_back(json{{"name", t.name},
+                          {"config",
+                           {{"dim", c.dim},
+                            {"initial_capacity", c.initial_capacity},
+                            {"max_capacity", c.max_capacity},
+                            {"optimizer", optimizer_name(c.optimizer)},
+                            {"learning_rate", double{c.learning_rate}},
+                            {"epsilon", double{c.epsilon}},
+                            {"beta1", double{c.beta1}},
+                            {"beta2", double{c.beta2}},
+                            {"weight_decay", double{c.weight_decay}},
+                            {"initial_accumulator", double{c.initial_accumulator}},
+                            {"init", init_name(c.init)},
+                            {"init_a", double{c.init_a}},
+                            {"init_b", double{c.init_b}},
+                            {"seed", c.seed},
+                            {"admit_after", c.admit_after},
+                            {"evict_idle_steps", c.evict_idle_steps}}},
+                          {"state_dim", t.state_dim},
+                          {"state_layout", t.state_layout},
+                          {"rows", t.rows},
+                          {"files", files}});
+  }
+  json attachments = json::array();
+  for (const AttachmentEntry& a : m.attachments) {
+    json f = file_json(a.file);
+    f["name"] = a.name;
+    attachments.push_back(f);
+  }
+  return json{{"format", kFormat},
+              {"format_version", m.format_version},
+              {"kind", m.full ? "full" : "delta"},
+              {"version", m.version},
+              {"step", m.version},
+              {"parent", m.parent ? json(*m.parent) : json(nullptr)},
+              {"world_size", m.world_size},
+              {"embstore_version", m.embstore_version},
+              {"tables", tables},
+              {"attachments", attachments}};
+}
+
+uint64_t body_checksum(const json& body) {
+  const std::string text = body.dump();
+  return XXH3_64bits(text.data(), text.size());
+}
+
+struct FdCloser {
+  int fd;
+  ~FdCloser() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+const char* optimizer_name(int optimizer) {
+  return optimizer >= 0 && optimizer < 4 ? kOptimizers[optimizer] : "unknown";
+}
+
+const char* init_name(int init) { return init >= 0 && init < 4 ? kInits[init] : "unknown"; }
+
+std::string state_layout(int optimizer) {
+  switch (optimizer) {
+    case EMBSTORE_OPT_ADAGRAD:
+      return "accumulator[dim]";
+    case EMBSTORE_OPT_ROWWISE_ADAGRAD:
+      return "accumulator";
+    case EMBSTORE_OPT_ADAM:
+      return "m[dim] v[dim] beta1_power beta2_power";
+    default:
+      return "";
+  }
+}
+
+std::string format_manifest(const Manifest& m) {
+  json j = manifest_json(m);
+  const uint64_t sum = body_checksum(j);
+  j["manifest_xxh3"] = hex64(sum);
+  return j.dump(2) + "\n";
+}
+
+int parse_manifest(const std::string& text, Manifest* out, std::string* detail) {
+  try {
+    json j = json::parse(text);
+    const uint64_t expected = get_hex64(j, "manifest_xxh3");
+    j.erase("manifest_xxh3");
+    if (body_checksum(j) != expected) throw Bad("checksum mismatch (manifest_xxh3)");
+    if (get_string(j, "format") != kFormat) throw Bad("'format' is not " + std::string(kFormat));
+    Manifest m;
+    m.format_version = get_u32(j, "format_version");
+    if (m.format_version != kManifestFormatVersion) {
+      throw Bad("format_version " + std::to_string(m.format_version) + " is not supported (" +
+                std::to_string(kManifestFormatVersion) + " is)");
+    }
+    const std::string kind = get_string(j, "kind");
+    if (kind != "full" && kind != "delta") throw Bad("'kind' is '" + kind + "'");
+    m.full = kind == "full";
+    m.version = get_u64(j, "version");
+    if (get_u64(j, "step") != m.version) throw Bad("'step' differs from 'version'");
+    const json& parent = member(j, "parent");
+    if (!parent.is_null()) m.parent = get_u64(j, "parent");
+    if (m.full == m.parent.has_value()) throw Bad("'parent' does not match 'kind'");
+    m.world_size = get_u32(j, "world_size");
+    if (m.world_size == 0) throw Bad("'world_size' is 0");
+    const json& ev = member(j, "embstore_version");
+    if (!ev.is_number_integer()) throw Bad("'embstore_version' is not an integer");
+    m.embstore_version = ev.get<int32_t>();
+    const json& tables = member(j, "tables");
+    if (!tables.is_array()) throw Bad("'tables' is not an array");
+    for (const json& t : tables) {
+      TableEntry e;
+      e.name = get_string(t, "name");
+      const json& c = member(t, "config");
+      embstore_table_config_init(&e.config);
+      e.config.name = nullptr;
+      e.config.dim = get_u32(c, "dim");
+      e.config.initial_capacity = get_u64(c, "initial_capacity");
+      e.config.max_capacity = get_u64(c, "max_capacity");
+      e.config.optimizer = static_cast<embstore_optimizer_t>(get_enum(c, "optimizer", kOptimizers));
+      e.config.learning_rate = get_float(c, "learning_rate");
+      e.config.epsilon = get_float(c, "epsilon");
+      e.config.beta1 = get_float(c, "beta1");
+      e.config.beta2 = get_float(c, "beta2");
+      e.config.weight_decay = get_float(c, "weight_decay");
+      e.config.initial_accumulator = get_float(c, "initial_accumulator");
+      e.config.init = static_cast<embstore_init_t>(get_enum(c, "init", kInits));
+      e.config.init_a = get_float(c, "init_a");
+      e.config.init_b = get_float(c, "init_b");
+      e.config.seed = get_u64(c, "seed");
+      e.config.admit_after = get_u32(c, "admit_after");
+      e.config.evict_idle_steps = get_u64(c, "evict_idle_steps");
+      e.state_dim = get_u32(t, "state_dim");
+      e.state_layout = get_string(t, "state_layout");
+      e.rows = get_u64(t, "rows");
+      const json& files = member(t, "files");
+      if (!files.is_array()) throw Bad("'files' of table '" + e.name + "' is not an array");
+      uint64_t rows = 0;
+      for (const json& f : files) {
+        e.files.push_back(file_from(f));
+        rows += e.files.back().rows;
+      }
+      if (rows != e.rows) throw Bad("table '" + e.name + "': file rows do not add up to 'rows'");
+      m.tables.push_back(std::move(e));
+    }
+    const json& attachments = member(j, "attachments");
+    if (!attachments.is_array()) throw Bad("'attachments' is not an array");
+    for (const json& a : attachments) {
+      m.attachments.push_back({get_string(a, "name"), file_from(a)});
+    }
+    *out = std::move(m);
+    for (TableEntry& t : out->tables) t.config.name = t.name.c_str();
+    return 0;
+  } catch (const json::exception& e) {
+    if (detail) *detail = e.what();
+  } catch (const Bad& e) {
+    if (detail) *detail = e.what();
+  } catch (const std::bad_alloc&) {
+    return -ENOMEM;
+  }
+  return -EBADMSG;
+}
+
+int write_manifest(const std::string& version_dir, const Manifest& m) {
+  std::string text;
+  try {
+    text = format_manifest(m);
+  } catch (...) {
+    return -ENOMEM;
+  }
+  return write_whole_file(version_dir + "/" + kManifestName, text.data(), text.size());
+}
+
+int read_manifest(const std::string& version_dir, Manifest* out, std::string* detail) {
+  std::string text;
+  if (int r = read_whole_file(version_dir + "/" + kManifestName, &text); r < 0) return r;
+  return parse_manifest(text, out, detail);
+}
+
+int write_whole_file(const std::string& path, const void* data, size_t bytes) {
+  FdCloser f{::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+  if (f.fd < 0) return -errno;
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(f.fd, p, bytes);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -errno;
+    }
+    if (n == 0) return -EIO;
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  const int fd = f.fd;
+  f.fd = -1;
+  return ::close(fd) == 0 ? 0 : -errno;
+}
+
+int read_whole_file(const std::string& path, std::string* out) {
+  FdCloser f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (f.fd < 0) return -errno;
+  std::string text;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(f.fd, buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -errno;
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  *out = std::move(text);
+  return 0;
+}
+
+int checksum_file(const std::string& path, uint64_t* xxh3, uint64_t* bytes,
+                  void (*progress)(uint64_t, void*), void* ctx) {
+  FdCloser f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (f.fd < 0) return -errno;
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
+                                                                 &XXH3_freeState);
+  if (!state) return -ENOMEM;
+  XXH3_64bits_reset(state.get());
+  std::unique_ptr<char[]> buf(new (std::nothrow) char[size_t{4} << 20]);
+  if (!buf) return -ENOMEM;
+  uint64_t total = 0;
+  for (;;) {
+    const ssize_t n = ::read(f.fd, buf.get(), size_t{4} << 20);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -errno;
+    }
+    if (n == 0) break;
+    XXH3_64bits_update(state.get(), buf.get(), static_cast<size_t>(n));
+    total += static_cast<uint64_t>(n);
+    if (progress) progress(total, ctx);
+  }
+  *xxh3 = XXH3_64bits_digest(state.get());
+  *bytes = total;
+  return 0;
+}
+
+}  // namespace embstore::io

@@ -1,0 +1,82 @@
+// MANIFEST.json of a checkpoint version directory (../shared/DESIGN.md, "On-disk layout and
+// commit"). The manifest makes a version directory a checkpoint: it records what the
+// checkpoint is (format, kind, step, parent), each table's whole configuration and state
+// layout, and every file with its size, row count and XXH3 checksum. It carries its own
+// checksum ("manifest_xxh3", over the compact dump of every other member), so a flipped bit in
+// a number is caught as surely as a torn file.
+//
+// liburing style: 0 or -errno; -EBADMSG for a manifest that does not parse or check, with the
+// reason in *detail.
+#pragma once
+
+#include <embstore/embstore.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace embstore::io {
+
+inline constexpr const char* kManifestName = "MANIFEST.json";
+inline constexpr uint32_t kManifestFormatVersion = 1;
+
+struct FileEntry {
+  std::string path;  // relative to the version directory
+  uint64_t bytes = 0;
+  uint64_t rows = 0;  // row files only
+  uint64_t xxh3 = 0;  // XXH3_64bits of the whole file
+};
+
+struct TableEntry {
+  std::string name;
+  // The table's whole configuration as it was created; config.name is not stored (it points
+  // at `name` after read_manifest).
+  embstore_table_config_t config{};
+  uint32_t state_dim = 0;
+  std::string state_layout;  // e.g. "m[dim] v[dim] beta1_power beta2_power"
+  uint64_t rows = 0;
+  std::vector<FileEntry> files;
+};
+
+struct AttachmentEntry {
+  std::string name;
+  FileEntry file;
+};
+
+struct Manifest {
+  uint32_t format_version = kManifestFormatVersion;
+  bool full = true;
+  uint64_t version = 0;            // the global step at capture
+  std::optional<uint64_t> parent;  // deltas: the version they apply on
+  uint32_t world_size = 1;
+  int32_t embstore_version = 0;
+  std::vector<TableEntry> tables;
+  std::vector<AttachmentEntry> attachments;
+};
+
+// "sgd", "adagrad", "rowwise_adagrad", "adam" / "zeros", "constant", "uniform", "normal".
+const char* optimizer_name(int optimizer);
+const char* init_name(int init);
+// The optimizer state after a row's value, in words: "" for SGD.
+std::string state_layout(int optimizer);
+
+// The manifest as JSON text (pretty-printed, with manifest_xxh3).
+std::string format_manifest(const Manifest& m);
+// Parses and checks text (checksum, format version, every field present and typed).
+int parse_manifest(const std::string& text, Manifest* out, std::string* detail);
+
+// Writes <version_dir>/MANIFEST.json (not fsynced: the commit protocol fsyncs every file).
+int write_manifest(const std::string& version_dir, const Manifest& m);
+// -ENOENT when the file is missing, -EBADMSG when it does not parse or check.
+int read_manifest(const std::string& version_dir, Manifest* out, std::string* detail);
+
+// Writes bytes to path (created or truncated, mode 0644), without fsync.
+int write_whole_file(const std::string& path, const void* data, size_t bytes);
+// Reads all of path into *out.
+int read_whole_file(const std::string& path, std::string* out);
+// XXH3_64bits of a file's contents, streamed; progress(bytes_done) after each piece when set.
+int checksum_file(const std::string& path, uint64_t* xxh3, uint64_t* bytes,
+                  void (*progress)(uint64_t bytes_done, void* ctx) = nullptr, void* ctx = nullptr);
+
+}  // namespace embstore::io

@@ -1,0 +1,698 @@
+// Full checkpoints through the C API, on each backend: round trips of every optimizer, training
+// that continues after a restore, snapshots taken while training goes on, attachments,
+// versions, retention, corruption, crashes and write failures. Links embstore_static for the
+// io/ fault hook.
+#include <embstore/embstore.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "io/fault.hpp"
+#include "io/row_file.hpp"
+#include "support/backend.hpp"
+
+using namespace embstore_test;
+namespace fs = std::filesystem;
+
+namespace {
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/embstore-ckpt-test-XXXXXX";
+    const char* p = mkdtemp(tmpl);
+    REQUIRE(p != nullptr);
+    path_ = p;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string sub(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+struct FaultGuard {
+  explicit FaultGuard(std::function<int(uint64_t, size_t)> hook) {
+    embstore::io::set_fault_injection(std::move(hook));
+  }
+  ~FaultGuard() { embstore::io::set_fault_injection(nullptr); }
+  FaultGuard(const FaultGuard&) = delete;
+  FaultGuard& operator=(const FaultGuard&) = delete;
+};
+
+void require_status(embstore_status_t got, embstore_status_t want, const char* mentions = "") {
+  INFO("last_error: " << embstore_last_error());
+  REQUIRE(std::string(embstore_status_name(got)) == embstore_status_name(want));
+  REQUIRE(std::string(embstore_last_error()).find(mentions) != std::string::npos);
+}
+
+void ok(embstore_status_t s) { require_status(s, EMBSTORE_OK); }
+
+uint64_t checkpoint_ok(embstore_store_t* store, const std::string& dir) {
+  uint64_t version = 0;
+  ok(embstore_checkpoint(store, dir.c_str(), EMBSTORE_CKPT_FULL, &version));
+  ok(embstore_checkpoint_wait(store, version));
+  return version;
+}
+
+uint64_t restore_ok(embstore_store_t* store, const std::string& dir, uint64_t version) {
+  uint64_t restored = 0;
+  ok(embstore_restore(store, dir.c_str(), version, &restored));
+  return restored;
+}
+
+embstore_table_config_t config_for(const char* name, uint32_t dim, embstore_optimizer_t opt) {
+  embstore_table_config_t c = table_config(name, dim);
+  c.optimizer = opt;
+  c.learning_rate = 0.05f;
+  c.init = EMBSTORE_INIT_UNIFORM;
+  c.init_a = -0.5f;
+  c.init_b = 0.5f;
+  c.seed = 1234;
+  c.initial_capacity = 64;
+  if (opt == EMBSTORE_OPT_ADAM) c.weight_decay = 0.01f;
+  return c;
+}
+
+// One training step on a deterministic batch (duplicates included) drawn from [0, keys).
+void train_step(embstore_store_t* store, embstore_table_t* table, uint64_t step, int64_t keys,
+                size_t batch = 256) {
+  std::mt19937_64 rng(step * 7919 + 17);
+  std::vector<int64_t> k(batch);
+  for (auto& x : k) x = static_cast<int64_t>(rng() % static_cast<uint64_t>(keys)) - keys / 2;
+  lookup_ok(table, k);
+  const uint32_t dim = embstore_table_dim(table);
+  std::vector<float> g(batch * dim);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto& x : g) x = u(rng);
+  apply_ok(table, k, g);
+  ok(embstore_step(store, step));
+}
+
+std::vector<int64_t> key_range(int64_t keys) {
+  std::vector<int64_t> k(static_cast<size_t>(keys));
+  for (int64_t i = 0; i < keys; ++i) k[static_cast<size_t>(i)] = i - keys / 2;
+  return k;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+embstore_table_t* get_table(embstore_store_t* store, const char* name) {
+  embstore_table_t* t = nullptr;
+  ok(embstore_table_get(store, name, &t));
+  return t;
+}
+
+std::string version_dir(const std::string& dir, uint64_t version) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "%020llu.full", static_cast<unsigned long long>(version));
+  return dir + "/" + name;
+}
+
+// Every row of a row file: key -> value and state, as written.
+std::map<int64_t, std::vector<float>> read_rows(const std::string& path) {
+  std::unique_ptr<embstore::io::RowFileReader> reader;
+  REQUIRE(embstore::io::RowFileReader::open(path, {}, &reader) == 0);
+  std::map<int64_t, std::vector<float>> rows;
+  embstore::io::RowBlock b;
+  int r;
+  while ((r = reader->next_block(&b)) == 1) {
+    for (uint32_t i = 0; i < b.rows; ++i) {
+      std::vector<float> rec(b.values + size_t{i} * b.dim, b.values + size_t{i + 1} * b.dim);
+      if (b.state_dim > 0) {
+        rec.insert(rec.end(), b.state + size_t{i} * b.state_dim,
+                   b.state + size_t{i + 1} * b.state_dim);
+      }
+      REQUIRE(rows.emplace(b.keys[i], std::move(rec)).second);  // each row written once
+    }
+  }
+  REQUIRE(r == 0);
+  return rows;
+}
+
+std::string table_file(const std::string& dir, uint64_t version, const std::string& table) {
+  return version_dir(dir, version) + "/" + table + "/shard-00000-of-00001.rows";
+}
+
+void flip_byte(const std::string& path, uint64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(f.good());
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x5a);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+}
+
+}  // namespace
+
+TEST_CASE("a full checkpoint round-trips every optimizer bit-exactly and training continues",
+          "[checkpoint]") {
+  const embstore_optimizer_t opt = GENERATE(EMBSTORE_OPT_SGD, EMBSTORE_OPT_ADAGRAD,
+                                            EMBSTORE_OPT_ROWWISE_ADAGRAD, EMBSTORE_OPT_ADAM);
+  INFO("optimizer " << opt);
+  TempDir dir;
+  const int64_t keys = 600;
+  StoreGuard a(make_store());
+  embstore_table_t* ta = make_table(a, config_for("emb", 13, opt));
+  for (uint64_t s = 1; s <= 5; ++s) train_step(a, ta, s, keys);
+  const uint64_t version = checkpoint_ok(a, dir.path());
+  REQUIRE(version == 5);
+
+  // Into an empty store: the table is created from the manifest, exactly as configured.
+  StoreGuard b(make_store());
+  REQUIRE(restore_ok(b, dir.path(), EMBSTORE_LATEST) == 5);
+  embstore_table_t* tb = get_table(b, "emb");
+  REQUIRE(embstore_table_dim(tb) == 13);
+  REQUIRE(stats(tb).rows == stats(ta).rows);
+  REQUIRE(stats(tb).dirty_rows == 0);
+  const std::vector<int64_t> all = key_range(keys);
+  REQUIRE(same_bits(lookup_ok(ta, all, 0), lookup_ok(tb, all, 0)));
+
+  // Training goes on identically: the optimizer state came back too, bit for bit.
+  for (uint64_t s = 6; s <= 9; ++s) {
+    train_step(a, ta, s, keys);
+    train_step(b, tb, s, keys);
+  }
+  REQUIRE(same_bits(lookup_ok(ta, all, 0), lookup_ok(tb, all, 0)));
+  TempDir da, db;
+  checkpoint_ok(a, da.path());
+  checkpoint_ok(b, db.path());
+  const auto rows_a = read_rows(table_file(da.path(), 9, "emb"));
+  const auto rows_b = read_rows(table_file(db.path(), 9, "emb"));
+  REQUIRE(rows_a.size() == stats(ta).rows);
+  REQUIRE(rows_a == rows_b);  // values and optimizer state
+}
+
+TEST_CASE("a checkpoint taken while training goes on holds the rows at its step", "[checkpoint]") {
+  TempDir dir;
+  embstore_store_config_t config;
+  embstore_store_config_init(&config);
+  config.staging_bytes = size_t{1} << 20;  // a small ring: 8 chunks of 128 KiB
+  StoreGuard store(make_store(config));
+  embstore_table_t* t = make_table(store, config_for("emb", 16, EMBSTORE_OPT_ADAGRAD));
+  const int64_t keys = 20000;
+  const std::vector<int64_t> all = key_range(keys);
+  lookup_ok(t, all);  // every key gets a row
+  for (uint64_t s = 1; s <= 3; ++s) train_step(store, t, s, keys, 2000);
+  const std::vector<float> at_capture = lookup_ok(t, all, 0);
+
+  // Hold the writer at its first write, so training meets rows not yet written.
+  std::mutex m;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<int> writes{0};
+  FaultGuard guard([&](uint64_t, size_t) {
+    if (writes.fetch_add(1) == 0) {
+      std::unique_lock lock(m);
+      cv.wait_for(lock, std::chrono::seconds(30), [&] { return release; });
+    }
+    return 0;
+  });
+  uint64_t version = 0;
+  ok(embstore_checkpoint(store, dir.path().c_str(), EMBSTORE_CKPT_FULL, &version));
+  REQUIRE(version == 3);
+  for (uint64_t s = 4; s <= 6; ++s) train_step(store, t, s, keys + 500, 1000);  // new keys too
+  {
+    std::lock_guard lock(m);
+    release = true;
+  }
+  cv.notify_all();
+  ok(embstore_checkpoint_wait(store, version));
+
+  embstore_checkpoint_stats_t cs;
+  cs.struct_size = sizeof(cs);
+  ok(embstore_checkpoint_stats(store, &cs));
+  REQUIRE(cs.copy_on_write_rows > 0);
+  REQUIRE(cs.committed == 1);
+  REQUIRE(cs.rows_written == static_cast<uint64_t>(keys));
+  REQUIRE(cs.last_version == 3);
+
+  const auto rows = read_rows(table_file(dir.path(), 3, "emb"));
+  REQUIRE(rows.size() == static_cast<size_t>(keys));
+  for (size_t i = 0; i < all.size(); ++i) {
+    auto it = rows.find(all[i]);
+    REQUIRE(it != rows.end());
+    REQUIRE(std::memcmp(it->second.data(), &at_capture[i * 16], 16 * sizeof(float)) == 0);
+  }
+  // Training after the capture changed the table, and none of it is in the checkpoint.
+  REQUIRE_FALSE(same_bits(lookup_ok(t, all, 0), at_capture));
+  StoreGuard fresh(make_store());
+  restore_ok(fresh, dir.path(), 3);
+  REQUIRE(same_bits(lookup_ok(get_table(fresh, "emb"), all, 0), at_capture));
+  REQUIRE(stats(get_table(fresh, "emb")).rows == static_cast<uint64_t>(keys));
+}
+
+TEST_CASE("attachments are saved with the next checkpoint and restored", "[checkpoint]") {
+  TempDir dir;
+  StoreGuard store(make_store());
+  embstore_table_t* t = make_table(store, config_for("emb", 4, EMBSTORE_OPT_SGD));
+  train_step(store, t, 1, 100);
+  const std::string rng = "reader offset 12345, rng state 0xdeadbeef";
+  ok(embstore_checkpoint_attach(store, "rng", "stale", 5));
+  ok(embstore_checkpoint_attach(store, "rng", rng.data(), rng.size()));  // replaces
+  ok(embstore_checkpoint_attach(store, "empty", nullptr, 0));
+  checkpoint_ok(store, dir.path());
+  train_step(store, t, 2, 100);
+  checkpoint_ok(store, dir.path());  // attachments were consumed by the first one
+
+  StoreGuard b(make_store());
+  restore_ok(b, dir.path(), 1);
+  size_t bytes = 0;
+  ok(embstore_restore_attachment(b, "rng", nullptr, 0, &bytes));
+  REQUIRE(bytes == rng.size());
+  std::vector<char> buf(bytes);
+  bytes = 0;
+  require_status(embstore_restore_attachment(b, "rng", buf.data(), buf.size() - 1, &bytes),
+                 EMBSTORE_INVALID_ARGUMENT, "capacity");
+  REQUIRE(bytes == rng.size());
+  ok(embstore_restore_attachment(b, "rng", buf.data(), buf.size(), &bytes));
+  REQUIRE(std::string(buf.begin(), buf.end()) == rng);
+  ok(embstore_restore_attachment(b, "empty", nullptr, 0, &bytes));
+  REQUIRE(bytes == 0);
+  require_status(embstore_restore_attachment(b, "other", nullptr, 0, &bytes), EMBSTORE_NOT_FOUND,
+                 "other");
+
+  restore_ok(b, dir.path(), 2);
+  require_status(embstore_restore_attachment(b, "rng", nullptr, 0, &bytes), EMBSTORE_NOT_FOUND,
+                 "rng");
+}
+
+TEST_CASE("restore picks the latest or an exact version", "[checkpoint]") {
+  TempDir dir;
+  const std::string nested = dir.sub("a/b/c");  // created with its parents
+  StoreGuard store(make_store());
+  embstore_table_t* t = make_table(store, config_for("emb", 8, EMBSTORE_OPT_ADAGRAD));
+  const std::vector<int64_t> all = key_range(200);
+  std::map<uint64_t, std::vector<float>> at;
+  for (uint64_t s = 10; s <= 30; s += 10) {
+    train_step(store, t, s, 200);
+    REQUIRE(checkpoint_ok(store, nested) == s);
+    at[s] = lookup_ok(t, all, 0);
+  }
+  // The same step twice is refused; nothing is overwritten.
+  uint64_t v = 0;
+  require_status(embstore_checkpoint(store, nested.c_str(), EMBSTORE_CKPT_FULL, &v),
+                 EMBSTORE_ALREADY_EXISTS, "30");
+
+  StoreGuard b(make_store());
+  REQUIRE(restore_ok(b, nested, 20) == 20);
+  REQUIRE(same_bits(lookup_ok(get_table(b, "emb"), all, 0), at[20]));
+  REQUIRE(restore_ok(b, nested, EMBSTORE_LATEST) == 30);  // into the existing table
+  REQUIRE(same_bits(lookup_ok(get_table(b, "emb"), all, 0), at[30]));
+  REQUIRE(restore_ok(b, nested, 10) == 10);
+  REQUIRE(same_bits(lookup_ok(get_table(b, "emb"), all, 0), at[10]));
+  require_status(embstore_restore(b, nested.c_str(), 25, &v), EMBSTORE_NOT_FOUND, "25");
+  require_status(embstore_restore(b, dir.sub("missing").c_str(), EMBSTORE_LATEST, &v),
+                 EMBSTORE_NOT_FOUND, "does not exist");
+  require_status(embstore_restore(b, dir.path().c_str(), EMBSTORE_LATEST, &v), EMBSTORE_NOT_FOUND,
+                 "no committed checkpoint");
+}
+
+TEST_CASE("restore replaces the rows of an existing table and checks its shape", "[checkpoint]") {
+  TempDir dir;
+  StoreGuard a(make_store());
+  embstore_table_t* ta = make_table(a, config_for("emb", 8, EMBSTORE_OPT_ADAGRAD));
+  train_step(a, ta, 1, 100);
+  const uint64_t rows = stats(ta).rows;
+  checkpoint_ok(a, dir.path());
+  const std::vector<int64_t> all = key_range(100);
+  const std::vector<float> expected = lookup_ok(ta, all, 0);
+
+  SECTION("rows the checkpoint lacks are gone") {
+    StoreGuard b(make_store());
+    embstore_table_t* tb = make_table(b, config_for("emb", 8, EMBSTORE_OPT_ADAGRAD));
+    lookup_ok(tb, {1000001, 1000002});
+    restore_ok(b, dir.path(), EMBSTORE_LATEST);
+    REQUIRE(get_table(b, "emb") == tb);  // the handle stays valid
+    REQUIRE(stats(tb).rows == rows);
+    REQUIRE(same_bits(lookup_ok(tb, all, 0), expected));
+    REQUIRE(lookup_ok(tb, {1000001}, 0) == std::vector<float>(8, 0.0f));
+  }
+  SECTION("a different dim or optimizer is refused and nothing changes") {
+    StoreGuard b(make_store());
+    embstore_table_t* tb = make_table(b, config_for("emb", 4, EMBSTORE_OPT_ADAGRAD));
+    const std::vector<float> before = lookup_ok(tb, {1, 2, 3});
+    uint64_t v = 0;
+    require_status(embstore_restore(b, dir.path().c_str(), EMBSTORE_LATEST, &v),
+                   EMBSTORE_INVALID_ARGUMENT, "dim");
+    REQUIRE(same_bits(lookup_ok(tb, {1, 2, 3}, 0), before));
+    StoreGuard c(make_store());
+    make_table(c, config_for("emb", 8, EMBSTORE_OPT_ADAM));
+    require_status(embstore_restore(c, dir.path().c_str(), EMBSTORE_LATEST, &v),
+                   EMBSTORE_INVALID_ARGUMENT, "optimizer");
+  }
+  SECTION("more rows than an existing table's max_capacity") {
+    StoreGuard b(make_store());
+    embstore_table_config_t c = config_for("emb", 8, EMBSTORE_OPT_ADAGRAD);
+    c.max_capacity = rows - 1;
+    c.initial_capacity = 16;
+    make_table(b, c);
+    uint64_t v = 0;
+    require_status(embstore_restore(b, dir.path().c_str(), EMBSTORE_LATEST, &v),
+                   EMBSTORE_CAPACITY_EXCEEDED, "max_capacity");
+  }
+}
+
+TEST_CASE("the policy checkpoints on schedule and keeps the newest full checkpoints",
+          "[checkpoint]") {
+  TempDir dir;
+  StoreGuard store(make_store());
+  embstore_table_t* t = make_table(store, config_for("emb", 8, EMBSTORE_OPT_SGD));
+  embstore_checkpoint_policy_t p;
+  embstore_checkpoint_policy_init(&p);
+  p.dir = dir.path().c_str();
+  p.full_every_steps = 10;
+  p.keep_full = 2;
+  ok(embstore_checkpoint_set_policy(store, &p));
+  for (uint64_t s = 1; s <= 45; ++s) {
+    train_step(store, t, s, 100, 16);
+    if (s % 10 == 0) ok(embstore_checkpoint_wait(store, s));  // the policy took it at s
+  }
+  const uint64_t last = checkpoint_ok(store, dir.path());
+  REQUIRE(last == 45);
+
+  embstore_checkpoint_stats_t cs;
+  cs.struct_size = sizeof(cs);
+  ok(embstore_checkpoint_stats(store, &cs));
+  REQUIRE(cs.committed == 5);  // 10, 20, 30, 40 and 45
+  REQUIRE(cs.failed == 0);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path())) {
+    names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  REQUIRE(names.size() == 2);
+  REQUIRE(names[1] == fs::path(version_dir(dir.path(), 45)).filename().string());
+  uint64_t v = 0;
+  require_status(embstore_restore(store, dir.path().c_str(), 10, &v), EMBSTORE_NOT_FOUND, "10");
+
+  // A checkpoint due while another is being written is deferred to a later step.
+  {
+    std::atomic<int> writes{0};
+    FaultGuard slow([&](uint64_t, size_t) {
+      if (writes.fetch_add(1) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      return 0;
+    });
+    train_step(store, t, 50, 100, 16);  // due: version 50, slow
+    train_step(store, t, 60, 100, 16);  // due, but 50 is in flight: deferred
+    ok(embstore_checkpoint_wait(store, 50));
+    require_status(embstore_checkpoint_wait(store, 60), EMBSTORE_NOT_FOUND, "60");
+    train_step(store, t, 61, 100, 16);  // the deferred one
+    ok(embstore_checkpoint_wait(store, 61));
+  }
+
+  // By time: due once the interval has passed, at the next step.
+  TempDir timed;
+  p.dir = timed.path().c_str();
+  p.full_every_steps = 0;
+  p.full_every_seconds = 0.05;
+  p.keep_full = 0;
+  ok(embstore_checkpoint_set_policy(store, &p));
+  train_step(store, t, 62, 100, 16);
+  ok(embstore_checkpoint_stats(store, &cs));
+  const uint64_t before = cs.committed + cs.in_flight;
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  train_step(store, t, 63, 100, 16);
+  ok(embstore_checkpoint_wait(store, 63));
+  ok(embstore_checkpoint_stats(store, &cs));
+  REQUIRE(cs.committed == before + 1);
+  REQUIRE(fs::exists(version_dir(timed.path(), 63)));
+}
+
+TEST_CASE("corrupt, truncated and incomplete checkpoints are reported, never loaded",
+          "[checkpoint]") {
+  TempDir dir;
+  StoreGuard a(make_store());
+  embstore_table_t* ta = make_table(a, config_for("emb", 16, EMBSTORE_OPT_ADAGRAD));
+  train_step(a, ta, 1, 20000, 20000);
+  checkpoint_ok(a, dir.path());
+  train_step(a, ta, 2, 20000, 20000);
+  checkpoint_ok(a, dir.path());
+  const std::string file = table_file(dir.path(), 2, "emb");
+  const std::string manifest = version_dir(dir.path(), 2) + "/MANIFEST.json";
+
+  StoreGuard b(make_store());
+  embstore_table_t* tb = make_table(b, config_for("emb", 16, EMBSTORE_OPT_ADAGRAD));
+  const std::vector<float> before = lookup_ok(tb, {1, 2, 3});
+  uint64_t v = 0;
+
+  SECTION("a flipped byte in a row file") {
+    flip_byte(file, 64 + 8 * 100);  // a key in the first block's payload
+    require_status(embstore_restore(b, dir.path().c_str(), 2, &v), EMBSTORE_CORRUPT,
+                   "shard-00000-of-00001.rows");
+    REQUIRE(std::string(embstore_last_error()).find("offset 0") != std::string::npos);
+  }
+  SECTION("a flipped byte in a later block") {
+    const auto size = fs::file_size(file);
+    REQUIRE(size > 1048576 + 4096);  // several blocks
+    flip_byte(file, size - 5000);
+    require_status(embstore_restore(b, dir.path().c_str(), EMBSTORE_LATEST, &v), EMBSTORE_CORRUPT,
+                   "offset");
+  }
+  SECTION("a truncated row file") {
+    fs::resize_file(file, fs::file_size(file) - 4096);
+    require_status(embstore_restore(b, dir.path().c_str(), 2, &v), EMBSTORE_CORRUPT, "truncated");
+  }
+  SECTION("a flipped byte in the manifest") {
+    std::string text;
+    {
+      std::ifstream in(manifest);
+      text.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const auto at = text.find("\"rows\": ");
+    REQUIRE(at != std::string::npos);
+    text[at + 8] = text[at + 8] == '9' ? '8' : '9';
+    std::ofstream(manifest, std::ios::trunc) << text;
+    require_status(embstore_restore(b, dir.path().c_str(), EMBSTORE_LATEST, &v), EMBSTORE_CORRUPT,
+                   "MANIFEST.json");
+  }
+  SECTION("a missing manifest: not a checkpoint; LATEST falls back") {
+    fs::remove(manifest);
+    require_status(embstore_restore(b, dir.path().c_str(), 2, &v), EMBSTORE_CORRUPT,
+                   "not a committed checkpoint");
+    REQUIRE(same_bits(lookup_ok(tb, {1, 2, 3}, 0), before));
+    REQUIRE(restore_ok(b, dir.path(), EMBSTORE_LATEST) == 1);
+    return;
+  }
+  // Nothing of the store changed.
+  REQUIRE(same_bits(lookup_ok(tb, {1, 2, 3}, 0), before));
+  REQUIRE(stats(tb).rows == 3);
+  REQUIRE(restore_ok(b, dir.path(), 1) == 1);  // the earlier version is intact
+}
+
+TEST_CASE("a failed write fails only that checkpoint, and training and later checkpoints go on",
+          "[checkpoint]") {
+  TempDir dir;
+  StoreGuard store(make_store());
+  embstore_table_t* t = make_table(store, config_for("emb", 8, EMBSTORE_OPT_ADAGRAD));
+  const std::vector<int64_t> all = key_range(1000);
+  train_step(store, t, 1, 1000, 1000);
+  checkpoint_ok(store, dir.path());
+  const std::vector<float> at1 = lookup_ok(t, all, 0);
+  train_step(store, t, 2, 1000, 1000);
+  const uint64_t rows = stats(t).rows;
+  {
+    const int err = GENERATE(ENOSPC, EIO);
+    FaultGuard guard([err](uint64_t, size_t) { return -err; });
+    uint64_t version = 0;
+    ok(embstore_checkpoint(store, dir.path().c_str(), EMBSTORE_CKPT_FULL, &version));
+    require_status(embstore_checkpoint_wait(store, version), EMBSTORE_IO_ERROR, std::strerror(err));
+  }
+  // No trace on disk but the earlier version; every row is dirty again for the next one.
+  size_t entries = 0;
+  for (const auto& e : fs::directory_iterator(dir.path())) {
+    ++entries;
+    REQUIRE(e.path().filename().string().rfind(".tmp-", 0) != 0);
+  }
+  REQUIRE(entries == 1);
+  REQUIRE(stats(t).dirty_rows == rows);
+  embstore_checkpoint_stats_t cs;
+  cs.struct_size = sizeof(cs);
+  ok(embstore_checkpoint_stats(store, &cs));
+  REQUIRE(cs.failed == 1);
+  REQUIRE(cs.committed == 1);
+
+  StoreGuard b(make_store());
+  REQUIRE(restore_ok(b, dir.path(), EMBSTORE_LATEST) == 1);
+  REQUIRE(same_bits(lookup_ok(get_table(b, "emb"), all, 0), at1));
+
+  train_step(store, t, 3, 1000, 1000);
+  REQUIRE(checkpoint_ok(store, dir.path()) == 3);
+  REQUIRE(stats(t).dirty_rows == 0);
+}
+
+TEST_CASE("a failed policy checkpoint is reported once by embstore_step", "[checkpoint]") {
+  TempDir dir;
+  StoreGuard store(make_store());
+  embstore_table_t* t = make_table(store, config_for("emb", 8, EMBSTORE_OPT_SGD));
+  embstore_checkpoint_policy_t p;
+  embstore_checkpoint_policy_init(&p);
+  p.dir = dir.path().c_str();
+  p.full_every_steps = 2;
+  ok(embstore_checkpoint_set_policy(store, &p));
+  {
+    FaultGuard guard([](uint64_t, size_t) { return -EIO; });
+    train_step(store, t, 1, 100, 16);
+    train_step(store, t, 2, 100, 16);  // due: starts a checkpoint that fails
+    embstore_checkpoint_stats_t cs;
+    cs.struct_size = sizeof(cs);
+    do {  // not embstore_checkpoint_wait: that would report the failure itself
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      ok(embstore_checkpoint_stats(store, &cs));
+    } while (cs.in_flight != 0);
+    REQUIRE(cs.failed == 1);
+  }
+  require_status(embstore_step(store, 3), EMBSTORE_IO_ERROR, "checkpoint 2");
+  ok(embstore_step(store, 3));  // reported once
+}
+
+TEST_CASE("a crash while writing leaves the previous checkpoint to restore", "[checkpoint]") {
+  // Crash safety lives in io/ and is the same for every backend; the child runs the host
+  // backend because a CUDA context does not survive fork().
+  TempDir dir;
+  auto train = [](embstore_store_t* store, embstore_table_t* t, uint64_t from, uint64_t to) {
+    for (uint64_t s = from; s <= to; ++s) train_step(store, t, s, 5000, 2000);
+  };
+  auto host_store = [] {
+    embstore_store_config_t c;
+    embstore_store_config_init(&c);
+    c.backend = EMBSTORE_BACKEND_HOST;
+    embstore_store_t* s = nullptr;
+    REQUIRE(embstore_store_create(&c, &s) == EMBSTORE_OK);
+    return s;
+  };
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // Child: commit version 10, then start version 20 with slow writes and wait to be killed.
+    embstore_store_t* store = host_store();
+    embstore_table_t* t = nullptr;
+    const embstore_table_config_t c = config_for("emb", 32, EMBSTORE_OPT_ADAM);
+    if (embstore_table_create(store, &c, &t) != EMBSTORE_OK) _exit(3);
+    train(store, t, 1, 10);
+    uint64_t v = 0;
+    if (embstore_checkpoint(store, dir.path().c_str(), EMBSTORE_CKPT_FULL, &v) != EMBSTORE_OK ||
+        embstore_checkpoint_wait(store, v) != EMBSTORE_OK) {
+      _exit(4);
+    }
+    train(store, t, 11, 20);
+    embstore::io::set_fault_injection([](uint64_t, size_t) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      return 0;
+    });
+    if (embstore_checkpoint(store, dir.path().c_str(), EMBSTORE_CKPT_FULL, &v) != EMBSTORE_OK) {
+      _exit(5);
+    }
+    for (;;) pause();
+  }
+  // Parent: kill the child once the temporary directory of version 20 holds data.
+  bool writing = false;
+  for (int i = 0; i < 3000 && !writing; ++i) {
+    for (const auto& e : fs::recursive_directory_iterator(dir.path())) {
+      const std::string p = e.path().string();
+      if (p.find("/.tmp-20-") != std::string::npos && e.is_regular_file() && e.file_size() > 0) {
+        writing = true;
+      }
+    }
+    if (!writing) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  kill(child, SIGKILL);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  REQUIRE(writing);
+  REQUIRE(WIFSIGNALED(status));
+
+  // The same training in this process gives the rows of version 10 to compare with.
+  embstore_store_t* expected_store = host_store();
+  StoreGuard expected_guard(expected_store);
+  embstore_table_t* te = nullptr;
+  const embstore_table_config_t c = config_for("emb", 32, EMBSTORE_OPT_ADAM);
+  REQUIRE(embstore_table_create(expected_store, &c, &te) == EMBSTORE_OK);
+  train(expected_store, te, 1, 10);
+
+  StoreGuard b(make_store());
+  REQUIRE(restore_ok(b, dir.path(), EMBSTORE_LATEST) == 10);
+  const std::vector<int64_t> all = key_range(5000);
+  std::vector<float> want(all.size() * 32);
+  REQUIRE(embstore_lookup(te, all.data(), all.size(), want.data(), 0, nullptr) == EMBSTORE_OK);
+  REQUIRE(same_bits(lookup_ok(get_table(b, "emb"), all, 0), want));
+
+  // The next checkpoint into dir removes the leftover.
+  embstore_table_t* tb = get_table(b, "emb");
+  train_step(b, tb, 11, 5000, 100);
+  checkpoint_ok(b, dir.path());
+  for (const auto& e : fs::directory_iterator(dir.path())) {
+    REQUIRE(e.path().filename().string().rfind(".tmp-", 0) != 0);
+  }
+}
+
+TEST_CASE("destroying a store finishes its checkpoint in flight", "[checkpoint]") {
+  TempDir dir;
+  embstore_store_t* store = make_store();
+  embstore_table_t* t = make_table(store, config_for("emb", 8, EMBSTORE_OPT_ADAGRAD));
+  train_step(store, t, 7, 5000, 5000);
+  const std::vector<int64_t> all = key_range(5000);
+  const std::vector<float> expected = lookup_ok(t, all, 0);
+  uint64_t v = 0;
+  ok(embstore_checkpoint(store, dir.path().c_str(), EMBSTORE_CKPT_FULL, &v));
+  ok(embstore_store_destroy(store));
+  StoreGuard b(make_store());
+  REQUIRE(restore_ok(b, dir.path(), EMBSTORE_LATEST) == 7);
+  REQUIRE(same_bits(lookup_ok(get_table(b, "emb"), all, 0), expected));
+}
+
+TEST_CASE("a checkpoint restores into a store of the other backend", "[checkpoint]") {
+  // On a machine with a device this is HOST -> CUDA and CUDA -> HOST; without one, both
+  // stores are HOST and the test still checks the round trip.
+  TempDir dir;
+  StoreGuard a(make_store());
+  embstore_table_t* ta = make_table(a, config_for("emb", 24, EMBSTORE_OPT_ROWWISE_ADAGRAD));
+  for (uint64_t s = 1; s <= 3; ++s) train_step(a, ta, s, 400);
+  checkpoint_ok(a, dir.path());
+  const std::vector<int64_t> all = key_range(400);
+  const std::vector<float> expected = lookup_ok(ta, all, 0);
+
+  embstore_store_config_t c;
+  embstore_store_config_init(&c);
+  c.backend = backend() == EMBSTORE_BACKEND_CUDA ? EMBSTORE_BACKEND_HOST : EMBSTORE_BACKEND_AUTO;
+  embstore_store_t* other = nullptr;
+  ok(embstore_store_create(&c, &other));
+  StoreGuard guard(other);
+  REQUIRE(restore_ok(other, dir.path(), EMBSTORE_LATEST) == 3);
+  embstore_table_t* to = get_table(other, "emb");
+  std::vector<float> got(all.size() * 24);
+  if (embstore_store_backend(other) == backend()) {
+    got = lookup_ok(to, all, 0);  // same backend: the helper handles device memory
+  } else {
+    REQUIRE(embstore_store_backend(other) == EMBSTORE_BACKEND_HOST);
+    ok(embstore_lookup(to, all.data(), all.size(), got.data(), 0, nullptr));
+  }
+  REQUIRE(same_bits(got, expected));
+}
