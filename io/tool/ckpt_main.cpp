@@ -1,0 +1,711 @@
+// embstore-ckpt: lists, verifies and inspects checkpoint directories
+// (../shared/DESIGN.md, "On-disk layout and commit") with the io/ layer's own readers.
+//
+//   embstore-ckpt ls DIR
+//   embstore-ckpt verify DIR [--version V]
+//   embstore-ckpt inspect DIR --version V --table T [--rows N] [--floats K]
+//
+// V is a version number (the global step), a version directory name
+// ("00000000000000001000.full") or "latest" (the newest version with a valid manifest).
+// Exit codes: 0 ok, 1 a problem found or something not found, 2 bad usage.
+#include <fmt/core.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "io/commit.hpp"
+#include "io/engine.hpp"
+#include "io/manifest.hpp"
+#include "io/row_file.hpp"
+
+namespace embstore::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kExitOk = 0;
+constexpr int kExitProblem = 1;
+constexpr int kExitUsage = 2;
+
+// A problem found (corruption, something missing): main prints it and exits 1.
+struct Problem : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Bad usage that CLI11 cannot see (a malformed --version): exit 2.
+struct Usage : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::string errno_text(int negative_errno) {
+  return fmt::format("{} ({})", std::strerror(-negative_errno),
+                     io::detail::errno_name(negative_errno));
+}
+
+std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
+
+// "512 B", "268.0 KiB", "12.5 MiB".
+std::string human(uint64_t bytes) {
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(bytes) / 1024.0;
+  size_t unit = 0;
+  while (v >= 1024.0 && unit + 1 < std::size(kUnits)) {
+    v /= 1024.0;
+    ++unit;
+  }
+  return fmt::format("{:.1f} {}", v, kUnits[unit]);
+}
+
+std::string plural(uint64_t n, const char* one, const char* many) {
+  return fmt::format("{} {}", n, n == 1 ? one : many);
+}
+
+std::string join(const std::vector<std::string>& parts, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i > 0) out += sep;
+    out += parts[i];
+  }
+  return out;
+}
+
+// The committed version directories of dir; a Problem when dir cannot be listed.
+std::vector<io::VersionDir> versions_of(const std::string& dir) {
+  std::vector<io::VersionDir> versions;
+  const int r = io::list_versions(dir, &versions);
+  if (r == -ENOENT) throw Problem(fmt::format("{}: no such directory", dir));
+  if (r == -ENOTDIR) throw Problem(fmt::format("{}: not a directory", dir));
+  if (r < 0) throw Problem(fmt::format("{}: cannot list: {}", dir, errno_text(r)));
+  return versions;
+}
+
+std::string version_path(const std::string& dir, const io::VersionDir& v) {
+  return dir + "/" + v.name;
+}
+
+std::string manifest_path(const std::string& vdir) { return vdir + "/" + io::kManifestName; }
+
+// The manifest of one version directory as read_manifest gives it, plus the check that it
+// describes that directory.
+struct ManifestRead {
+  int rc = 0;          // read_manifest's result; -EBADMSG also for a mismatch with the name
+  std::string detail;  // for -EBADMSG
+  io::Manifest m;
+};
+
+ManifestRead read_version_manifest(const std::string& dir, const io::VersionDir& v) {
+  ManifestRead out;
+  out.rc = io::read_manifest(version_path(dir, v), &out.m, &out.detail);
+  if (out.rc == 0 && (out.m.version != v.version || out.m.full != v.full)) {
+    out.rc = -EBADMSG;
+    out.detail = fmt::format("it describes version {} ({}), not the directory's", out.m.version,
+                             out.m.full ? "full" : "delta");
+  }
+  return out;
+}
+
+// Throws the Problem that a manifest which did not read describes.
+[[noreturn]] void manifest_problem(const std::string& vdir, const ManifestRead& mr) {
+  const std::string path = manifest_path(vdir);
+  if (mr.rc == -ENOENT) {
+    throw Problem(fmt::format("{}: missing: {} is not a committed checkpoint", path, vdir));
+  }
+  if (mr.rc == -EBADMSG) throw Problem(fmt::format("{}: corrupt manifest: {}", path, mr.detail));
+  throw Problem(fmt::format("{}: cannot read: {}", path, errno_text(mr.rc)));
+}
+
+// Sum of the sizes of the regular files below path (symlinks not followed).
+uint64_t tree_bytes(const std::string& path) {
+  uint64_t total = 0;
+  std::error_code ec;
+  fs::recursive_directory_iterator it(path, fs::directory_options::skip_permission_denied, ec);
+  for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    std::error_code fec;
+    if (it->is_regular_file(fec) && !it->is_symlink(fec)) {
+      const uintmax_t n = it->file_size(fec);
+      if (!fec) total += n;
+    }
+  }
+  return total;
+}
+
+// Entries of dir that are leftovers of an interrupted checkpoint (io::remove_leftovers).
+uint64_t count_leftovers(const std::string& dir) {
+  uint64_t n = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    if (it->path().filename().string().rfind(".tmp-", 0) == 0) ++n;
+  }
+  return n;
+}
+
+// --version: a number, a version directory name, or "latest".
+struct VersionSpec {
+  bool latest = false;
+  uint64_t version = 0;
+  std::optional<bool> full;  // set when given as a directory name
+  std::string text;
+};
+
+VersionSpec parse_version_spec(const std::string& text) {
+  VersionSpec s;
+  s.text = text;
+  if (text == "latest") {
+    s.latest = true;
+    return s;
+  }
+  bool full = false;
+  if (io::parse_version_dir_name(text, &s.version, &full)) {
+    s.full = full;
+    return s;
+  }
+  if (!text.empty() && text.size() <= 20 &&
+      text.find_first_not_of("0123456789") == std::string::npos) {
+    errno = 0;
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+    if (errno == 0 && *end == '\0') {
+      s.version = v;
+      return s;
+    }
+  }
+  throw Usage(fmt::format(
+      "--version '{}': expected a version number, a version directory name such as {} or "
+      "'latest'",
+      text, io::version_dir_name(1000, true)));
+}
+
+bool matches(const VersionSpec& s, const io::VersionDir& v) {
+  return v.version == s.version && (!s.full || *s.full == v.full);
+}
+
+// ---------------------------------------------------------------------------------- ls --
+
+int cmd_ls(const std::string& dir) {
+  const std::vector<io::VersionDir> versions = versions_of(dir);
+
+  // The chain column names a delta's parent and whether that parent is here.
+  std::vector<ManifestRead> manifests;
+  for (const io::VersionDir& v : versions) manifests.push_back(read_version_manifest(dir, v));
+  auto have_version = [&](uint64_t version) {
+    for (size_t i = 0; i < versions.size(); ++i) {
+      if (versions[i].version == version && manifests[i].rc == 0) return true;
+    }
+    return false;
+  };
+
+  using Row = std::vector<std::string>;
+  const Row header = {"DIRECTORY", "VERSION", "KIND",        "STEP", "SIZE",
+                      "TABLES",    "ROWS",    "ATTACHMENTS", "CHAIN"};
+  std::vector<Row> rows;
+  std::vector<std::string> notes;  // non-empty: the row is the name and this note only
+  for (size_t i = 0; i < versions.size(); ++i) {
+    const io::VersionDir& v = versions[i];
+    const ManifestRead& mr = manifests[i];
+    if (mr.rc != 0) {
+      std::string note;
+      if (mr.rc == -ENOENT) {
+        note = "(no manifest: not a checkpoint)";
+      } else if (mr.rc == -EBADMSG) {
+        note = "(corrupt manifest: " + mr.detail + ")";
+      } else {
+        note = "(unreadable manifest: " + errno_text(mr.rc) + ")";
+      }
+      rows.push_back({v.name});
+      notes.push_back(std::move(note));
+      continue;
+    }
+    const io::Manifest& m = mr.m;
+    const uint64_t bytes = tree_bytes(version_path(dir, v));
+    uint64_t table_rows = 0;
+    std::vector<std::string> table_names, attachment_names;
+    for (const io::TableEntry& t : m.tables) {
+      table_rows += t.rows;
+      table_names.push_back(t.name);
+    }
+    for (const io::AttachmentEntry& a : m.attachments) attachment_names.push_back(a.name);
+    std::string chain = "base";
+    if (m.parent) {
+      chain = fmt::format("parent {}", *m.parent);
+      if (!have_version(*m.parent)) chain += " (missing)";
+    }
+    auto counted = [](const std::vector<std::string>& names) {
+      return names.empty() ? std::string("0")
+                           : fmt::format("{}: {}", names.size(), join(names, ", "));
+    };
+    rows.push_back({v.name, std::to_string(m.version), m.full ? "full" : "delta",
+                    std::to_string(m.version), fmt::format("{} ({})", bytes, human(bytes)),
+                    counted(table_names), std::to_string(table_rows), counted(attachment_names),
+                    chain});
+    notes.emplace_back();
+  }
+
+  if (versions.empty()) {
+    fmt::print("no checkpoints in {}\n", dir);
+  } else {
+    std::vector<size_t> width(header.size(), 0);
+    for (size_t c = 0; c < header.size(); ++c) width[c] = header[c].size();
+    for (const Row& r : rows) {
+      for (size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
+    }
+    auto print_row = [&](const Row& r, const std::string& note) {
+      std::string line;
+      for (size_t c = 0; c < r.size(); ++c) {
+        if (c > 0) line += "  ";
+        line += r[c];
+        if (c + 1 < r.size() || !note.empty()) line.append(width[c] - r[c].size(), ' ');
+      }
+      if (!note.empty()) line += "  " + note;
+      while (!line.empty() && line.back() == ' ') line.pop_back();
+      fmt::print("{}\n", line);
+    };
+    print_row(header, "");
+    for (size_t i = 0; i < rows.size(); ++i) print_row(rows[i], notes[i]);
+  }
+  if (const uint64_t n = count_leftovers(dir); n > 0) {
+    fmt::print("{} (removed at the next checkpoint)\n",
+               plural(n, "leftover temporary entry", "leftover temporary entries"));
+  }
+  return kExitOk;
+}
+
+// ------------------------------------------------------------------------------ verify --
+
+// One line on stderr, redrawn with \r, while verify reads: only on a terminal and only for
+// enough bytes to be worth it.
+class Progress {
+ public:
+  static constexpr uint64_t kMinBytes = uint64_t{64} << 20;
+
+  explicit Progress(uint64_t total)
+      : total_(total), enabled_(total > kMinBytes && ::isatty(STDERR_FILENO) == 1) {
+    start_ = last_ = std::chrono::steady_clock::now();
+  }
+
+  // The bytes done so far (monotonic across files: callers add their file's base).
+  void update(uint64_t done) {
+    if (!enabled_) return;
+    done = std::min(done, total_);
+    if (drawn_ && done == done_) return;
+    done_ = done;
+    const auto now = std::chrono::steady_clock::now();
+    if (drawn_ && now - last_ < std::chrono::milliseconds(100) && done_ < total_) return;
+    last_ = now;
+    draw(now);
+  }
+
+  // Clears the line (before the result or an error message is printed).
+  void clear() {
+    if (!enabled_ || !drawn_) return;
+    std::fprintf(stderr, "\r%*s\r", static_cast<int>(width_), "");
+    std::fflush(stderr);
+    drawn_ = false;
+  }
+
+  ~Progress() { clear(); }
+
+ private:
+  void draw(std::chrono::steady_clock::time_point now) {
+    const double seconds = std::chrono::duration<double>(now - start_).count();
+    const double mib = static_cast<double>(done_) / (1024.0 * 1024.0);
+    const std::string line = fmt::format(
+        "verifying: {:5.1f}%  {:.1f} / {:.1f} MiB  {:.1f} MiB/s",
+        100.0 * static_cast<double>(done_) / static_cast<double>(total_), mib,
+        static_cast<double>(total_) / (1024.0 * 1024.0), seconds > 0 ? mib / seconds : 0.0);
+    const size_t pad = width_ > line.size() ? width_ - line.size() : 0;
+    std::fprintf(stderr, "\r%s%*s", line.c_str(), static_cast<int>(pad), "");
+    std::fflush(stderr);
+    width_ = std::max(width_, line.size());
+    drawn_ = true;
+  }
+
+  uint64_t total_;
+  bool enabled_;
+  uint64_t done_ = 0;
+  size_t width_ = 0;
+  bool drawn_ = false;
+  std::chrono::steady_clock::time_point start_, last_;
+};
+
+struct Verifier {
+  Progress* progress = nullptr;
+  uint64_t done = 0;  // bytes read in files finished before the current one
+
+  static void on_checksum(uint64_t bytes_done, void* ctx) {
+    auto* self = static_cast<Verifier*>(ctx);
+    self->progress->update(self->done + bytes_done);
+  }
+
+  // Size, then for row files every block, then the whole file's XXH3.
+  void file(const std::string& vdir, const io::FileEntry& f, const io::TableEntry* table,
+            bool full) {
+    const std::string path = vdir + "/" + f.path;
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) {
+      const int err = errno;
+      if (err == ENOENT) {
+        throw Problem(
+            fmt::format("{}: missing (the manifest lists it with {} bytes)", path, f.bytes));
+      }
+      throw Problem(fmt::format("{}: cannot stat: {}", path, errno_text(-err)));
+    }
+    if (!S_ISREG(st.st_mode)) throw Problem(fmt::format("{}: not a regular file", path));
+    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    if (size < f.bytes) {
+      throw Problem(fmt::format(
+          "{}: truncated: the file is {} bytes, the manifest says {} (data ends at offset {})",
+          path, size, f.bytes, size));
+    }
+    if (size > f.bytes) {
+      throw Problem(fmt::format(
+          "{}: the file is {} bytes, the manifest says {} ({} unexpected bytes from offset {})",
+          path, size, f.bytes, size - f.bytes, f.bytes));
+    }
+    if (table != nullptr) {
+      rows(path, f, *table, full);
+      done += size;
+    }
+    uint64_t xxh3 = 0, bytes = 0;
+    if (int r = io::checksum_file(path, &xxh3, &bytes, &Verifier::on_checksum, this); r < 0) {
+      throw Problem(fmt::format("{}: cannot read: {}", path, errno_text(r)));
+    }
+    if (bytes != size) {
+      throw Problem(fmt::format("{}: read {} bytes, the file had {}: it changed while read", path,
+                                bytes, size));
+    }
+    if (xxh3 != f.xxh3) {
+      throw Problem(fmt::format(
+          "{}: XXH3 checksum mismatch: the file hashes to {}, the manifest says {} (bytes "
+          "[0, {}) differ from what was written)",
+          path, hex64(xxh3), hex64(f.xxh3), size));
+    }
+    done += size;
+    progress->update(done);
+  }
+
+  // Every block of a row file: block checksums (RowFileReader), shape, kind and row count.
+  void rows(const std::string& path, const io::FileEntry& f, const io::TableEntry& t, bool full) {
+    std::unique_ptr<io::RowFileReader> reader;
+    if (int r = io::RowFileReader::open(path, {}, &reader); r < 0) {
+      throw Problem(fmt::format("{}: cannot open: {}", path, errno_text(r)));
+    }
+    io::RowBlock b;
+    uint64_t total = 0;
+    int r;
+    while ((r = reader->next_block(&b)) == 1) {
+      progress->update(done + b.offset);
+      if (full && b.kind != io::RowBlockKind::kUpserts) {
+        throw Problem(fmt::format("{}: block at offset {} holds tombstones in a full checkpoint",
+                                  path, b.offset));
+      }
+      if (b.dim != t.config.dim || b.state_dim != t.state_dim) {
+        throw Problem(fmt::format(
+            "{}: block at offset {} has dim {} and state_dim {}, the manifest says {} and {}", path,
+            b.offset, b.dim, b.state_dim, t.config.dim, t.state_dim));
+      }
+      total += b.rows;
+    }
+    if (r == -EBADMSG) {
+      throw Problem(fmt::format("{}: corrupt row file: {}", path, reader->error_detail()));
+    }
+    if (r < 0) throw Problem(fmt::format("{}: cannot read: {}", path, errno_text(r)));
+    if (total != f.rows) {
+      throw Problem(fmt::format("{}: holds {} rows, the manifest says {}", path, total, f.rows));
+    }
+  }
+};
+
+int cmd_verify(const std::string& dir, const std::optional<std::string>& version_text) {
+  std::optional<VersionSpec> spec;
+  if (version_text) spec = parse_version_spec(*version_text);
+  const std::vector<io::VersionDir> all = versions_of(dir);
+
+  std::vector<io::VersionDir> chosen;
+  std::vector<ManifestRead> manifests;
+  if (spec && spec->latest) {
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+      ManifestRead mr = read_version_manifest(dir, *it);
+      if (mr.rc != 0) continue;
+      chosen.push_back(*it);
+      manifests.push_back(std::move(mr));
+      break;
+    }
+    if (chosen.empty()) {
+      throw Problem(fmt::format("no checkpoint with a valid manifest in {}", dir));
+    }
+  } else {
+    for (const io::VersionDir& v : all) {
+      if (spec && !matches(*spec, v)) continue;
+      chosen.push_back(v);
+      manifests.push_back(read_version_manifest(dir, v));
+    }
+    if (spec && chosen.empty()) throw Problem(fmt::format("no version {} in {}", spec->text, dir));
+    if (chosen.empty()) throw Problem(fmt::format("no checkpoints in {}", dir));
+  }
+
+  // Row files are read twice (blocks, then the whole-file checksum).
+  uint64_t total = 0;
+  for (const ManifestRead& mr : manifests) {
+    if (mr.rc != 0) continue;
+    for (const io::TableEntry& t : mr.m.tables) {
+      for (const io::FileEntry& f : t.files) total += 2 * f.bytes;
+    }
+    for (const io::AttachmentEntry& a : mr.m.attachments) total += a.file.bytes;
+  }
+  Progress progress(total);
+  Verifier verifier;
+  verifier.progress = &progress;
+
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    const std::string vdir = version_path(dir, chosen[i]);
+    const ManifestRead& mr = manifests[i];
+    try {
+      if (mr.rc != 0) manifest_problem(vdir, mr);
+      uint64_t files = 0, rows = 0, bytes = 0;
+      for (const io::TableEntry& t : mr.m.tables) {
+        for (const io::FileEntry& f : t.files) {
+          verifier.file(vdir, f, &t, mr.m.full);
+          ++files;
+          bytes += f.bytes;
+        }
+        rows += t.rows;
+      }
+      for (const io::AttachmentEntry& a : mr.m.attachments) {
+        verifier.file(vdir, a.file, nullptr, mr.m.full);
+        ++files;
+        bytes += a.file.bytes;
+      }
+      progress.clear();
+      fmt::print("OK {}  ({}, {} rows, {}, {})\n", chosen[i].name,
+                 plural(mr.m.tables.size(), "table", "tables"), rows,
+                 plural(files, "file", "files"), human(bytes));
+      std::fflush(stdout);
+    } catch (const Problem&) {
+      progress.clear();
+      std::fflush(stdout);
+      throw;
+    }
+  }
+  return kExitOk;
+}
+
+// ----------------------------------------------------------------------------- inspect --
+
+std::string floats(const float* p, uint32_t n, uint32_t shown) {
+  std::string out = "[";
+  const uint32_t k = std::min(n, shown);
+  for (uint32_t i = 0; i < k; ++i) {
+    if (i > 0) out += ", ";
+    out += fmt::format("{:.9g}", p[i]);
+  }
+  if (k < n) out += fmt::format("{}... {} more", k > 0 ? ", " : "", n - k);
+  out += "]";
+  return out;
+}
+
+int cmd_inspect(const std::string& dir, const std::string& version_text,
+                const std::string& table_name, uint64_t max_rows, uint32_t shown) {
+  const VersionSpec spec = parse_version_spec(version_text);
+  const std::vector<io::VersionDir> all = versions_of(dir);
+
+  std::optional<io::VersionDir> chosen;
+  ManifestRead mr;
+  if (spec.latest) {
+    for (auto it = all.rbegin(); it != all.rend() && !chosen; ++it) {
+      mr = read_version_manifest(dir, *it);
+      if (mr.rc == 0) chosen = *it;
+    }
+    if (!chosen) throw Problem(fmt::format("no checkpoint with a valid manifest in {}", dir));
+  } else {
+    // A full checkpoint comes before a delta of the same version: a bare number picks it.
+    for (const io::VersionDir& v : all) {
+      if (matches(spec, v)) {
+        chosen = v;
+        break;
+      }
+    }
+    if (!chosen) throw Problem(fmt::format("no version {} in {}", spec.text, dir));
+    mr = read_version_manifest(dir, *chosen);
+  }
+  const std::string vdir = version_path(dir, *chosen);
+  if (mr.rc != 0) manifest_problem(vdir, mr);
+  const io::Manifest& m = mr.m;
+
+  const io::TableEntry* table = nullptr;
+  std::vector<std::string> names;
+  for (const io::TableEntry& t : m.tables) {
+    names.push_back(t.name);
+    if (t.name == table_name) table = &t;
+  }
+  if (table == nullptr) {
+    throw Problem(fmt::format("no table '{}' in {} (its tables: {})", table_name, vdir,
+                              names.empty() ? std::string("none") : join(names, ", ")));
+  }
+  const embstore_table_config_t& c = table->config;
+
+  fmt::print("version      {}  ({}, step {}, {})\n", chosen->name, m.full ? "full" : "delta",
+             m.version, m.parent ? fmt::format("parent {}", *m.parent) : std::string("base"));
+  fmt::print("table        {}\n", table->name);
+  fmt::print("rows         {}  ({})\n", table->rows, plural(table->files.size(), "file", "files"));
+  fmt::print("dim          {}\n", c.dim);
+  std::string hyper =
+      fmt::format("learning_rate {:.9g}, weight_decay {:.9g}", c.learning_rate, c.weight_decay);
+  switch (c.optimizer) {
+    case EMBSTORE_OPT_ADAGRAD:
+    case EMBSTORE_OPT_ROWWISE_ADAGRAD:
+      hyper += fmt::format(", epsilon {:.9g}, initial_accumulator {:.9g}", c.epsilon,
+                           c.initial_accumulator);
+      break;
+    case EMBSTORE_OPT_ADAM:
+      hyper +=
+          fmt::format(", beta1 {:.9g}, beta2 {:.9g}, epsilon {:.9g}", c.beta1, c.beta2, c.epsilon);
+      break;
+    default:
+      break;
+  }
+  fmt::print("optimizer    {}  ({})\n", io::optimizer_name(c.optimizer), hyper);
+  fmt::print(
+      "state        state_dim {}{}\n", table->state_dim,
+      table->state_layout.empty() ? std::string("  (no state)") : ": " + table->state_layout);
+  std::string init = io::init_name(c.init);
+  switch (c.init) {
+    case EMBSTORE_INIT_CONSTANT:
+      init += fmt::format(" {:.9g}", c.init_a);
+      break;
+    case EMBSTORE_INIT_UNIFORM:
+      init += fmt::format(" [{:.9g}, {:.9g})", c.init_a, c.init_b);
+      break;
+    case EMBSTORE_INIT_NORMAL:
+      init += fmt::format(" (mean {:.9g}, stddev {:.9g})", c.init_a, c.init_b);
+      break;
+    default:
+      break;
+  }
+  fmt::print("initializer  {}, seed {}\n", init, c.seed);
+  fmt::print("capacity     initial {}, max {}\n", c.initial_capacity,
+             c.max_capacity == 0 ? std::string("unbounded") : std::to_string(c.max_capacity));
+  if (c.admit_after > 1 || c.evict_idle_steps > 0) {
+    fmt::print("admission    after {} occurrences; eviction after {} idle steps\n", c.admit_after,
+               c.evict_idle_steps);
+  }
+
+  const uint64_t want = std::min<uint64_t>(max_rows, table->rows);
+  fmt::print("first {} of {} rows (file order):\n", want, table->rows);
+  uint64_t printed = 0;
+  for (const io::FileEntry& f : table->files) {
+    if (printed >= want) break;
+    const std::string path = vdir + "/" + f.path;
+    std::unique_ptr<io::RowFileReader> reader;
+    if (int r = io::RowFileReader::open(path, {}, &reader); r < 0) {
+      if (r == -ENOENT) throw Problem(fmt::format("{}: missing", path));
+      throw Problem(fmt::format("{}: cannot open: {}", path, errno_text(r)));
+    }
+    io::RowBlock b;
+    int r;
+    while (printed < want && (r = reader->next_block(&b)) == 1) {
+      for (uint32_t k = 0; k < b.rows && printed < want; ++k, ++printed) {
+        if (b.kind == io::RowBlockKind::kTombstones) {
+          fmt::print("  key {}  deleted\n", b.keys[k]);
+          continue;
+        }
+        std::string line = fmt::format("  key {}  value {}", b.keys[k],
+                                       floats(b.values + uint64_t{k} * b.dim, b.dim, shown));
+        if (b.state_dim > 0) {
+          line += "  state " + floats(b.state + uint64_t{k} * b.state_dim, b.state_dim, shown);
+        }
+        fmt::print("{}\n", line);
+      }
+    }
+    if (printed < want) {
+      if (r == -EBADMSG) {
+        throw Problem(fmt::format("{}: corrupt row file: {}", path, reader->error_detail()));
+      }
+      if (r < 0) throw Problem(fmt::format("{}: cannot read: {}", path, errno_text(r)));
+    }
+  }
+  if (printed < want) {
+    throw Problem(fmt::format("{}: table '{}' holds fewer rows than its manifest says ({})", vdir,
+                              table->name, table->rows));
+  }
+  return kExitOk;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"embstore-ckpt: list, verify and inspect embstore checkpoint directories",
+               "embstore-ckpt"};
+  app.require_subcommand(1);
+  app.footer(
+      "VERSION: a number (the global step), a version directory name such as "
+      "00000000000000001000.full, or 'latest'.\n"
+      "Exit codes: 0 ok, 1 a problem found or not found, 2 bad usage.");
+
+  std::string dir;
+  std::optional<std::string> verify_version;
+  std::string inspect_version, table;
+  // Signed: CLI11 2.1 converts "-3" to an unsigned type by wrapping it around.
+  int64_t rows = 5;
+  int shown = 4;
+
+  CLI::App* ls = app.add_subcommand("ls", "list the versions in a checkpoint directory");
+  ls->add_option("DIR", dir, "checkpoint directory")->required();
+
+  CLI::App* verify =
+      app.add_subcommand("verify", "check manifests, file sizes, checksums and every row block");
+  verify->add_option("DIR", dir, "checkpoint directory")->required();
+  verify->add_option("--version", verify_version, "only this version (default: every one)");
+
+  CLI::App* inspect =
+      app.add_subcommand("inspect", "print a table's configuration and its first rows");
+  inspect->add_option("DIR", dir, "checkpoint directory")->required();
+  inspect->add_option("--version", inspect_version, "version, or 'latest'")->required();
+  inspect->add_option("--table", table, "table name")->required();
+  inspect->add_option("--rows", rows, "rows to print")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  inspect->add_option("--floats", shown, "values and state floats printed per row")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);  // prints help (stdout) or the error (stderr)
+    return code == 0 ? kExitOk : kExitUsage;
+  }
+
+  const char* command = ls->parsed() ? "ls" : verify->parsed() ? "verify" : "inspect";
+  try {
+    if (ls->parsed()) return cmd_ls(dir);
+    if (verify->parsed()) return cmd_verify(dir, verify_version);
+    return cmd_inspect(dir, inspect_version, table, static_cast<uint64_t>(rows),
+                       static_cast<uint32_t>(shown));
+  } catch (const Usage& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "embstore-ckpt %s: %s\n", command, e.what());
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "embstore-ckpt %s: %s\n", command, e.what());
+    return kExitProblem;
+  }
+}
+
+}  // namespace
+}  // namespace embstore::ckpt
+
+int main(int argc, char** argv) { return embstore::ckpt::run(argc, argv); }
