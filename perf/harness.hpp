@@ -56,6 +56,7 @@ inline constexpr int kExitMismatch = 2;
 
 std::unique_ptr<Scenario> make_lookup_scenario();
 std::unique_ptr<Scenario> make_optimizer_scenario();
+std::unique_ptr<Scenario> make_checkpoint_scenario();
 
 // Throws with the library's own message (which names the call): a benchmark that silently
 // measures failures lies.
@@ -104,9 +105,9 @@ inline const std::vector<std::string>& optimizer_names() {
 
 class Store {
  public:
-  explicit Store(const CommonOptions& options) {
-    embstore_store_config_t config;
-    embstore_store_config_init(&config);
+  explicit Store(const CommonOptions& options) : Store(options, default_config()) {}
+  // config's backend and host_threads come from options.
+  Store(const CommonOptions& options, embstore_store_config_t config) {
     config.backend = backend_from_name(options.backend);
     config.host_threads = options.threads;
     check(embstore_store_create(&config, &store_), "embstore_store_create");
@@ -117,6 +118,12 @@ class Store {
 
   embstore_store_t* get() const { return store_; }
   embstore_backend_t backend() const { return embstore_store_backend(store_); }
+
+  static embstore_store_config_t default_config() {
+    embstore_store_config_t config;
+    embstore_store_config_init(&config);
+    return config;
+  }
 
  private:
   embstore_store_t* store_ = nullptr;

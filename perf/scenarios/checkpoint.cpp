@@ -1,0 +1,220 @@
+// Scenario `checkpoint`: a full checkpoint of a live store. A table of --rows rows is filled,
+// then training runs --steps Zipf batches (lookup, apply_gradients, step) twice: without a
+// checkpoint (the baseline), and with a full checkpoint captured at the first step, written in
+// the background while training goes on. Reported: how long the checkpoint took to commit
+// (full_seconds) and its bytes, what training paid (capture time, the longest wait for the
+// pipeline, step times against the baseline), and the rows written against the rows captured.
+//
+// The checkpoint is written into a fresh directory under --dir, removed afterwards unless
+// --keep.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "perf/harness.hpp"
+#include "perf/report.hpp"
+#include "perf/zipf.hpp"
+
+namespace embstore::perf {
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+embstore_checkpoint_stats_t checkpoint_stats(embstore_store_t* store) {
+  embstore_checkpoint_stats_t s;
+  s.struct_size = sizeof(s);
+  check(embstore_checkpoint_stats(store, &s), "embstore_checkpoint_stats");
+  return s;
+}
+
+class CheckpointScenario final : public Scenario {
+ public:
+  const char* name() const override { return "checkpoint"; }
+  const char* description() const override {
+    return "full checkpoint of a live store: commit time, bytes, training stall";
+  }
+
+  void set_defaults(CommonOptions& o) const override {
+    o.batch = 16384;
+    o.steps = 50;
+  }
+
+  void add_options(CLI::App& app) override {
+    app.add_option("--dir", dir_, "directory the checkpoint is written under")->required();
+    app.add_option("--rows", rows_, "rows in the table (the key space of the stream)")
+        ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 31))
+        ->capture_default_str();
+    app.add_option("--optimizer", optimizer_, "optimizer of the table")
+        ->check(CLI::IsMember(optimizer_names()))
+        ->capture_default_str();
+    app.add_option("--staging-mib", staging_mib_, "staging_bytes of the store, in MiB")
+        ->check(CLI::Range(1, 1 << 20))
+        ->capture_default_str();
+    app.add_flag("--keep", keep_, "keep the checkpoint directory");
+  }
+
+  int run(const CommonOptions& o, Report& report) override {
+    const std::string dir = fmt::format("{}/embstore-perf-checkpoint-{}", dir_, ::getpid());
+    struct Remove {
+      std::string path;
+      bool keep;
+      ~Remove() {
+        std::error_code ec;
+        if (!keep) std::filesystem::remove_all(path, ec);
+      }
+    } remove{dir, keep_};
+
+    embstore_store_config_t config = Store::default_config();
+    config.staging_bytes = size_t{staging_mib_} << 20;
+    Store store(o, config);
+    const embstore_backend_t backend = store.backend();
+    embstore_table_t* table =
+        create_table(store, "perf_checkpoint", o.dim, optimizer_from_name(optimizer_));
+
+    // Fill: every rank of the stream gets its row.
+    const Stopwatch fill_watch;
+    {
+      const size_t chunk = 1 << 16;
+      std::vector<int64_t> keys(chunk);
+      BackendBuffer<int64_t> d_keys(backend, chunk);
+      BackendBuffer<float> d_out(backend, chunk * o.dim);
+      for (uint64_t first = 0; first < rows_; first += chunk) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, rows_ - first));
+        for (size_t i = 0; i < n; ++i) keys[i] = key_of_rank(first + i + 1);
+        d_keys.upload(keys.data(), n);
+        check(
+            embstore_lookup(table, d_keys.data(), n, d_out.data(), EMBSTORE_LOOKUP_INSERT, nullptr),
+            "embstore_lookup");
+      }
+      backend_sync(backend);
+    }
+    const double fill_seconds = fill_watch.seconds();
+    const uint64_t rows = table_stats(table).rows;
+
+    const std::vector<int64_t> stream = zipf_key_stream(o.steps * o.batch, rows_, o.zipf, o.seed);
+    std::vector<float> grads(o.batch * o.dim);
+    SplitMix64 rng(o.seed ^ 0x636b7074ull);
+    for (float& g : grads) g = static_cast<float>(rng.next_unit() * 0.02 - 0.01);
+    BackendBuffer<int64_t> d_keys(backend, o.batch);
+    BackendBuffer<float> d_grads(backend, grads.size());
+    BackendBuffer<float> d_out(backend, o.batch * o.dim);
+    d_grads.upload(grads.data(), grads.size());
+
+    uint64_t step = 0;
+    auto train = [&](size_t b) {
+      d_keys.upload(stream.data() + b * o.batch, o.batch);
+      check(embstore_lookup(table, d_keys.data(), o.batch, d_out.data(), EMBSTORE_LOOKUP_INSERT,
+                            nullptr),
+            "embstore_lookup");
+      check(embstore_apply_gradients(table, d_keys.data(), d_grads.data(), o.batch, nullptr),
+            "embstore_apply_gradients");
+      check(embstore_step(store.get(), ++step), "embstore_step");
+      backend_sync(backend);
+    };
+
+    // Baseline: the same batches without a checkpoint.
+    std::vector<double> base_steps;
+    for (size_t b = 0; b < o.steps; ++b) {
+      const Stopwatch w;
+      train(b);
+      base_steps.push_back(w.seconds());
+    }
+
+    // With a full checkpoint captured before the first batch.
+    const embstore_checkpoint_stats_t before = checkpoint_stats(store.get());
+    const Stopwatch total;
+    uint64_t version = 0;
+    const Stopwatch capture_watch;
+    check(embstore_checkpoint(store.get(), dir.c_str(), EMBSTORE_CKPT_FULL, &version),
+          "embstore_checkpoint");
+    const double checkpoint_call_seconds = capture_watch.seconds();
+    double full_seconds = -1;
+    std::vector<double> ckpt_steps;
+    size_t steps_during = 0;
+    for (size_t b = 0; b < o.steps; ++b) {
+      const Stopwatch w;
+      train(b);
+      ckpt_steps.push_back(w.seconds());
+      if (full_seconds < 0) {
+        ++steps_during;
+        if (checkpoint_stats(store.get()).in_flight == 0) full_seconds = total.seconds();
+      }
+    }
+    check(embstore_checkpoint_wait(store.get(), version), "embstore_checkpoint_wait");
+    if (full_seconds < 0) full_seconds = total.seconds();
+    const embstore_checkpoint_stats_t after = checkpoint_stats(store.get());
+
+    const uint64_t full_bytes = after.bytes_written - before.bytes_written;
+    const uint64_t rows_written = after.rows_written - before.rows_written;
+    const double base_median = median(base_steps);
+    const double ckpt_median = median(ckpt_steps);
+    const double ckpt_max = *std::max_element(ckpt_steps.begin(), ckpt_steps.end());
+    const double base_max = *std::max_element(base_steps.begin(), base_steps.end());
+
+    report_common(report, o, backend);
+    report.set("optimizer", optimizer_);
+    report.set("rows", rows);
+    report.set("staging_bytes", config.staging_bytes);
+    report.set("fill_seconds", fill_seconds);
+    report.set("version", version);
+    report.set("full_seconds", full_seconds);
+    report.set("full_bytes", full_bytes);
+    report.set("full_bytes_per_second", full_bytes / full_seconds);
+    report.set("rows_written", rows_written);
+    report.set("checkpoint_call_seconds", checkpoint_call_seconds);
+    report.set("capture_seconds", after.capture_seconds_last);
+    report.set("stall_seconds_max", after.stall_seconds_max);
+    report.set("stall_seconds_total", after.stall_seconds_total - before.stall_seconds_total);
+    report.set("copy_on_write_rows", after.copy_on_write_rows - before.copy_on_write_rows);
+    report.set("steps_while_writing", steps_during);
+    report.set("step_seconds_median_baseline", base_median);
+    report.set("step_seconds_median_checkpointing", ckpt_median);
+    report.set("step_seconds_max_baseline", base_max);
+    report.set("step_seconds_max_checkpointing", ckpt_max);
+    report.set("step_time_ratio_median", ckpt_median / base_median);
+
+    report.say("table: {} rows x dim {} ({}), {} steps of {} keys, {} backend", rows, o.dim,
+               optimizer_, o.steps, o.batch, backend_name(backend));
+    report.say("full checkpoint: {:.3f} s to commit, {}B, {}B/s; {} rows", full_seconds,
+               si(static_cast<double>(full_bytes)), si(full_bytes / full_seconds), rows_written);
+    report.say(
+        "training: capture {:.2f} ms (call {:.2f} ms), longest pipeline wait {:.2f} ms, "
+        "{} rows copied on write",
+        after.capture_seconds_last * 1e3, checkpoint_call_seconds * 1e3,
+        after.stall_seconds_max * 1e3, after.copy_on_write_rows - before.copy_on_write_rows);
+    report.say(
+        "step time median {:.2f} ms while writing ({} steps overlapped) vs {:.2f} ms "
+        "baseline: x{:.2f}; max {:.2f} vs {:.2f} ms",
+        ckpt_median * 1e3, steps_during, base_median * 1e3, ckpt_median / base_median,
+        ckpt_max * 1e3, base_max * 1e3);
+    if (rows_written != rows) {
+      report.say("MISMATCH: the checkpoint holds {} rows, the table had {} at capture",
+                 rows_written, rows);
+      return kExitMismatch;
+    }
+    return 0;
+  }
+
+ private:
+  std::string dir_;
+  uint64_t rows_ = 1'000'000;
+  std::string optimizer_ = "adagrad";
+  unsigned staging_mib_ = 256;
+  bool keep_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Scenario> make_checkpoint_scenario() {
+  return std::make_unique<CheckpointScenario>();
+}
+
+}  // namespace embstore::perf
