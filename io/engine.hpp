@@ -25,6 +25,11 @@ struct IoOptions {
   unsigned buffers = 0;            // staging buffers; 0: queue_depth
   bool direct = true;              // try O_DIRECT (falls back to buffered on EINVAL)
   bool allow_uring = true;         // try io_uring (falls back to pwrite/pread)
+  // Writers: the file's expected size, 0 if unknown. The space is allocated up front
+  // (fallocate), so that writes land inside the file instead of extending it one by one,
+  // which file systems serialize; finish() trims what was not written. Ignored where the file
+  // system cannot allocate.
+  uint64_t size_hint = 0;
 };
 
 namespace detail {

@@ -16,6 +16,12 @@ int FileWriter::open(const std::string& path, const WriterOptions& options,
   if (!w) return -ENOMEM;
   const int r = w->channel_.open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644, options, true);
   if (r < 0) return r;
+  if (options.size_hint > 0) {
+    const off_t size =
+        static_cast<off_t>((options.size_hint + kAlignment - 1) / kAlignment * kAlignment);
+    // EOPNOTSUPP (and other refusals) leave the file as it was: only speed is lost.
+    if (::fallocate(w->channel_.fd(), 0, 0, size) == 0) w->allocated_ = static_cast<uint64_t>(size);
+  }
   const unsigned n = w->channel_.buffer_count();
   w->slots_.resize(n);
   w->free_.reserve(n);
@@ -157,7 +163,8 @@ int FileWriter::finish() {
     }
   }
   const int fd = channel_.fd();
-  if (error_ == 0 && channel_.direct() && next_offset_ % kAlignment != 0) {
+  if (error_ == 0 &&
+      (allocated_ > next_offset_ || (channel_.direct() && next_offset_ % kAlignment != 0))) {
     if (::ftruncate(fd, static_cast<off_t>(next_offset_)) != 0) fail(-errno);
   }
   // fsync, not fdatasync: the size set by the last write or ftruncate must be durable too.

@@ -84,6 +84,7 @@ class FileWriter {
   std::vector<unsigned> free_;
   uint64_t next_offset_ = 0;
   bool partial_tail_ = false;  // the last submit was not a multiple of kAlignment
+  uint64_t allocated_ = 0;     // bytes fallocated at open (IoOptions::size_hint)
   bool finished_ = false;
   int error_ = 0;
 };

@@ -160,7 +160,16 @@ uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy
         fail(EMBSTORE_IO_ERROR, "cannot create '{}': {}", table_dir, errno_text(r));
       }
       const std::string path = job->staging + "/" + t.file;
-      if (int r = io::RowFileWriter::open(path, t.spec.dim, t.spec.state_dim(), options, &t.writer);
+      // The rows now, as the file's expected size: rows are only added until capture.
+      const uint64_t row_bytes = 8 + 4 * uint64_t{t.spec.stride()};
+      const uint64_t rows_per_block =
+          std::max<uint64_t>(1, (options.buffer_bytes - io::kRowBlockHeaderBytes) / row_bytes);
+      const uint64_t rows = t.impl->counters().rows;
+      io::WriterOptions file_options = options;
+      file_options.size_hint =
+          rows * row_bytes + (rows / rows_per_block + 1) * (io::kRowBlockHeaderBytes + 4096);
+      if (int r = io::RowFileWriter::open(path, t.spec.dim, t.spec.state_dim(), file_options,
+                                          &t.writer);
           r < 0) {
         fail(EMBSTORE_IO_ERROR, "cannot open '{}': {}", path, errno_text(r));
       }

@@ -70,6 +70,8 @@ class IoScenario final : public Scenario {
         ->capture_default_str();
     app.add_flag("--no-uring", no_uring_, "force the pwrite/pread engine");
     app.add_flag("--buffered", buffered_, "no O_DIRECT");
+    app.add_flag("--no-preallocate", no_preallocate_,
+                 "do not pass the size to the writer (no fallocate)");
   }
 
   int run(const CommonOptions&, Report& report) override {
@@ -78,6 +80,7 @@ class IoScenario final : public Scenario {
     options.buffer_bytes = buffer_bytes_;
     options.allow_uring = !no_uring_;
     options.direct = !buffered_;
+    options.size_hint = no_preallocate_ ? 0 : bytes_;
     const std::string stem = fmt::format("{}/embstore-perf-io-{}", dir_, ::getpid());
     Unlink data_file{stem + ".dat"}, baseline_file{stem + ".buffered"};
 
@@ -177,6 +180,7 @@ class IoScenario final : public Scenario {
     report.set("dir", dir_);
     report.set("bytes", bytes_);
     report.set("queue_depth", queue_depth_);
+    report.set("preallocate", !no_preallocate_);
     report.set("buffer_bytes", chunk);
     report.set("writer_engine", writer_engine);
     report.set("reader_engine", reader_engine);
@@ -199,6 +203,7 @@ class IoScenario final : public Scenario {
   std::string dir_;
   uint64_t bytes_ = uint64_t{1} << 30;
   unsigned queue_depth_ = 16;
+  bool no_preallocate_ = false;
   size_t buffer_bytes_ = size_t{1} << 20;
   bool no_uring_ = false;
   bool buffered_ = false;

@@ -9,7 +9,7 @@ trap 'rm -rf "$work"' EXIT
 
 cmake --install "$build_dir" --prefix "$work/prefix" >/dev/null
 for f in include/embstore/embstore.h lib/libembstore.so lib/cmake/embstore/embstoreConfig.cmake \
-         lib/pkgconfig/embstore.pc bin/embstore-perf; do
+         lib/pkgconfig/embstore.pc bin/embstore-perf bin/embstore-ckpt; do
   [ -e "$work/prefix/$f" ] || { echo "not installed: $f"; exit 1; }
 done
 

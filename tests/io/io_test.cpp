@@ -144,6 +144,29 @@ TEST_CASE("round trip of every size through every engine", "[io]") {
   }
 }
 
+TEST_CASE("a size hint preallocates, and the file ends where the data ends", "[io]") {
+  TempDir dir;
+  for (const Combo c : kCombos) {
+    // Hints above, below and at the size; sizes aligned and not.
+    for (const size_t size : {size_t{0}, size_t{5000}, size_t{3} << 20}) {
+      for (const uint64_t hint : {uint64_t{1}, uint64_t{size}, uint64_t{size} + (8u << 20)}) {
+        CAPTURE(c.uring, c.direct, size, hint);
+        WriterOptions o = options_for(c);
+        o.size_hint = hint;
+        const std::vector<unsigned char> data = pattern(size, hint);
+        const std::string path = dir.file("hint.dat");
+        REQUIRE(write_all(path, data, o) == 0);
+        struct stat st;
+        REQUIRE(::stat(path.c_str(), &st) == 0);
+        REQUIRE(static_cast<size_t>(st.st_size) == size);
+        // Nothing stays allocated past the data (blocks are 512 bytes).
+        REQUIRE(static_cast<uint64_t>(st.st_blocks) * 512 <= size + (size_t{1} << 20));
+        REQUIRE(slurp(path) == data);
+      }
+    }
+  }
+}
+
 TEST_CASE("engine names follow the options and the machine", "[io]") {
   TempDir dir;
   for (const Combo c : kCombos) {
