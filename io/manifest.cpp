@@ -256,12 +256,19 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
         rows += e.files.back().rows;
       }
       if (rows != e.rows) throw Bad("table '" + e.name + "': file rows do not add up to 'rows'");
+      for (const TableEntry& other : m.tables) {
+        if (other.name == e.name) throw Bad("table '" + e.name + "' is listed twice");
+      }
       m.tables.push_back(std::move(e));
     }
     const json& attachments = member(j, "attachments");
     if (!attachments.is_array()) throw Bad("'attachments' is not an array");
     for (const json& a : attachments) {
-      m.attachments.push_back({get_string(a, "name"), file_from(a)});
+      AttachmentEntry e{get_string(a, "name"), file_from(a)};
+      for (const AttachmentEntry& other : m.attachments) {
+        if (other.name == e.name) throw Bad("attachment '" + e.name + "' is listed twice");
+      }
+      m.attachments.push_back(std::move(e));
     }
     *out = std::move(m);
     for (TableEntry& t : out->tables) t.config.name = t.name.c_str();

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <climits>
 #include <cstdint>
@@ -602,12 +603,34 @@ class CudaTable final : public Table {
 
   // What every data-path call holds: the table's lock, its device, and its place in the
   // table's call order.
+  // Hands the sink's records to the writer on every way out of drain() and copy_on_write().
+  struct FlushOnExit {
+    SnapshotSink* sink;
+    ~FlushOnExit() {
+      try {
+        sink->flush();
+      } catch (...) {
+      }
+    }
+  };
+
+  // Counts the calls that hold or wait for mutex_: drain() stays out of their way.
+  struct Caller {
+    explicit Caller(std::atomic<int>& n) : n_(n) { n_.fetch_add(1, std::memory_order_acq_rel); }
+    ~Caller() { n_.fetch_sub(1, std::memory_order_acq_rel); }
+    Caller(const Caller&) = delete;
+    Caller& operator=(const Caller&) = delete;
+    std::atomic<int>& n_;
+  };
+
   struct Call {
     Call(CudaTable& t, void* stream_ptr)
-        : lock(t.mutex_),
+        : caller(t.callers_),
+          lock(t.mutex_),
           guard(t.device_),
           stream(static_cast<cudaStream_t>(stream_ptr)),
           scope(t.done_, stream) {}
+    Caller caller;
     std::lock_guard<std::mutex> lock;
     DeviceGuard guard;
     cudaStream_t stream;
@@ -669,6 +692,9 @@ class CudaTable final : public Table {
   bool snapshot_active_ = false;
   // >= the rows still captured (exact unless a call failed part-way); 0: no copy-on-write.
   uint64_t captured_left_ = 0;
+  std::atomic<uint64_t> captured_left_seen_{0};  // captured_left_ as drain() last left it
+  DrainTurn drain_turn_;
+  std::atomic<int> callers_{0};
   // Drain resumes at this word; every word before it is empty. Captured rows lie below
   // drain_end_word_ (the live rows at capture).
   uint64_t drain_word_ = 0;
@@ -1088,6 +1114,7 @@ uint64_t CudaTable::capture(bool full, SnapshotSink* sink) {
   sink_ = sink;
   snapshot_active_ = true;
   captured_left_ = captured;
+  captured_left_seen_.store(captured);
   drain_word_ = 0;
   drain_end_word_ = row::bitmap_words(rows);
   return captured;
@@ -1159,9 +1186,27 @@ uint64_t CudaTable::drain_piece(uint64_t want, char* out, cudaStream_t stream) {
 }
 
 uint64_t CudaTable::drain(uint64_t max_rows) {
-  Call call(*this, own_stream_);
-  const cudaStream_t stream = call.stream;
+  // Training goes first, up to the patience of drain_turn_: no drain while a call holds or
+  // wants the table, or while the GPU still runs the table's earlier work (waiting for that
+  // here would take training's run-ahead).
+  std::unique_lock lock(mutex_, std::defer_lock);
+  DeviceGuard guard(device_);
+  bool busy = callers_.load(std::memory_order_acquire) > 0 || !lock.try_lock();
+  if (!busy) {
+    const cudaError_t q = cudaEventQuery(done_);
+    if (q == cudaErrorNotReady) {
+      if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+      busy = true;
+    } else {
+      check(q, "cudaEventQuery");
+    }
+  }
+  if (drain_turn_.give_way(busy)) return captured_left_seen_.load();
+  if (!lock.owns_lock()) lock.lock();
   if (sink_ == nullptr) return 0;
+  CallScope scope(done_, own_stream_);
+  const cudaStream_t stream = own_stream_;
+  FlushOnExit flush{sink_};
   uint64_t budget = std::min(max_rows, captured_left_);
   while (budget > 0) {
     const uint64_t ask = std::min(budget, stage_rows());
@@ -1173,14 +1218,13 @@ uint64_t CudaTable::drain(uint64_t max_rows) {
     sink_->commit(filled);
     captured_left_ -= std::min(filled, captured_left_);
     budget -= filled;
-    if (granted == 0) break;  // no room after all (a sink grants at least 1 row)
-    if (filled < granted) {   // the bitmap holds no captured row any more
+    if (filled < granted) {  // the bitmap holds no captured row any more
       captured_left_ = 0;
       break;
     }
   }
-  sink_->flush();
-  return captured_left_;
+  captured_left_seen_.store(captured_left_);
+  return captured_left_;  // flush's destructor hands the records over
 }
 
 // Copy-on-write of apply_gradients, between the run-length encoding and the fused update: the
@@ -1205,6 +1249,9 @@ void CudaTable::copy_on_write(const uint32_t* run_rows, const uint32_t* num_runs
   auto* ids = reinterpret_cast<uint32_t*>(base + ids_at);
   unsigned long long* count = &device_counters()->cow_rows;
 
+  // No staging chunk stays with the table between calls, even after a failure: the writer
+  // can always free one.
+  FlushOnExit flush{sink_};
   uint64_t taken = 0;
   bool aborted = false;
   for (uint64_t first = 0; first < runs && captured_left_ > 0 && !aborted; first += window) {
@@ -1240,20 +1287,24 @@ void CudaTable::copy_on_write(const uint32_t* run_rows, const uint32_t* num_runs
     }
   }
   if (taken > 0) sink_->count_copy_on_write(taken);
-  // No staging chunk stays with the table between calls: the writer can always free one.
-  sink_->flush();
+  captured_left_seen_.store(captured_left_);
 }
 
 void CudaTable::end_snapshot(bool failed) {
-  Call call(*this, own_stream_);
-  const cudaStream_t stream = call.stream;
+  // The host state first, whatever the device does below: the sink dies with the job.
+  const Caller caller(callers_);
+  std::lock_guard lock(mutex_);
   const bool active = snapshot_active_;
   sink_ = nullptr;
   snapshot_active_ = false;
   captured_left_ = 0;
+  captured_left_seen_.store(0);
   drain_word_ = 0;
   drain_end_word_ = 0;
   if (!active) return;
+  DeviceGuard guard(device_);
+  CallScope scope(done_, own_stream_);
+  const cudaStream_t stream = own_stream_;
   if (failed) {
     restore_dirty_kernel<kBlock><<<blocks_for(dirty_words_), kBlock, 0, stream>>>(
         dirty_.get<uint64_t>(), snapshot_set_.get<uint64_t>(), dirty_words_);
@@ -1261,6 +1312,7 @@ void CudaTable::end_snapshot(bool failed) {
   }
   check(cudaMemsetAsync(captured_.get(), 0, captured_.bytes(), stream), "cudaMemsetAsync");
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  stage_.reset();  // up to kStageBytes per table: not kept between snapshots
 }
 
 // Rows get ids in the order given, like the host backend's serial inserts: the keys, checked
@@ -1388,16 +1440,19 @@ std::unique_ptr<Table> make_cuda_table(TableSpec spec, int device) {
 
 // Never throws: where registration fails the memory stays pageable (copies still work, only
 // slower) and the error is cleared so no later check sees it.
-void pin_host_memory(void* p, size_t bytes) {
+void pin_host_memory(void* p, size_t bytes, int device) {
   if (p == nullptr || bytes == 0) return;
+  // On the store's device: registering starts the current device's context otherwise.
+  const detail::DeviceGuard guard(device, std::nothrow);
   // Portable: pinned for every device's context, whichever device a table lives on.
   if (cudaHostRegister(p, bytes, cudaHostRegisterPortable) != cudaSuccess) {
     (void)cudaGetLastError();
   }
 }
 
-void unpin_host_memory(void* p) {
+void unpin_host_memory(void* p, int device) {
   if (p == nullptr) return;
+  const detail::DeviceGuard guard(device, std::nothrow);
   if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();  // e.g. never pinned
 }
 

@@ -22,7 +22,7 @@ bool cuda_device_usable(int device, std::string* why);
 std::unique_ptr<Table> make_cuda_table(TableSpec spec, int device);
 // Page-locks host memory that device copies target (the checkpoint staging ring), so they run
 // as DMA. Without CUDA, or where it fails, the memory stays pageable: copies still work.
-void pin_host_memory(void* p, size_t bytes);
-void unpin_host_memory(void* p);
+void pin_host_memory(void* p, size_t bytes, int device);
+void unpin_host_memory(void* p, int device);
 
 }  // namespace embstore

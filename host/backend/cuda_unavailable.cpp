@@ -15,7 +15,7 @@ std::unique_ptr<Table> make_cuda_table(TableSpec, int) {
   fail(EMBSTORE_UNSUPPORTED, "this embstore was built without CUDA (-DEMBSTORE_CUDA=OFF)");
 }
 
-void pin_host_memory(void*, size_t) {}
-void unpin_host_memory(void*) {}
+void pin_host_memory(void*, size_t, int) {}
+void unpin_host_memory(void*, int) {}
 
 }  // namespace embstore

@@ -162,12 +162,14 @@ class HostTable final : public Table {
   uint64_t capture(bool full, SnapshotSink* sink) override {
     std::lock_guard lock(mutex_);
     const uint64_t words = dirty_.size();
+    // Both bitmaps before the dirty bits are touched: an allocation failure changes nothing.
     captured_.assign(words, 0);
+    snapshot_set_.assign(words, 0);
     uint64_t taken = 0;
     for (uint64_t w = 0; w < words; ++w) {
       taken += row::popcount64(row::capture_word(full, dirty_.data(), captured_.data(), w, rows_));
     }
-    snapshot_set_ = captured_;
+    std::copy(captured_.begin(), captured_.end(), snapshot_set_.begin());
     sink_ = sink;
     captured_left_ = taken;
     captured_left_seen_.store(taken);
@@ -176,11 +178,12 @@ class HostTable final : public Table {
   }
 
   uint64_t drain(uint64_t max_rows) override {
-    // Training calls go first: drain takes the table only when no call wants it, so a call
-    // waits for at most one drain chunk, however fast the drain loop comes back.
-    if (callers_.load(std::memory_order_acquire) > 0) return captured_left_seen_.load();
-    std::unique_lock lock(mutex_, std::try_to_lock);
-    if (!lock.owns_lock()) return captured_left_seen_.load();
+    // Training calls go first (a call waits for at most one drain chunk), up to the patience
+    // of drain_turn_.
+    std::unique_lock lock(mutex_, std::defer_lock);
+    const bool busy = callers_.load(std::memory_order_acquire) > 0 || !lock.try_lock();
+    if (drain_turn_.give_way(busy)) return captured_left_seen_.load();
+    if (!lock.owns_lock()) lock.lock();
     if (sink_ == nullptr) return 0;
     const uint32_t stride = spec().stride();
     const uint64_t record = row::record_bytes(stride);
@@ -499,6 +502,7 @@ class HostTable final : public Table {
   std::vector<uint64_t> captured_, snapshot_set_;
   uint64_t captured_left_ = 0;
   std::atomic<uint64_t> captured_left_seen_{0};  // captured_left_ as drain last saw it
+  DrainTurn drain_turn_;
   uint64_t drain_word_ = 0;
   std::vector<uint32_t> cow_rows_;
   // Scratch kept between calls so the hot path does not allocate.

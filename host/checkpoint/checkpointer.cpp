@@ -1,11 +1,13 @@
 #include "host/checkpoint/checkpointer.hpp"
 
+#include <sys/stat.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "cuda/row/snapshot.h"
 #include "host/checkpoint/staging.hpp"
@@ -34,6 +36,18 @@ std::string errno_text(int negative_errno) {
 constexpr const char* kShardFile = "shard-00000-of-00001.rows";
 // Row file staging buffers of all tables together stay near this.
 constexpr size_t kWriterBudget = size_t{64} << 20;
+
+// Whether two spellings name the same directory ("ckpt", "ckpt/", "./ckpt").
+bool same_dir(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return false;
+  std::error_code ea, eb;
+  const auto ca = std::filesystem::weakly_canonical(a, ea);
+  const auto cb = std::filesystem::weakly_canonical(b, eb);
+  if (ea || eb)
+    return std::filesystem::path(a).lexically_normal() ==
+           std::filesystem::path(b).lexically_normal();
+  return ca == cb;
+}
 
 void log_line(const std::string& line) { std::fprintf(stderr, "embstore: %s\n", line.c_str()); }
 
@@ -113,6 +127,11 @@ uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy
     log_line(fmt::format("could not remove every leftover in '{}': {}", dir, errno_text(r)));
   }
 
+  {
+    // Before anything is captured: once a table is, only the worker can end its snapshot.
+    std::lock_guard lock(mutex_);
+    if (!worker_.joinable()) worker_ = std::thread([this] { worker_main(); });
+  }
   auto job = std::make_unique<Job>();
   job->version = version;
   job->full = full;
@@ -140,8 +159,9 @@ uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy
         ring_stats_base_.copy_on_write_rows += r.copy_on_write_rows;
       }
       ring_.reset();
-      ring_ = std::make_unique<StagingRing>(store_.staging_bytes, widest,
-                                            store_.backend == EMBSTORE_BACKEND_CUDA);
+      ring_ = std::make_unique<StagingRing>(
+          store_.staging_bytes, widest,
+          store_.backend == EMBSTORE_BACKEND_CUDA ? store_.device : -1);
     }
     io::WriterOptions options;
     options.queue_depth = store_.io_queue_depth;
@@ -190,6 +210,8 @@ uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy
         t.capture_done = true;
       }
     } catch (...) {
+      // A training call may wait for staging on a captured table, holding it: free it first.
+      ring_->abort();
       for (TableJob& t : job->tables) {
         if (t.capture_done) t.impl->end_snapshot(true);
       }
@@ -208,7 +230,6 @@ uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy
   std::lock_guard lock(mutex_);
   job_ = std::move(job);
   outcomes_.erase(version);
-  if (!worker_.joinable()) worker_ = std::thread([this] { worker_main(); });
   changed_.notify_all();
   return version;
 }
@@ -221,7 +242,27 @@ void Checkpointer::worker_main() {
     job_->started = true;
     Job& job = *job_;
     lock.unlock();
-    run(job);
+    try {
+      run(job);
+    } catch (...) {
+      // run() ends every job itself; this is its own bookkeeping failing (no memory). End the
+      // job anyway, so that nobody waits for it forever.
+      ring_->abort();
+      for (TableJob& t : job.tables) {
+        try {
+          t.impl->end_snapshot(true);
+        } catch (...) {
+        }
+      }
+      ring_->reset();
+      lock.lock();
+      if (job_ != nullptr) {
+        ++failed_;
+        job_.reset();
+      }
+      changed_.notify_all();
+      continue;
+    }
     lock.lock();
   }
 }
@@ -245,7 +286,7 @@ void Checkpointer::run(Job& job) {
     embstore_status_t write_status = EMBSTORE_OK;
     std::string write_message;
     std::atomic<bool> write_failed{false}, drained{false};
-    std::thread writer([&] {
+    auto write_chunks = [&] {
       for (;;) {
         StagingRing::Full chunk;
         if (!ring_->pop(&chunk)) {
@@ -277,6 +318,27 @@ void Checkpointer::run(Job& job) {
           }
         }
         ring_->release(chunk.chunk);
+      }
+    };
+    std::thread writer([&] {
+      try {
+        write_chunks();
+      } catch (...) {
+        {
+          std::lock_guard lock(write_mutex);
+          write_status = EMBSTORE_INTERNAL;
+          write_message = what + ": the writer thread failed";
+          write_failed.store(true);
+        }
+        ring_->abort();
+        // Keep freeing what is queued until the drain loop has stopped.
+        StagingRing::Full chunk;
+        for (;;) {
+          const bool done = drained.load();
+          while (ring_->pop(&chunk)) ring_->release(chunk.chunk);
+          if (done) return;
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
       }
     });
     try {
@@ -384,6 +446,8 @@ void Checkpointer::run(Job& job) {
     failed(EMBSTORE_OUT_OF_MEMORY, what + ": host memory allocation failed");
   } catch (const std::exception& e) {
     failed(EMBSTORE_INTERNAL, fmt::format("{}: {}", what, e.what()));
+  } catch (...) {
+    failed(EMBSTORE_INTERNAL, what + ": unknown exception");
   }
 
   // End the snapshot on every table. After a failure the ring is aborted first, so that a
@@ -402,42 +466,61 @@ void Checkpointer::run(Job& job) {
   ring_->reset();
   if (!ok) {
     io::remove_tree(job.staging);
+    // A commit whose last fsync failed has renamed the version into place: take it back out,
+    // so that a failed checkpoint never exists for readers.
+    struct stat st;
+    if (::stat(job.final_path.c_str(), &st) == 0) retire(job.dir, job.final_path);
+    // The attachments go with the next checkpoint instead, unless attached again since.
+    std::lock_guard lock(mutex_);
+    for (auto& [name, data] : job.attachments) attachments_.emplace(name, std::move(data));
   } else {
-    std::string policy_dir;
-    uint32_t keep = 0;
-    {
-      std::lock_guard lock(mutex_);
-      policy_dir = policy_.dir;
-      keep = policy_.keep_full;
-    }
-    if (keep > 0 && policy_dir == job.dir) {
-      std::vector<io::VersionDir> versions;
-      if (io::list_versions(job.dir, &versions) == 0) {
-        std::vector<uint64_t> fulls;
-        for (const io::VersionDir& v : versions) {
-          if (v.full) fulls.push_back(v.version);
-        }
-        if (fulls.size() > keep) {
-          const uint64_t oldest_kept = fulls[fulls.size() - keep];
-          for (const io::VersionDir& v : versions) {
-            if (v.version >= oldest_kept) continue;
-            // Renamed out of sight first, so a crash half-way never leaves a damaged version.
-            const std::string hidden = job.dir + "/.tmp-retired-" + v.name;
-            if (std::rename((job.dir + "/" + v.name).c_str(), hidden.c_str()) != 0 ||
-                io::remove_tree(hidden) < 0) {
-              log_line(fmt::format("retention: could not delete '{}/{}'", job.dir, v.name));
-            }
-          }
-        }
-      }
-    }
+    apply_retention(job);
   }
   finish(job, status, message);
+}
+
+void Checkpointer::retire(const std::string& dir, const std::string& path) {
+  // Renamed out of sight first (the next checkpoint removes what is left of a crash), so a
+  // crash half-way never leaves a damaged version for readers.
+  const std::string name = std::filesystem::path(path).filename().string();
+  const std::string hidden = dir + "/.tmp-retired-" + name;
+  if (std::rename(path.c_str(), hidden.c_str()) != 0 || io::remove_tree(hidden) < 0) {
+    log_line(fmt::format("could not delete '{}'", path));
+  }
+}
+
+void Checkpointer::apply_retention(const Job& job) {
+  uint32_t keep = 0;
+  {
+    std::lock_guard lock(mutex_);
+    if (!same_dir(policy_.dir, job.dir)) return;
+    keep = policy_.keep_full;
+  }
+  if (keep == 0) return;
+  std::vector<io::VersionDir> versions;
+  if (io::list_versions(job.dir, &versions) < 0) return;
+  // Only versions up to the one just written count: after a restore of an older version,
+  // newer ones belong to an abandoned run and are neither counted nor deleted here. Only
+  // committed checkpoints (a valid manifest) count towards keep_full.
+  std::vector<uint64_t> fulls;
+  for (const io::VersionDir& v : versions) {
+    io::Manifest m;
+    if (v.full && v.version <= job.version &&
+        io::read_manifest(job.dir + "/" + v.name, &m, nullptr) == 0) {
+      fulls.push_back(v.version);
+    }
+  }
+  if (fulls.size() <= keep) return;
+  const uint64_t oldest_kept = fulls[fulls.size() - keep];
+  for (const io::VersionDir& v : versions) {
+    if (v.version < oldest_kept) retire(job.dir, job.dir + "/" + v.name);
+  }
 }
 
 void Checkpointer::finish(Job& job, embstore_status_t status, const std::string& message) {
   if (status != EMBSTORE_OK) log_line(message);
   std::lock_guard lock(mutex_);
+  if (outcomes_.size() >= kMaxOutcomes) outcomes_.erase(outcomes_.begin());
   Outcome& o = outcomes_[job.version];
   o.status = status;
   o.message = message;
@@ -488,7 +571,7 @@ void Checkpointer::attach(const std::string& name, const void* data, size_t byte
 void Checkpointer::set_policy(Policy policy) {
   std::lock_guard lock(mutex_);
   policy_ = std::move(policy);
-  policy_step_mark_set_ = false;
+  policy_step_mark_ = store_.step.load(std::memory_order_relaxed);
   policy_time_mark_ = Clock::now();
   policy_due_ = false;
 }
@@ -508,13 +591,9 @@ embstore_status_t Checkpointer::on_step(uint64_t step, std::string* message) {
     }
     if (policy_.dir.empty()) return EMBSTORE_OK;
     bool due = policy_due_;
-    if (policy_.full_every_steps > 0) {
-      if (!policy_step_mark_set_) {
-        policy_step_mark_ = step;
-        policy_step_mark_set_ = true;
-      } else if (step / policy_.full_every_steps > policy_step_mark_ / policy_.full_every_steps) {
-        due = true;
-      }
+    if (policy_.full_every_steps > 0 &&
+        step / policy_.full_every_steps > policy_step_mark_ / policy_.full_every_steps) {
+      due = true;
     }
     if (policy_.full_every_seconds > 0 &&
         seconds_since(policy_time_mark_) >= policy_.full_every_seconds) {
@@ -527,11 +606,16 @@ embstore_status_t Checkpointer::on_step(uint64_t step, std::string* message) {
     }
     policy_due_ = false;
     policy_step_mark_ = step;
-    policy_step_mark_set_ = true;
     policy_time_mark_ = Clock::now();
     dir = policy_.dir;
   }
-  start(dir, true, true);
+  try {
+    start(dir, true, true);
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    policy_due_ = true;  // tried again at the next step
+    throw;
+  }
   return EMBSTORE_OK;
 }
 

@@ -60,6 +60,7 @@ class Checkpointer {
   embstore_checkpoint_stats_t stats() const;
 
  private:
+  static constexpr size_t kMaxOutcomes = 4096;  // the oldest are forgotten
   struct Outcome {
     embstore_status_t status = EMBSTORE_OK;
     std::string message;
@@ -71,6 +72,10 @@ class Checkpointer {
   void worker_main();
   void run(Job& job);
   void finish(Job& job, embstore_status_t status, const std::string& message);
+  // Keeps the newest keep_full full checkpoints up to job's version in the policy's dir.
+  void apply_retention(const Job& job);
+  // Deletes a version directory: renamed out of sight, then removed.
+  void retire(const std::string& dir, const std::string& path);
   // Wait under lock for the job in flight to end; the wait counts as a stall when stall.
   void wait_for_job(std::unique_lock<std::mutex>& lock, bool stall);
 
@@ -88,8 +93,7 @@ class Checkpointer {
   std::map<std::string, std::vector<char>> restored_attachments_;  // of the last restore
   bool restored_ = false;
   Policy policy_;
-  uint64_t policy_step_mark_ = 0;
-  bool policy_step_mark_set_ = false;
+  uint64_t policy_step_mark_ = 0;  // the step of set_policy, restore or the last checkpoint
   std::chrono::steady_clock::time_point policy_time_mark_;
   bool policy_due_ = false;  // deferred: due while another checkpoint was in flight
 

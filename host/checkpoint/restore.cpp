@@ -166,6 +166,11 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
     }
     std::unique_ptr<Table> impl = store_.make_table_impl(std::move(spec));
     for (const io::FileEntry& f : t.files) load_file(vdir + "/" + f.path, f, t, m.version, *impl);
+    // Every file checked out; their rows must also be distinct keys.
+    if (const uint64_t rows = impl->counters().rows; rows != t.rows) {
+      fail(EMBSTORE_CORRUPT, "{}: table '{}' loaded {} distinct rows, the manifest says {}", vdir,
+           t.name, rows, t.rows);
+    }
     loaded.push_back({existing, std::move(impl)});
   }
   std::map<std::string, std::vector<char>> attachments;
@@ -198,6 +203,8 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
   std::lock_guard lock(mutex_);
   restored_attachments_ = std::move(attachments);
   restored_ = true;
+  policy_step_mark_ = m.version;  // the schedule goes on from the restored step
+  policy_time_mark_ = std::chrono::steady_clock::now();
   return m.version;
 }
 

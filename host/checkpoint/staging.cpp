@@ -16,7 +16,7 @@ constexpr size_t kMaxChunkBytes = size_t{1} << 20;
 constexpr size_t kPage = 4096;
 }  // namespace
 
-StagingRing::StagingRing(size_t staging_bytes, size_t min_chunk_bytes, bool pin) {
+StagingRing::StagingRing(size_t staging_bytes, size_t min_chunk_bytes, int pin_device) {
   chunk_bytes_ = std::min(kMaxChunkBytes, staging_bytes / 8);
   chunk_bytes_ = std::max(chunk_bytes_, min_chunk_bytes);
   chunk_bytes_ = (chunk_bytes_ + kPage - 1) / kPage * kPage;
@@ -25,15 +25,15 @@ StagingRing::StagingRing(size_t staging_bytes, size_t min_chunk_bytes, bool pin)
   void* p = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
   base_ = static_cast<char*>(p);
-  if (pin) {
-    pin_host_memory(base_, mapped_);
-    pinned_ = true;
+  if (pin_device >= 0) {
+    pin_host_memory(base_, mapped_, pin_device);
+    pin_device_ = pin_device;
   }
   for (size_t i = chunks_; i-- > 0;) free_.push_back(static_cast<unsigned>(i));
 }
 
 StagingRing::~StagingRing() {
-  if (pinned_) unpin_host_memory(base_);
+  if (pin_device_ >= 0) unpin_host_memory(base_, pin_device_);
   munmap(base_, mapped_);
 }
 

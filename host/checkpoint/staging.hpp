@@ -29,8 +29,9 @@ struct StallStats {
 class StagingRing {
  public:
   // A chunk is the smaller of 1 MiB and an eighth of staging_bytes, and at least
-  // min_chunk_bytes (one record of the widest table).
-  StagingRing(size_t staging_bytes, size_t min_chunk_bytes, bool pin);
+  // min_chunk_bytes (one record of the widest table). Pinned for pin_device (a CUDA device
+  // ordinal) unless it is -1.
+  StagingRing(size_t staging_bytes, size_t min_chunk_bytes, int pin_device);
   ~StagingRing();
   StagingRing(const StagingRing&) = delete;
   StagingRing& operator=(const StagingRing&) = delete;
@@ -88,7 +89,7 @@ class StagingRing {
   size_t chunks_ = 0;
   char* base_ = nullptr;
   size_t mapped_ = 0;
-  bool pinned_ = false;
+  int pin_device_ = -1;
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;

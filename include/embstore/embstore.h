@@ -100,8 +100,9 @@ EMBSTORE_API embstore_status_t embstore_store_create(const embstore_store_config
                                                      embstore_store_t** store_out);
 
 /* Waits for in-flight checkpoints, then frees every table and the store. NULL is a no-op.
-   Table handles of the store become invalid. Returns OK, or the failure of an in-flight
-   checkpoint (the store is freed all the same). */
+   Table handles of the store become invalid. Returns OK, or the failure of a checkpoint that
+   nobody has been told of yet (by embstore_checkpoint_wait or embstore_step); the store is
+   freed all the same. */
 EMBSTORE_API embstore_status_t embstore_store_destroy(embstore_store_t* store);
 
 /* HOST or CUDA: the backend the store runs on (AUTO resolved). HOST for NULL. */
@@ -249,8 +250,11 @@ EMBSTORE_API embstore_status_t embstore_checkpoint(embstore_store_t* store, cons
 
 /* Blocks until that version (taken by this store) is committed or has failed, and returns its
    outcome: OK; IO_ERROR (a write, fsync or rename failed: that version does not exist, earlier
-   ones are intact, and its rows stay dirty for the next checkpoint); NOT_FOUND (this store took
-   no checkpoint of that version); INVALID_ARGUMENT (NULL store). */
+   ones are intact, its rows stay dirty and its attachments pending for the next checkpoint);
+   DEVICE_ERROR, OUT_OF_MEMORY or INTERNAL (the same, for other failures while writing);
+   NOT_FOUND (this store took no checkpoint of that version, or took it more than 4096
+   checkpoints ago); INVALID_ARGUMENT (NULL store). An outcome is returned by every wait for
+   its version; a failure counts as reported once waited for. */
 EMBSTORE_API embstore_status_t embstore_checkpoint_wait(embstore_store_t* store, uint64_t version);
 
 /* Copies bytes to be saved with the next checkpoint (dense weights, reader offsets, RNG state
@@ -274,7 +278,11 @@ EMBSTORE_API void embstore_checkpoint_policy_init(embstore_checkpoint_policy_t* 
    passed since the policy was set or the last policy checkpoint; one due while another is
    still being written is deferred to a later step, never skipped. After each checkpoint
    committed into dir, only the newest keep_full full checkpoints are kept; older ones are
-   deleted only after the newer one is committed. dir NULL with everything off turns the policy
+   deleted only after the newer one is committed. Retention counts only versions up to the one
+   just written: after a restore of an older version, the newer versions of the abandoned run
+   are left in dir (and EMBSTORE_LATEST would pick them: write the new run into a new dir, or
+   delete them). The step schedule restarts at set_policy and at a restore. dir NULL with
+   everything off turns the policy
    off. Returns OK; INVALID_ARGUMENT (NULL pointer, struct_size too small, negative or NaN
    seconds, a schedule without dir); UNSUPPORTED (incremental_every_* in this version). */
 EMBSTORE_API embstore_status_t

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "io/commit.hpp"
 #include "io/fault.hpp"
 #include "io/row_file.hpp"
 #include "support/backend.hpp"
@@ -695,4 +696,89 @@ TEST_CASE("a checkpoint restores into a store of the other backend", "[checkpoin
     ok(embstore_lookup(to, all.data(), all.size(), got.data(), 0, nullptr));
   }
   REQUIRE(same_bits(got, expected));
+}
+
+TEST_CASE("a commit whose last fsync fails leaves no version behind", "[checkpoint]") {
+  TempDir dir;
+  StoreGuard store(make_store());
+  embstore_table_t* t = make_table(store, config_for("emb", 8, EMBSTORE_OPT_SGD));
+  train_step(store, t, 1, 100);
+  {
+    embstore::io::set_commit_fault_injection(
+        [](const char* step) { return std::strcmp(step, "fsync_parent") == 0 ? -EIO : 0; });
+    struct Reset {
+      ~Reset() { embstore::io::set_commit_fault_injection(nullptr); }
+    } reset;
+    uint64_t version = 0;
+    ok(embstore_checkpoint(store, dir.path().c_str(), EMBSTORE_CKPT_FULL, &version));
+    require_status(embstore_checkpoint_wait(store, version), EMBSTORE_IO_ERROR, "commit");
+  }
+  REQUIRE_FALSE(fs::exists(version_dir(dir.path(), 1)));
+  uint64_t v = 0;
+  require_status(embstore_restore(store, dir.path().c_str(), EMBSTORE_LATEST, &v),
+                 EMBSTORE_NOT_FOUND, "no committed checkpoint");
+  REQUIRE(checkpoint_ok(store, dir.path()) == 1);  // the same step again, now committed
+}
+
+TEST_CASE("retention after a rollback keeps the new checkpoints", "[checkpoint]") {
+  TempDir dir;
+  StoreGuard store(make_store());
+  embstore_table_t* t = make_table(store, config_for("emb", 8, EMBSTORE_OPT_SGD));
+  embstore_checkpoint_policy_t p;
+  embstore_checkpoint_policy_init(&p);
+  p.dir = dir.path().c_str();
+  p.keep_full = 1;
+  ok(embstore_checkpoint_set_policy(store, &p));
+  for (uint64_t s = 100; s <= 300; s += 100) {
+    train_step(store, t, s, 100, 16);
+    checkpoint_ok(store, dir.path() + "/");  // another spelling of the policy's dir
+  }
+  REQUIRE_FALSE(fs::exists(version_dir(dir.path(), 200)));
+  REQUIRE(fs::exists(version_dir(dir.path(), 300)));
+
+  // Back to 300, then a checkpoint at an earlier step: it is kept, and 300 is not touched.
+  REQUIRE(restore_ok(store, dir.path(), 300) == 300);
+  t = get_table(store, "emb");
+  train_step(store, t, 250, 100, 16);
+  REQUIRE(checkpoint_ok(store, dir.path()) == 250);
+  REQUIRE(fs::exists(version_dir(dir.path(), 250)));
+  REQUIRE(fs::exists(version_dir(dir.path(), 300)));
+}
+
+TEST_CASE("a checkpoint completes while two threads train its table flat out", "[checkpoint]") {
+  // Drain gives way to training calls, but only for a while: two trainers keep the table
+  // wanted nearly all the time, and the rows they do not touch must still be written.
+  TempDir dir;
+  StoreGuard store(make_store(1));
+  embstore_table_t* t = make_table(store, config_for("emb", 32, EMBSTORE_OPT_ADAGRAD));
+  const std::vector<int64_t> all = key_range(50000);
+  lookup_ok(t, all);
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> calls{0};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  auto trainer = [&](int64_t base) {
+    // Hot keys only: the cold rows are left to the drain.
+    std::vector<int64_t> keys(64);
+    for (size_t i = 0; i < keys.size(); ++i) keys[i] = base + static_cast<int64_t>(i);
+    std::vector<float> grads(keys.size() * 32, 0.001f);
+    while (!stop.load() && std::chrono::steady_clock::now() < deadline) {
+      if (embstore_apply_gradients(t, keys.data(), grads.data(), keys.size(), nullptr) !=
+          EMBSTORE_OK) {
+        break;
+      }
+      calls.fetch_add(1);
+    }
+  };
+  if (backend() != EMBSTORE_BACKEND_HOST) return;  // the trainers use host pointers
+  std::thread a(trainer, int64_t{-100}), b(trainer, int64_t{100});
+  while (calls.load() < 100) std::this_thread::yield();
+  uint64_t version = 0;
+  ok(embstore_checkpoint(store, dir.path().c_str(), EMBSTORE_CKPT_FULL, &version));
+  ok(embstore_checkpoint_wait(store, version));
+  const bool trainers_were_running = std::chrono::steady_clock::now() < deadline;
+  stop.store(true);
+  a.join();
+  b.join();
+  REQUIRE(trainers_were_running);
+  REQUIRE(read_rows(table_file(dir.path(), version, "emb")).size() == all.size());
 }

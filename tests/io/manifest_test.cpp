@@ -1,0 +1,157 @@
+// MANIFEST.json: exact round trips, its own checksum, and every malformed input refused.
+#include "io/manifest.hpp"
+
+#include <xxhash.h>
+
+#include <catch2/catch.hpp>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tests/io/io_fixtures.hpp"
+
+using namespace embstore::io;
+
+namespace {
+
+Manifest sample() {
+  Manifest m;
+  m.version = std::numeric_limits<uint64_t>::max() - 1;  // above 2^53: exact as an integer
+  m.embstore_version = 100;
+  TableEntry t;
+  t.name = "emb.v2-x";
+  embstore_table_config_init(&t.config);
+  t.config.name = nullptr;
+  t.config.dim = 13;
+  t.config.optimizer = EMBSTORE_OPT_ADAM;
+  t.config.learning_rate = 1.0f / 3.0f;
+  t.config.epsilon = std::numeric_limits<float>::denorm_min();
+  t.config.beta1 = 0.9f;
+  t.config.beta2 = 0.999f;
+  t.config.weight_decay = -0.0f;
+  t.config.init = EMBSTORE_INIT_NORMAL;
+  t.config.init_a = -FLT_MAX;
+  t.config.init_b = FLT_MAX;
+  t.config.seed = std::numeric_limits<uint64_t>::max();
+  t.config.max_capacity = (uint64_t{1} << 60) + 1;
+  t.state_dim = 28;
+  t.state_layout = state_layout(EMBSTORE_OPT_ADAM);
+  t.rows = 7;
+  t.files.push_back({"emb.v2-x/shard-00000-of-00001.rows", 8192, 7, 0xfedcba9876543210ull});
+  m.tables.push_back(t);
+  m.attachments.push_back({"rng", {"attachments/rng", 3, 0, 0x1ull}});
+  return m;
+}
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+std::string parse_error(const std::string& text) {
+  Manifest m;
+  std::string detail;
+  REQUIRE(parse_manifest(text, &m, &detail) == -EBADMSG);
+  return detail;
+}
+
+// The text with the first `from` replaced by `to`, and its checksum recomputed: what a writer
+// with a bug (not a flipped bit) would produce.
+std::string edit(const Manifest& m, const std::string& from, const std::string& to) {
+  std::string text = format_manifest(m);
+  const auto at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  text.replace(at, from.size(), to);
+  auto j = nlohmann::json::parse(text);
+  j.erase("manifest_xxh3");
+  const std::string body = j.dump();
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(body.data(), body.size())));
+  j["manifest_xxh3"] = hex;
+  return j.dump(2);
+}
+
+}  // namespace
+
+TEST_CASE("manifest: every field round-trips exactly", "[io][manifest]") {
+  const Manifest m = sample();
+  Manifest back;
+  std::string detail;
+  REQUIRE(parse_manifest(format_manifest(m), &back, &detail) == 0);
+  REQUIRE(back.version == m.version);
+  REQUIRE(back.full);
+  REQUIRE_FALSE(back.parent.has_value());
+  REQUIRE(back.tables.size() == 1);
+  const TableEntry& t = back.tables[0];
+  REQUIRE(t.name == "emb.v2-x");
+  REQUIRE(std::string(t.config.name) == "emb.v2-x");
+  REQUIRE(t.config.dim == 13);
+  REQUIRE(t.config.optimizer == EMBSTORE_OPT_ADAM);
+  REQUIRE(same_bits(t.config.learning_rate, 1.0f / 3.0f));
+  REQUIRE(same_bits(t.config.epsilon, std::numeric_limits<float>::denorm_min()));
+  REQUIRE(same_bits(t.config.weight_decay, -0.0f));
+  REQUIRE(same_bits(t.config.init_a, -FLT_MAX));
+  REQUIRE(same_bits(t.config.init_b, FLT_MAX));
+  REQUIRE(t.config.seed == std::numeric_limits<uint64_t>::max());
+  REQUIRE(t.config.max_capacity == (uint64_t{1} << 60) + 1);
+  REQUIRE(t.files[0].xxh3 == 0xfedcba9876543210ull);
+  REQUIRE(back.attachments.size() == 1);
+  REQUIRE(back.attachments[0].file.path == "attachments/rng");
+}
+
+TEST_CASE("manifest: a changed byte, a torn file or a bad field is refused", "[io][manifest]") {
+  const Manifest m = sample();
+  std::string text = format_manifest(m);
+  SECTION("a digit changed without the checksum") {
+    const auto at = text.find("\"dim\": 13");
+    REQUIRE(at != std::string::npos);
+    text[at + 8] = '4';
+    REQUIRE(parse_error(text).find("checksum") != std::string::npos);
+  }
+  SECTION("torn") { parse_error(text.substr(0, text.size() / 2)); }
+  SECTION("empty") { parse_error(""); }
+  SECTION("a future format version") {
+    REQUIRE(parse_error(edit(m, "\"format_version\": 1", "\"format_version\": 2"))
+                .find("not supported") != std::string::npos);
+  }
+  SECTION("a path out of the version directory") {
+    REQUIRE(parse_error(edit(m, "\"attachments/rng\"", "\"../rng\"")).find("relative path") !=
+            std::string::npos);
+  }
+  SECTION("a table listed twice") {
+    Manifest twice = m;
+    twice.tables.push_back(twice.tables[0]);
+    REQUIRE(parse_error(format_manifest(twice)).find("twice") != std::string::npos);
+  }
+  SECTION("rows that do not add up") {
+    REQUIRE(parse_error(edit(m, "\"rows\": 7", "\"rows\": 8")).find("add up") != std::string::npos);
+  }
+  SECTION("an unknown optimizer") {
+    REQUIRE(parse_error(edit(m, "\"adam\"", "\"lion\"")).find("lion") != std::string::npos);
+  }
+  SECTION("a missing member") {
+    REQUIRE(parse_error(edit(m, "\"seed\"", "\"sead\"")).find("seed") != std::string::npos);
+  }
+  SECTION("a negative count") {
+    REQUIRE(parse_error(edit(m, "\"bytes\": 3", "\"bytes\": -3")).find("bytes") !=
+            std::string::npos);
+  }
+}
+
+TEST_CASE("manifest: written and read back through a file", "[io][manifest]") {
+  embstore_test::TempDir dir;
+  Manifest back;
+  std::string detail;
+  REQUIRE(read_manifest(dir.path(), &back, &detail) == -ENOENT);
+  REQUIRE(write_manifest(dir.path(), sample()) == 0);
+  REQUIRE(read_manifest(dir.path(), &back, &detail) == 0);
+  REQUIRE(back.tables.at(0).rows == 7);
+  uint64_t sum = 0, bytes = 0;
+  REQUIRE(checksum_file(dir.file(kManifestName), &sum, &bytes) == 0);
+  std::string text;
+  REQUIRE(read_whole_file(dir.file(kManifestName), &text) == 0);
+  REQUIRE(bytes == text.size());
+  REQUIRE(sum == XXH3_64bits(text.data(), text.size()));
+  REQUIRE(checksum_file(dir.file("missing"), &sum, &bytes) == -ENOENT);
+}
