@@ -102,7 +102,14 @@ void load_file(const std::string& path, const io::FileEntry& f, const io::TableE
            "{}: block at offset {} has dim {} and state_dim {}, the manifest {} and {}", path,
            b.offset, b.dim, b.state_dim, t.config.dim, t.state_dim);
     }
-    table.load_rows(b.keys, b.values, b.state, b.rows, step);
+    try {
+      table.load_rows(b.keys, b.values, b.state, b.rows, step);
+    } catch (const Error& e) {
+      // A backend that checks its input (the CUDA one refuses repeated keys) found the file
+      // inconsistent.
+      if (e.status() != EMBSTORE_INVALID_ARGUMENT) throw;
+      fail(EMBSTORE_CORRUPT, "{}: block at offset {}: {}", path, b.offset, e.what());
+    }
     rows += b.rows;
   }
   if (r == -EBADMSG) fail(EMBSTORE_CORRUPT, "{}: {}", path, reader->error_detail());
