@@ -2,6 +2,8 @@
 // everything; errors become a status plus this thread's last_error message.
 #include <embstore/embstore.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -262,8 +264,7 @@ embstore_status_t embstore_checkpoint(embstore_store_t* store, const char* dir,
     if (k != EMBSTORE_CKPT_FULL && k != EMBSTORE_CKPT_INCREMENTAL) {
       fail(EMBSTORE_INVALID_ARGUMENT, "unknown checkpoint kind {}", k);
     }
-    if (k == EMBSTORE_CKPT_INCREMENTAL) not_yet("an incremental checkpoint");
-    const uint64_t version = store->checkpointer->checkpoint(dir, true);
+    const uint64_t version = store->checkpointer->checkpoint(dir, k == EMBSTORE_CKPT_FULL);
     if (version_out) *version_out = version;
   });
 }
@@ -293,6 +294,8 @@ void embstore_checkpoint_policy_init(embstore_checkpoint_policy_t* policy) {
   if (policy == nullptr) return;
   std::memset(policy, 0, sizeof(*policy));
   policy->struct_size = sizeof(*policy);
+  policy->max_chain_length = 32;
+  policy->rebaseline_fraction = 0.5;
 }
 
 embstore_status_t embstore_checkpoint_set_policy(embstore_store_t* store,
@@ -300,20 +303,27 @@ embstore_status_t embstore_checkpoint_set_policy(embstore_store_t* store,
   return guarded(__func__, [&] {
     require(store, "store");
     require(policy, "policy");
-    if (policy->struct_size < sizeof(embstore_checkpoint_policy_t)) {
+    // Callers built before the rebaseline fields get their defaults.
+    const size_t base_size = offsetof(embstore_checkpoint_policy_t, max_chain_length);
+    if (policy->struct_size < base_size) {
       fail(EMBSTORE_INVALID_ARGUMENT,
            "policy struct_size is {}, expected {}: fill it with embstore_checkpoint_policy_init",
-           policy->struct_size, sizeof(embstore_checkpoint_policy_t));
+           policy->struct_size, base_size);
     }
-    for (double s : {policy->full_every_seconds, policy->incremental_every_seconds}) {
+    embstore_checkpoint_policy_t p_in;
+    embstore_checkpoint_policy_init(&p_in);
+    std::memcpy(&p_in, policy, std::min(policy->struct_size, sizeof(p_in)));
+    policy = &p_in;
+    for (double s : {policy->full_every_seconds, policy->incremental_every_seconds,
+                     policy->rebaseline_fraction}) {
       if (!(s >= 0.0) || s == std::numeric_limits<double>::infinity()) {
-        fail(EMBSTORE_INVALID_ARGUMENT, "policy seconds must be finite and >= 0, are {}", s);
+        fail(EMBSTORE_INVALID_ARGUMENT,
+             "policy seconds and rebaseline_fraction must be finite and >= 0, are {}", s);
       }
     }
-    if (policy->incremental_every_steps != 0 || policy->incremental_every_seconds != 0.0) {
-      not_yet("an incremental checkpoint policy");
-    }
-    const bool scheduled = policy->full_every_steps != 0 || policy->full_every_seconds != 0.0;
+    const bool scheduled = policy->full_every_steps != 0 || policy->full_every_seconds != 0.0 ||
+                           policy->incremental_every_steps != 0 ||
+                           policy->incremental_every_seconds != 0.0;
     const bool has_dir = policy->dir != nullptr && *policy->dir != '\0';
     if ((scheduled || policy->keep_full != 0) && !has_dir) {
       fail(EMBSTORE_INVALID_ARGUMENT, "policy has a schedule or keep_full but no dir");
@@ -322,7 +332,11 @@ embstore_status_t embstore_checkpoint_set_policy(embstore_store_t* store,
     if (has_dir) p.dir = policy->dir;
     p.full_every_steps = policy->full_every_steps;
     p.full_every_seconds = policy->full_every_seconds;
+    p.incremental_every_steps = policy->incremental_every_steps;
+    p.incremental_every_seconds = policy->incremental_every_seconds;
     p.keep_full = policy->keep_full;
+    p.max_chain_length = policy->max_chain_length;
+    p.rebaseline_fraction = policy->rebaseline_fraction;
     store->checkpointer->set_policy(std::move(p));
   });
 }

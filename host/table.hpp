@@ -68,8 +68,8 @@ class Table {
   // rows; clears the dirty bitmap. No row is copied. From here on a mutating call that meets a
   // captured row writes the row to sink first (copy-on-write, waiting for room), and flushes
   // the sink before it returns, so no staging chunk stays with a table between calls. Returns
-  // the rows captured.
-  virtual uint64_t capture(bool full, SnapshotSink* sink) = 0;
+  // the rows captured, and the table's rows at the capture in *live_rows.
+  virtual uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows) = 0;
   // Moves up to max_rows captured rows into the sink (reserve without waiting: stops early
   // when staging is full), then flushes the sink. Returns the rows still captured; 0 once the
   // snapshot is written out, copy-on-write included. May do nothing (and return the last

@@ -135,6 +135,7 @@ json manifest_json(const Manifest& m) {
                           {"state_dim", t.state_dim},
                           {"state_layout", t.state_layout},
                           {"rows", t.rows},
+                          {"table_rows", t.table_rows},
                           {"files", files}});
   }
   json attachments = json::array();
@@ -248,6 +249,7 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
       e.state_dim = get_u32(t, "state_dim");
       e.state_layout = get_string(t, "state_layout");
       e.rows = get_u64(t, "rows");
+      e.table_rows = get_u64(t, "table_rows");
       const json& files = member(t, "files");
       if (!files.is_array()) throw Bad("'files' of table '" + e.name + "' is not an array");
       uint64_t rows = 0;

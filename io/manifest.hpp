@@ -35,7 +35,8 @@ struct TableEntry {
   embstore_table_config_t config{};
   uint32_t state_dim = 0;
   std::string state_layout;  // e.g. "m[dim] v[dim] beta1_power beta2_power"
-  uint64_t rows = 0;
+  uint64_t rows = 0;         // rows in this version's files
+  uint64_t table_rows = 0;   // the table's rows at capture (after a delta is applied)
   std::vector<FileEntry> files;
 };
 

@@ -571,7 +571,7 @@ class CudaTable final : public Table {
     std::lock_guard lock(mutex_);
     dirty_tracking_ = on;
   }
-  uint64_t capture(bool full, SnapshotSink* sink) override;
+  uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows) override;
   uint64_t drain(uint64_t max_rows) override;
   void end_snapshot(bool failed) override;
   void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
@@ -1083,7 +1083,7 @@ char* CudaTable::stage(size_t bytes, cudaStream_t stream) {
   return stage_.get<char>();
 }
 
-uint64_t CudaTable::capture(bool full, SnapshotSink* sink) {
+uint64_t CudaTable::capture(bool full, SnapshotSink* sink, uint64_t* live_rows) {
   Call call(*this, own_stream_);
   const cudaStream_t stream = call.stream;
   if (snapshot_active_) {
@@ -1117,6 +1117,7 @@ uint64_t CudaTable::capture(bool full, SnapshotSink* sink) {
   captured_left_seen_.store(captured);
   drain_word_ = 0;
   drain_end_word_ = row::bitmap_words(rows);
+  *live_rows = rows;
   return captured;
 }
 

@@ -159,7 +159,7 @@ class HostTable final : public Table {
     dirty_tracking_ = on;
   }
 
-  uint64_t capture(bool full, SnapshotSink* sink) override {
+  uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows) override {
     std::lock_guard lock(mutex_);
     const uint64_t words = dirty_.size();
     // Both bitmaps before the dirty bits are touched: an allocation failure changes nothing.
@@ -174,6 +174,7 @@ class HostTable final : public Table {
     captured_left_ = taken;
     captured_left_seen_.store(taken);
     drain_word_ = 0;
+    *live_rows = rows_;
     return taken;
   }
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "cuda/row/snapshot.h"
 #include "host/checkpoint/staging.hpp"
@@ -61,6 +62,7 @@ struct TableJob {
   std::unique_ptr<StagingRing::Sink> sink;
   std::unique_ptr<io::RowFileWriter> writer;
   uint64_t captured = 0;
+  uint64_t live_rows = 0;  // the table's rows at capture
   uint64_t remaining = 0;
   bool drained = false;
   bool capture_done = false;
@@ -69,9 +71,11 @@ struct TableJob {
 struct Job {
   uint64_t version = 0;
   bool full = true;
+  std::optional<uint64_t> parent;  // deltas: the version they apply on
   bool from_policy = false;
   bool started = false;
   std::string dir, staging, final_path;
+  uint64_t bytes = 0;  // written, once committed
   std::vector<TableJob> tables;
   std::map<std::string, std::vector<char>> attachments;
 };
@@ -122,6 +126,24 @@ uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy
            dir, version, v.name);
     }
   }
+  // A delta holds the rows dirty since the last capture, so it can only follow the version
+  // that capture committed, in this directory, and only while the chain is short enough.
+  std::optional<uint64_t> parent;
+  if (!full) {
+    std::lock_guard lock(mutex_);
+    const bool parent_here =
+        chain_.valid && same_dir(chain_.dir, dir) &&
+        std::any_of(versions.begin(), versions.end(),
+                    [&](const io::VersionDir& v) { return v.version == chain_.version; });
+    const bool rebaseline =
+        (policy_.max_chain_length > 0 && chain_.deltas >= policy_.max_chain_length) ||
+        (policy_.rebaseline_fraction > 0 &&
+         static_cast<double>(chain_.delta_bytes) >
+             policy_.rebaseline_fraction * static_cast<double>(chain_.full_bytes));
+    if (parent_here && !rebaseline) parent = chain_.version;
+  }
+  full = !parent.has_value();
+
   std::vector<std::string> removed;
   if (int r = io::remove_leftovers(dir, &removed); r < 0) {
     log_line(fmt::format("could not remove every leftover in '{}': {}", dir, errno_text(r)));
@@ -135,6 +157,7 @@ uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy
   auto job = std::make_unique<Job>();
   job->version = version;
   job->full = full;
+  job->parent = parent;
   job->from_policy = from_policy;
   job->dir = dir;
   job->final_path = dir + "/" + io::version_dir_name(version, full);
@@ -205,7 +228,7 @@ uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy
     const auto capture_start = Clock::now();
     try {
       for (TableJob& t : job->tables) {
-        t.captured = t.impl->capture(full, t.sink.get());
+        t.captured = t.impl->capture(full, t.sink.get(), &t.live_rows);
         t.remaining = t.captured;
         t.capture_done = true;
       }
@@ -388,6 +411,7 @@ void Checkpointer::run(Job& job) {
 
     io::Manifest m;
     m.full = job.full;
+    m.parent = job.parent;
     m.version = job.version;
     m.world_size = 1;
     m.embstore_version = EMBSTORE_VERSION_CODE;
@@ -401,6 +425,7 @@ void Checkpointer::run(Job& job) {
         e.state_dim = t.spec.state_dim();
         e.state_layout = io::state_layout(static_cast<int>(t.spec.opt.kind));
         e.rows = t.writer->rows();
+        e.table_rows = t.live_rows;
         e.files.push_back({t.file, t.writer->bytes(), t.writer->rows(), t.writer->checksum()});
         rows_total += e.rows;
         bytes_total += t.writer->bytes();
@@ -436,6 +461,7 @@ void Checkpointer::run(Job& job) {
       }
     }
     if (status == EMBSTORE_OK) {
+      job.bytes = bytes_total;
       std::lock_guard lock(mutex_);
       rows_written_ += rows_total;
       bytes_written_ += bytes_total;
@@ -528,7 +554,16 @@ void Checkpointer::finish(Job& job, embstore_status_t status, const std::string&
   o.reported = false;
   if (status == EMBSTORE_OK) {
     ++committed_;
+    if (!job.full) ++deltas_committed_;
     last_version_ = job.version;
+    const uint64_t bytes = job.bytes;
+    if (job.full) {
+      chain_ = Chain{true, job.dir, job.version, bytes, 0, 0};
+    } else {
+      chain_.version = job.version;
+      chain_.delta_bytes += bytes;
+      ++chain_.deltas;
+    }
   } else {
     ++failed_;
   }
@@ -571,15 +606,16 @@ void Checkpointer::attach(const std::string& name, const void* data, size_t byte
 void Checkpointer::set_policy(Policy policy) {
   std::lock_guard lock(mutex_);
   policy_ = std::move(policy);
-  policy_step_mark_ = store_.step.load(std::memory_order_relaxed);
-  policy_time_mark_ = Clock::now();
-  policy_due_ = false;
+  policy_full_step_ = policy_incr_step_ = store_.step.load(std::memory_order_relaxed);
+  policy_full_time_ = policy_incr_time_ = Clock::now();
+  policy_full_due_ = policy_incr_due_ = false;
 }
 
 embstore_status_t Checkpointer::on_step(uint64_t step, std::string* message) {
   std::unique_lock op(op_mutex_, std::try_to_lock);
   if (!op.owns_lock()) return EMBSTORE_OK;  // a checkpoint() or restore() runs: later
   std::string dir;
+  bool full = true;
   {
     std::lock_guard lock(mutex_);
     for (auto& [version, o] : outcomes_) {
@@ -590,30 +626,42 @@ embstore_status_t Checkpointer::on_step(uint64_t step, std::string* message) {
       }
     }
     if (policy_.dir.empty()) return EMBSTORE_OK;
-    bool due = policy_due_;
-    if (policy_.full_every_steps > 0 &&
-        step / policy_.full_every_steps > policy_step_mark_ / policy_.full_every_steps) {
-      due = true;
-    }
-    if (policy_.full_every_seconds > 0 &&
-        seconds_since(policy_time_mark_) >= policy_.full_every_seconds) {
-      due = true;
-    }
-    if (!due) return EMBSTORE_OK;
+    auto crossed = [&](uint64_t every, uint64_t mark) {
+      return every > 0 && step / every > mark / every;
+    };
+    auto elapsed = [&](double every, Clock::time_point mark) {
+      return every > 0 && seconds_since(mark) >= every;
+    };
+    const bool due_full = policy_full_due_ ||
+                          crossed(policy_.full_every_steps, policy_full_step_) ||
+                          elapsed(policy_.full_every_seconds, policy_full_time_);
+    const bool due_incr = policy_incr_due_ ||
+                          crossed(policy_.incremental_every_steps, policy_incr_step_) ||
+                          elapsed(policy_.incremental_every_seconds, policy_incr_time_);
+    if (!due_full && !due_incr) return EMBSTORE_OK;
     if (job_ != nullptr) {
-      policy_due_ = true;  // deferred, never skipped
+      // Deferred, never skipped: the rows stay dirty and go with a later one.
+      policy_full_due_ = due_full;
+      policy_incr_due_ = due_incr;
+      ++deferred_;
       return EMBSTORE_OK;
     }
-    policy_due_ = false;
-    policy_step_mark_ = step;
-    policy_time_mark_ = Clock::now();
+    full = due_full;
+    policy_full_due_ = policy_incr_due_ = false;
+    // A full checkpoint also holds every change an incremental one would.
+    policy_incr_step_ = step;
+    policy_incr_time_ = Clock::now();
+    if (full) {
+      policy_full_step_ = step;
+      policy_full_time_ = Clock::now();
+    }
     dir = policy_.dir;
   }
   try {
-    start(dir, true, true);
+    start(dir, full, true);
   } catch (...) {
     std::lock_guard lock(mutex_);
-    policy_due_ = true;  // tried again at the next step
+    (full ? policy_full_due_ : policy_incr_due_) = true;  // tried again at the next step
     throw;
   }
   return EMBSTORE_OK;
@@ -650,6 +698,8 @@ embstore_checkpoint_stats_t Checkpointer::stats() const {
   s.stall_seconds_total += r.seconds_total;
   s.stall_seconds_max = std::max(s.stall_seconds_max, r.seconds_max);
   s.capture_seconds_last = capture_seconds_last_;
+  s.deltas_committed = deltas_committed_;
+  s.deferred = deferred_;
   return s;
 }
 

@@ -25,9 +25,13 @@ struct Job;
 
 struct Policy {
   std::string dir;
-  uint64_t full_every_steps = 0;
-  double full_every_seconds = 0;
+  uint64_t full_every_steps = 0, incremental_every_steps = 0;
+  double full_every_seconds = 0, incremental_every_seconds = 0;
   uint32_t keep_full = 0;
+  // Rebaseline: an incremental checkpoint is taken as a full one once the chain since the
+  // last full has this many deltas, or its deltas' bytes exceed this fraction of the full's.
+  uint32_t max_chain_length = 32;
+  double rebaseline_fraction = 0.5;
 };
 
 class Checkpointer {
@@ -93,13 +97,27 @@ class Checkpointer {
   std::map<std::string, std::vector<char>> restored_attachments_;  // of the last restore
   bool restored_ = false;
   Policy policy_;
-  uint64_t policy_step_mark_ = 0;  // the step of set_policy, restore or the last checkpoint
-  std::chrono::steady_clock::time_point policy_time_mark_;
-  bool policy_due_ = false;  // deferred: due while another checkpoint was in flight
+  // Where each schedule last fired (or set_policy / restore); due but deferred while another
+  // checkpoint was in flight.
+  uint64_t policy_full_step_ = 0, policy_incr_step_ = 0;
+  std::chrono::steady_clock::time_point policy_full_time_, policy_incr_time_;
+  bool policy_full_due_ = false, policy_incr_due_ = false;
+
+  // The chain a delta can extend: the last committed (or restored) version and its directory,
+  // with the sizes the rebaseline rule looks at.
+  struct Chain {
+    bool valid = false;
+    std::string dir;
+    uint64_t version = 0;
+    uint64_t full_bytes = 0, delta_bytes = 0;
+    uint32_t deltas = 0;
+  };
+  Chain chain_;
 
   // Statistics; ring_stats_base_: those of staging rings replaced by wider ones.
   StallStats ring_stats_base_;
   uint64_t committed_ = 0, failed_ = 0, rows_written_ = 0, bytes_written_ = 0;
+  uint64_t deltas_committed_ = 0, deferred_ = 0;
   uint64_t last_version_ = EMBSTORE_LATEST;
   double wait_stall_total_ = 0, wait_stall_max_ = 0, capture_seconds_last_ = 0;
 };

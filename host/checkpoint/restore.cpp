@@ -3,8 +3,10 @@
 #include <sys/stat.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <unordered_set>
 
 #include "host/checkpoint/checkpointer.hpp"
 #include "host/error.hpp"
@@ -75,8 +77,10 @@ Chosen choose(const std::string& dir, uint64_t version) {
 }
 
 // Loads one row file into table, checking it against its manifest entry.
+// With `seen` (a chain with deltas, read newest first), only keys not seen in a newer
+// version are loaded, and tombstones hide a key from older versions.
 void load_file(const std::string& path, const io::FileEntry& f, const io::TableEntry& t,
-               uint64_t step, Table& table) {
+               uint64_t step, bool full, std::unordered_set<int64_t>* seen, Table& table) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) fail(EMBSTORE_CORRUPT, "{} is missing", path);
@@ -92,10 +96,35 @@ void load_file(const std::string& path, const io::FileEntry& f, const io::TableE
   io::RowBlock b;
   uint64_t rows = 0;
   int r;
+  std::vector<int64_t> keys;
+  std::vector<float> values, state;
   while ((r = reader->next_block(&b)) == 1) {
-    if (b.kind != io::RowBlockKind::kUpserts) {
+    if (b.kind != io::RowBlockKind::kUpserts && full) {
       fail(EMBSTORE_CORRUPT, "{}: block at offset {} holds tombstones in a full checkpoint", path,
            b.offset);
+    }
+    rows += b.rows;
+    if (seen != nullptr) {
+      if (b.kind == io::RowBlockKind::kTombstones) {
+        for (uint32_t i = 0; i < b.rows; ++i) seen->insert(b.keys[i]);
+        continue;
+      }
+      keys.clear();
+      values.clear();
+      state.clear();
+      for (uint32_t i = 0; i < b.rows; ++i) {
+        if (!seen->insert(b.keys[i]).second) continue;
+        keys.push_back(b.keys[i]);
+        values.insert(values.end(), b.values + size_t{i} * b.dim, b.values + size_t{i + 1} * b.dim);
+        if (b.state_dim > 0) {
+          state.insert(state.end(), b.state + size_t{i} * b.state_dim,
+                       b.state + size_t{i + 1} * b.state_dim);
+        }
+      }
+      b.keys = keys.data();
+      b.values = values.data();
+      b.state = state.data();
+      b.rows = static_cast<uint32_t>(keys.size());
     }
     if (b.dim != t.config.dim || b.state_dim != t.state_dim) {
       fail(EMBSTORE_CORRUPT,
@@ -110,13 +139,48 @@ void load_file(const std::string& path, const io::FileEntry& f, const io::TableE
       if (e.status() != EMBSTORE_INVALID_ARGUMENT) throw;
       fail(EMBSTORE_CORRUPT, "{}: block at offset {}: {}", path, b.offset, e.what());
     }
-    rows += b.rows;
   }
   if (r == -EBADMSG) fail(EMBSTORE_CORRUPT, "{}: {}", path, reader->error_detail());
   if (r < 0) fail_io(path, r);
   if (rows != f.rows) {
     fail(EMBSTORE_CORRUPT, "{}: holds {} rows, the manifest says {}", path, rows, f.rows);
   }
+}
+
+// The chain of a version: itself, then each parent back to a full checkpoint (newest first).
+std::vector<Chosen> resolve_chain(const std::string& dir, Chosen target) {
+  std::vector<io::VersionDir> versions;
+  if (int r = io::list_versions(dir, &versions); r < 0) fail_io(dir, r);
+  std::vector<Chosen> chain;
+  chain.push_back(std::move(target));
+  while (!chain.back().manifest.full) {
+    const Chosen& child = chain.back();
+    const uint64_t parent = *child.manifest.parent;
+    const std::string child_path = dir + "/" + child.dir.name;
+    if (parent >= child.dir.version) {
+      fail(EMBSTORE_CORRUPT, "{}/{}: parent version {} is not older than the delta", child_path,
+           io::kManifestName, parent);
+    }
+    auto it = std::find_if(versions.begin(), versions.end(),
+                           [&](const io::VersionDir& v) { return v.version == parent; });
+    if (it == versions.end()) {
+      fail(EMBSTORE_CORRUPT, "{}: its parent version {} is not in '{}': the chain is broken",
+           child_path, parent, dir);
+    }
+    Chosen c;
+    c.dir = *it;
+    std::string detail;
+    const std::string path = dir + "/" + it->name;
+    const int r = io::read_manifest(path, &c.manifest, &detail);
+    if (r == -ENOENT) {
+      fail(EMBSTORE_CORRUPT, "{}/{} is missing: {} needs it (the chain is broken)", path,
+           io::kManifestName, child_path);
+    }
+    if (r == -EBADMSG) fail(EMBSTORE_CORRUPT, "{}/{}: {}", path, io::kManifestName, detail);
+    if (r < 0) fail_io(path + "/" + io::kManifestName, r);
+    chain.push_back(std::move(c));
+  }
+  return chain;
 }
 
 }  // namespace
@@ -127,16 +191,14 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
     std::unique_lock lock(mutex_);
     wait_for_job(lock, false);
   }
-  const Chosen chosen = choose(dir, version);
-  const io::Manifest& m = chosen.manifest;
-  const std::string vdir = dir + "/" + chosen.dir.name;
-  if (!m.full) {
-    fail(EMBSTORE_UNSUPPORTED, "{} is a delta: incremental checkpoints are not supported yet",
-         vdir);
-  }
-  if (m.world_size != 1) {
-    fail(EMBSTORE_UNSUPPORTED, "{} was written by {} ranks: resharding is not supported yet", vdir,
-         m.world_size);
+  const std::vector<Chosen> chain = resolve_chain(dir, choose(dir, version));
+  const io::Manifest& m = chain.front().manifest;
+  const std::string vdir = dir + "/" + chain.front().dir.name;
+  for (const Chosen& c : chain) {
+    if (c.manifest.world_size != 1) {
+      fail(EMBSTORE_UNSUPPORTED, "{}/{} was written by {} ranks: resharding is not supported yet",
+           dir, c.dir.name, c.manifest.world_size);
+    }
   }
 
   // Load everything aside; the store is not touched until all of it has checked.
@@ -172,11 +234,26 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
            io::kManifestName, t.name, t.state_dim, spec.state_dim());
     }
     std::unique_ptr<Table> impl = store_.make_table_impl(std::move(spec));
-    for (const io::FileEntry& f : t.files) load_file(vdir + "/" + f.path, f, t, m.version, *impl);
-    // Every file checked out; their rows must also be distinct keys.
-    if (const uint64_t rows = impl->counters().rows; rows != t.rows) {
-      fail(EMBSTORE_CORRUPT, "{}: table '{}' loaded {} distinct rows, the manifest says {}", vdir,
-           t.name, rows, t.rows);
+    // Newest first: a key's newest version wins, and each key is loaded once.
+    std::unordered_set<int64_t> seen;
+    std::unordered_set<int64_t>* filter = chain.size() > 1 ? &seen : nullptr;
+    for (const Chosen& c : chain) {
+      auto it = std::find_if(c.manifest.tables.begin(), c.manifest.tables.end(),
+                             [&](const io::TableEntry& e) { return e.name == t.name; });
+      if (it == c.manifest.tables.end()) continue;  // created after that version
+      if (it->config.dim != t.config.dim || it->state_dim != t.state_dim) {
+        fail(EMBSTORE_CORRUPT, "{}/{}: table '{}' changes shape along the chain", dir, c.dir.name,
+             t.name);
+      }
+      for (const io::FileEntry& f : it->files) {
+        load_file(dir + "/" + c.dir.name + "/" + f.path, f, *it, m.version, c.manifest.full, filter,
+                  *impl);
+      }
+    }
+    // Every file checked out; the rows must also be the table's rows at that version.
+    if (const uint64_t rows = impl->counters().rows; rows != t.table_rows) {
+      fail(EMBSTORE_CORRUPT, "{}: table '{}' has {} rows after loading, the manifest says {}", vdir,
+           t.name, rows, t.table_rows);
     }
     loaded.push_back({existing, std::move(impl)});
   }
@@ -210,8 +287,23 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
   std::lock_guard lock(mutex_);
   restored_attachments_ = std::move(attachments);
   restored_ = true;
-  policy_step_mark_ = m.version;  // the schedule goes on from the restored step
-  policy_time_mark_ = std::chrono::steady_clock::now();
+  // The schedules go on from the restored step, and the next delta in dir follows it.
+  policy_full_step_ = policy_incr_step_ = m.version;
+  policy_full_time_ = policy_incr_time_ = std::chrono::steady_clock::now();
+  policy_full_due_ = policy_incr_due_ = false;
+  chain_ = Chain{true, dir, m.version, 0, 0, 0};
+  for (const Chosen& c : chain) {
+    uint64_t bytes = 0;
+    for (const io::TableEntry& t : c.manifest.tables) {
+      for (const io::FileEntry& f : t.files) bytes += f.bytes;
+    }
+    if (c.manifest.full) {
+      chain_.full_bytes = bytes;
+    } else {
+      chain_.delta_bytes += bytes;
+      ++chain_.deltas;
+    }
+  }
   return m.version;
 }
 

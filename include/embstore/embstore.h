@@ -269,6 +269,11 @@ typedef struct embstore_checkpoint_policy {
   uint64_t full_every_steps, incremental_every_steps;   /* 0: off */
   double full_every_seconds, incremental_every_seconds; /* 0: off */
   uint32_t keep_full; /* full checkpoints kept with their deltas; 0: all */
+  /* Rebaseline: an incremental checkpoint is taken as a full one once the chain since the
+     last full holds max_chain_length deltas, or their bytes exceed rebaseline_fraction of the
+     full's. Defaults 32 and 0.5. Apply to every incremental checkpoint of the store. */
+  uint32_t max_chain_length;
+  double rebaseline_fraction;
 } embstore_checkpoint_policy_t;
 
 /* Fills policy with: dir NULL, everything off, keep_full 0 (keep all). NULL is a no-op. */
@@ -301,6 +306,8 @@ typedef struct embstore_checkpoint_stats {
                                   checkpoint call finishing the previous checkpoint) */
   double stall_seconds_max;    /* the longest single such wait */
   double capture_seconds_last; /* how long the last capture held the tables */
+  uint64_t deltas_committed;   /* of committed: incremental ones */
+  uint64_t deferred;           /* policy checkpoints deferred because one was in flight */
 } embstore_checkpoint_stats_t;
 
 /* Fills out. Returns OK; INVALID_ARGUMENT (NULL pointer, struct_size too small). */

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <climits>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -299,8 +300,6 @@ TEST_CASE("checkpoint calls check their arguments", "[api]") {
                  EMBSTORE_INVALID_ARGUMENT, "dir");
   require_failed(embstore_checkpoint(store, "", EMBSTORE_CKPT_FULL, &version),
                  EMBSTORE_INVALID_ARGUMENT, "dir is empty");
-  require_failed(embstore_checkpoint(store, "/tmp/x", EMBSTORE_CKPT_INCREMENTAL, &version),
-                 EMBSTORE_UNSUPPORTED, "incremental");
   require_failed(embstore_checkpoint_wait(store, 12345), EMBSTORE_NOT_FOUND, "12345");
   require_failed(embstore_checkpoint_wait(nullptr, 1), EMBSTORE_INVALID_ARGUMENT, "store");
   require_failed(embstore_restore(store, nullptr, EMBSTORE_LATEST, &version),
@@ -331,10 +330,19 @@ TEST_CASE("checkpoint calls check their arguments", "[api]") {
   require_failed(embstore_checkpoint_set_policy(store, &policy), EMBSTORE_INVALID_ARGUMENT,
                  "seconds");
   policy.full_every_seconds = 0;
+  policy.rebaseline_fraction = -0.5;
+  require_failed(embstore_checkpoint_set_policy(store, &policy), EMBSTORE_INVALID_ARGUMENT,
+                 "seconds");
+  REQUIRE(policy.max_chain_length == 32);
+  policy.rebaseline_fraction = 0.5;
   policy.incremental_every_steps = 5;
-  require_failed(embstore_checkpoint_set_policy(store, &policy), EMBSTORE_UNSUPPORTED,
-                 "incremental");
+  // A caller built before the rebaseline fields: accepted, with their defaults.
+  policy.struct_size = offsetof(embstore_checkpoint_policy_t, max_chain_length);
+  REQUIRE(embstore_checkpoint_set_policy(store, &policy) == EMBSTORE_OK);
+  policy.full_every_steps = 0;
   policy.incremental_every_steps = 0;
+  policy.dir = nullptr;
+  REQUIRE(embstore_checkpoint_set_policy(store, &policy) == EMBSTORE_OK);  // off again
   policy.struct_size = 8;
   require_failed(embstore_checkpoint_set_policy(store, &policy), EMBSTORE_INVALID_ARGUMENT,
                  "struct_size");

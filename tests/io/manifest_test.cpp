@@ -40,6 +40,7 @@ Manifest sample() {
   t.state_dim = 28;
   t.state_layout = state_layout(EMBSTORE_OPT_ADAM);
   t.rows = 7;
+  t.table_rows = 9;
   t.files.push_back({"emb.v2-x/shard-00000-of-00001.rows", 8192, 7, 0xfedcba9876543210ull});
   m.tables.push_back(t);
   m.attachments.push_back({"rng", {"attachments/rng", 3, 0, 0x1ull}});
@@ -96,6 +97,8 @@ TEST_CASE("manifest: every field round-trips exactly", "[io][manifest]") {
   REQUIRE(t.config.seed == std::numeric_limits<uint64_t>::max());
   REQUIRE(t.config.max_capacity == (uint64_t{1} << 60) + 1);
   REQUIRE(t.files[0].xxh3 == 0xfedcba9876543210ull);
+  REQUIRE(t.rows == 7);
+  REQUIRE(t.table_rows == 9);
   REQUIRE(back.attachments.size() == 1);
   REQUIRE(back.attachments[0].file.path == "attachments/rng");
 }
