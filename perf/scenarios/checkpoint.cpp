@@ -5,7 +5,12 @@
 // (full_seconds) and its bytes, what training paid (capture time, the longest wait for the
 // pipeline, step times against the baseline), and the rows written against the rows captured.
 //
-// The checkpoint is written into a fresh directory under --dir, removed afterwards unless
+// With --dirty-fraction F, then, with training stopped: a full checkpoint, F of the rows
+// updated (spread over the table), and an incremental checkpoint, each timed from the call to
+// the commit; the JSON adds delta_seconds and delta_bytes against full_idle_seconds and
+// full_idle_bytes.
+//
+// The checkpoints are written into a fresh directory under --dir, removed afterwards unless
 // --keep.
 #include <unistd.h>
 
@@ -57,6 +62,11 @@ class CheckpointScenario final : public Scenario {
         ->capture_default_str();
     app.add_option("--staging-mib", staging_mib_, "staging_bytes of the store, in MiB")
         ->check(CLI::Range(1, 1 << 20))
+        ->capture_default_str();
+    app.add_option("--dirty-fraction", dirty_fraction_,
+                   "then, idle: a full checkpoint, this fraction of the rows updated, and an "
+                   "incremental checkpoint (0: skip)")
+        ->check(CLI::Range(0.0, 1.0))
         ->capture_default_str();
     app.add_flag("--keep", keep_, "keep the checkpoint directory");
   }
@@ -195,6 +205,60 @@ class CheckpointScenario final : public Scenario {
         "baseline: x{:.2f}; max {:.2f} vs {:.2f} ms",
         ckpt_median * 1e3, steps_during, base_median * 1e3, ckpt_median / base_median,
         ckpt_max * 1e3, base_max * 1e3);
+    if (dirty_fraction_ > 0) {
+      // Full against incremental on the same table, both idle (nothing trains meanwhile).
+      auto timed_checkpoint = [&](embstore_ckpt_kind_t kind, uint64_t* bytes, uint64_t* rows_out) {
+        check(embstore_step(store.get(), ++step), "embstore_step");
+        const embstore_checkpoint_stats_t b = checkpoint_stats(store.get());
+        const Stopwatch w;
+        uint64_t v = 0;
+        check(embstore_checkpoint(store.get(), dir.c_str(), kind, &v), "embstore_checkpoint");
+        check(embstore_checkpoint_wait(store.get(), v), "embstore_checkpoint_wait");
+        const double seconds = w.seconds();
+        const embstore_checkpoint_stats_t a = checkpoint_stats(store.get());
+        *bytes = a.bytes_written - b.bytes_written;
+        *rows_out = a.rows_written - b.rows_written;
+        return seconds;
+      };
+      uint64_t idle_full_bytes = 0, idle_full_rows = 0, delta_bytes = 0, delta_rows = 0;
+      const double idle_full_seconds =
+          timed_checkpoint(EMBSTORE_CKPT_FULL, &idle_full_bytes, &idle_full_rows);
+      // Update a spread-out set of distinct rows: ranks 1, 1 + stride, ...
+      const uint64_t dirty = std::max<uint64_t>(1, static_cast<uint64_t>(dirty_fraction_ * rows_));
+      const uint64_t stride = std::max<uint64_t>(1, rows_ / dirty);
+      std::vector<int64_t> keys;
+      for (uint64_t r = 0; r < dirty; ++r) keys.push_back(key_of_rank(1 + (r * stride) % rows_));
+      for (size_t first = 0; first < keys.size(); first += o.batch) {
+        const size_t n = std::min(o.batch, keys.size() - first);
+        d_keys.upload(keys.data() + first, n);
+        check(embstore_apply_gradients(table, d_keys.data(), d_grads.data(), n, nullptr),
+              "embstore_apply_gradients");
+      }
+      backend_sync(backend);
+      const uint64_t dirty_rows = table_stats(table).dirty_rows;
+      const double delta_seconds =
+          timed_checkpoint(EMBSTORE_CKPT_INCREMENTAL, &delta_bytes, &delta_rows);
+      report.set("dirty_fraction", dirty_fraction_);
+      report.set("dirty_rows", dirty_rows);
+      report.set("full_idle_seconds", idle_full_seconds);
+      report.set("full_idle_bytes", idle_full_bytes);
+      report.set("delta_seconds", delta_seconds);
+      report.set("delta_bytes", delta_bytes);
+      report.set("delta_rows", delta_rows);
+      report.set("delta_to_full_bytes", static_cast<double>(delta_bytes) / idle_full_bytes);
+      report.set("delta_to_full_seconds", delta_seconds / idle_full_seconds);
+      report.say(
+          "idle: full {:.3f} s, {}B; incremental with {} dirty rows ({:.2f}%): {:.3f} s, "
+          "{}B: {:.2f}% of the bytes, 1/{:.1f} of the time",
+          idle_full_seconds, si(static_cast<double>(idle_full_bytes)), dirty_rows,
+          100.0 * dirty_rows / rows, delta_seconds, si(static_cast<double>(delta_bytes)),
+          100.0 * delta_bytes / idle_full_bytes, idle_full_seconds / delta_seconds);
+      if (delta_rows != dirty_rows || idle_full_rows != rows) {
+        report.say("MISMATCH: the delta holds {} rows for {} dirty; the full {} of {}", delta_rows,
+                   dirty_rows, idle_full_rows, rows);
+        return kExitMismatch;
+      }
+    }
     if (rows_written != rows) {
       report.say("MISMATCH: the checkpoint holds {} rows, the table had {} at capture",
                  rows_written, rows);
@@ -208,6 +272,7 @@ class CheckpointScenario final : public Scenario {
   uint64_t rows_ = 1'000'000;
   std::string optimizer_ = "adagrad";
   unsigned staging_mib_ = 256;
+  double dirty_fraction_ = 0;
   bool keep_ = false;
 };
 
