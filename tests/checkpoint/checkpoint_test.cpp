@@ -962,3 +962,57 @@ TEST_CASE("incremental checkpoints rebaseline, follow their directory and are de
   incremental_ok(store, third.path());
   REQUIRE(fs::exists(version_dir(third.path(), 22)));
 }
+
+TEST_CASE("a delta taken while training goes on holds the rows at its step",
+          "[checkpoint][incremental]") {
+  TempDir dir;
+  embstore_store_config_t config;
+  embstore_store_config_init(&config);
+  config.staging_bytes = size_t{1} << 20;
+  StoreGuard store(make_store(config));
+  embstore_table_t* t = make_table(store, config_for("emb", 16, EMBSTORE_OPT_ADAGRAD));
+  no_rebaseline(store);
+  const int64_t keys = 20000;
+  const std::vector<int64_t> all = key_range(keys);
+  lookup_ok(t, all);
+  REQUIRE(incremental_ok(store, dir.path()) == 0);  // the full base
+  // Half the rows change before the delta's capture.
+  std::vector<int64_t> half(all.begin(), all.begin() + keys / 2);
+  apply_ok(t, half, std::vector<float>(half.size() * 16, 0.25f));
+  ok(embstore_step(store, 1));
+  const uint64_t dirty = stats(t).dirty_rows;
+  REQUIRE(dirty == half.size());
+  const std::vector<float> at_capture = lookup_ok(t, all, 0);
+
+  std::mutex m;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<int> writes{0};
+  FaultGuard guard([&](uint64_t, size_t) {
+    if (writes.fetch_add(1) == 0) {
+      std::unique_lock lock(m);
+      cv.wait_for(lock, std::chrono::seconds(30), [&] { return release; });
+    }
+    return 0;
+  });
+  uint64_t version = 0;
+  ok(embstore_checkpoint(store, dir.path().c_str(), EMBSTORE_CKPT_INCREMENTAL, &version));
+  for (uint64_t s = 2; s <= 4; ++s) train_step(store, t, s, keys + 500, 1000);
+  {
+    std::lock_guard lock(m);
+    release = true;
+  }
+  cv.notify_all();
+  ok(embstore_checkpoint_wait(store, version));
+  embstore_checkpoint_stats_t cs;
+  cs.struct_size = sizeof(cs);
+  ok(embstore_checkpoint_stats(store, &cs));
+  REQUIRE(cs.copy_on_write_rows > 0);  // training met rows of the delta before they were written
+  REQUIRE(fs::exists(delta_dir(dir.path(), 1)));
+  const auto rows = read_rows(delta_dir(dir.path(), 1) + "/emb/shard-00000-of-00001.rows");
+  REQUIRE(rows.size() == dirty);
+  StoreGuard b(make_store());
+  REQUIRE(restore_ok(b, dir.path(), 1) == 1);
+  REQUIRE(same_bits(lookup_ok(get_table(b, "emb"), all, 0), at_capture));
+  REQUIRE(stats(get_table(b, "emb")).rows == static_cast<uint64_t>(keys));
+}
