@@ -972,12 +972,14 @@ TEST_CASE("a delta taken while training goes on holds the rows at its step",
   StoreGuard store(make_store(config));
   embstore_table_t* t = make_table(store, config_for("emb", 16, EMBSTORE_OPT_ADAGRAD));
   no_rebaseline(store);
-  const int64_t keys = 20000;
+  // Larger than the writer's first block plus the staging ring (about 15k rows of 136 bytes),
+  // so rows of the delta are still captured while the writer is held.
+  const int64_t keys = 40000;
   const std::vector<int64_t> all = key_range(keys);
   lookup_ok(t, all);
   REQUIRE(incremental_ok(store, dir.path()) == 0);  // the full base
-  // Half the rows change before the delta's capture.
-  std::vector<int64_t> half(all.begin(), all.begin() + keys / 2);
+  // Three quarters of the rows change before the delta's capture.
+  std::vector<int64_t> half(all.begin(), all.begin() + 3 * keys / 4);
   apply_ok(t, half, std::vector<float>(half.size() * 16, 0.25f));
   ok(embstore_step(store, 1));
   const uint64_t dirty = stats(t).dirty_rows;
