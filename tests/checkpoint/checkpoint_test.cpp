@@ -28,40 +28,43 @@
 #include "io/fault.hpp"
 #include "io/row_file.hpp"
 #include "support/backend.hpp"
+#include "tests/io/io_fixtures.hpp"
 
 using namespace embstore_test;
 namespace fs = std::filesystem;
 
 namespace {
 
-class TempDir {
+using embstore_test::FaultGuard;
+using embstore_test::TempDir;
+
+// Holds the writer at its first write until release() (or 30 s), so that training meets rows
+// of the checkpoint that are not written yet.
+class HeldWriter {
  public:
-  TempDir() {
-    char tmpl[] = "/tmp/embstore-ckpt-test-XXXXXX";
-    const char* p = mkdtemp(tmpl);
-    REQUIRE(p != nullptr);
-    path_ = p;
+  HeldWriter()
+      : guard_([this](uint64_t, size_t) {
+          if (writes_.fetch_add(1) == 0) {
+            std::unique_lock lock(m_);
+            cv_.wait_for(lock, std::chrono::seconds(30), [&] { return released_; });
+          }
+          return 0;
+        }) {}
+  ~HeldWriter() { release(); }
+  void release() {
+    {
+      std::lock_guard lock(m_);
+      released_ = true;
+    }
+    cv_.notify_all();
   }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string sub(const std::string& name) const { return path_ + "/" + name; }
 
  private:
-  std::string path_;
-};
-
-struct FaultGuard {
-  explicit FaultGuard(std::function<int(uint64_t, size_t)> hook) {
-    embstore::io::set_fault_injection(std::move(hook));
-  }
-  ~FaultGuard() { embstore::io::set_fault_injection(nullptr); }
-  FaultGuard(const FaultGuard&) = delete;
-  FaultGuard& operator=(const FaultGuard&) = delete;
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool released_ = false;
+  std::atomic<int> writes_{0};
+  FaultGuard guard_;
 };
 
 void require_status(embstore_status_t got, embstore_status_t want, const char* mentions = "") {
@@ -224,27 +227,12 @@ TEST_CASE("a checkpoint taken while training goes on holds the rows at its step"
   for (uint64_t s = 1; s <= 3; ++s) train_step(store, t, s, keys, 2000);
   const std::vector<float> at_capture = lookup_ok(t, all, 0);
 
-  // Hold the writer at its first write, so training meets rows not yet written.
-  std::mutex m;
-  std::condition_variable cv;
-  bool release = false;
-  std::atomic<int> writes{0};
-  FaultGuard guard([&](uint64_t, size_t) {
-    if (writes.fetch_add(1) == 0) {
-      std::unique_lock lock(m);
-      cv.wait_for(lock, std::chrono::seconds(30), [&] { return release; });
-    }
-    return 0;
-  });
+  HeldWriter held;
   uint64_t version = 0;
   ok(embstore_checkpoint(store, dir.path().c_str(), EMBSTORE_CKPT_FULL, &version));
   REQUIRE(version == 3);
   for (uint64_t s = 4; s <= 6; ++s) train_step(store, t, s, keys + 500, 1000);  // new keys too
-  {
-    std::lock_guard lock(m);
-    release = true;
-  }
-  cv.notify_all();
+  held.release();
   ok(embstore_checkpoint_wait(store, version));
 
   embstore_checkpoint_stats_t cs;
@@ -307,7 +295,7 @@ TEST_CASE("attachments are saved with the next checkpoint and restored", "[check
 
 TEST_CASE("restore picks the latest or an exact version", "[checkpoint]") {
   TempDir dir;
-  const std::string nested = dir.sub("a/b/c");  // created with its parents
+  const std::string nested = dir.file("a/b/c");  // created with its parents
   StoreGuard store(make_store());
   embstore_table_t* t = make_table(store, config_for("emb", 8, EMBSTORE_OPT_ADAGRAD));
   const std::vector<int64_t> all = key_range(200);
@@ -330,7 +318,7 @@ TEST_CASE("restore picks the latest or an exact version", "[checkpoint]") {
   REQUIRE(restore_ok(b, nested, 10) == 10);
   REQUIRE(same_bits(lookup_ok(get_table(b, "emb"), all, 0), at[10]));
   require_status(embstore_restore(b, nested.c_str(), 25, &v), EMBSTORE_NOT_FOUND, "25");
-  require_status(embstore_restore(b, dir.sub("missing").c_str(), EMBSTORE_LATEST, &v),
+  require_status(embstore_restore(b, dir.file("missing").c_str(), EMBSTORE_LATEST, &v),
                  EMBSTORE_NOT_FOUND, "does not exist");
   require_status(embstore_restore(b, dir.path().c_str(), EMBSTORE_LATEST, &v), EMBSTORE_NOT_FOUND,
                  "no committed checkpoint");
@@ -986,25 +974,11 @@ TEST_CASE("a delta taken while training goes on holds the rows at its step",
   REQUIRE(dirty == half.size());
   const std::vector<float> at_capture = lookup_ok(t, all, 0);
 
-  std::mutex m;
-  std::condition_variable cv;
-  bool release = false;
-  std::atomic<int> writes{0};
-  FaultGuard guard([&](uint64_t, size_t) {
-    if (writes.fetch_add(1) == 0) {
-      std::unique_lock lock(m);
-      cv.wait_for(lock, std::chrono::seconds(30), [&] { return release; });
-    }
-    return 0;
-  });
+  HeldWriter held;
   uint64_t version = 0;
   ok(embstore_checkpoint(store, dir.path().c_str(), EMBSTORE_CKPT_INCREMENTAL, &version));
   for (uint64_t s = 2; s <= 4; ++s) train_step(store, t, s, keys + 500, 1000);
-  {
-    std::lock_guard lock(m);
-    release = true;
-  }
-  cv.notify_all();
+  held.release();
   ok(embstore_checkpoint_wait(store, version));
   embstore_checkpoint_stats_t cs;
   cs.struct_size = sizeof(cs);

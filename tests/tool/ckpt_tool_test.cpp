@@ -29,6 +29,7 @@
 #include "io/commit.hpp"
 #include "io/manifest.hpp"
 #include "io/row_file.hpp"
+#include "tests/io/io_fixtures.hpp"
 
 #ifndef EMBSTORE_CKPT_TOOL
 #error "EMBSTORE_CKPT_TOOL must give the path of the embstore-ckpt binary"
@@ -41,25 +42,7 @@ namespace {
 
 constexpr const char* kShard = "shard-00000-of-00001.rows";
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/embstore-tool-test-XXXXXX";
-    const char* p = mkdtemp(tmpl);
-    REQUIRE(p != nullptr);
-    path_ = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using embstore_test::TempDir;
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
