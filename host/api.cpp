@@ -57,6 +57,11 @@ void check_batch(size_t n) {
   }
 }
 
+// A checkpoint's outcome, reported like any other failure of the call.
+void raise(embstore_status_t status, std::string message) {
+  if (status != EMBSTORE_OK) throw embstore::Error(status, std::move(message));
+}
+
 [[noreturn]] void not_yet(const char* what) {
   fail(EMBSTORE_UNSUPPORTED, "{} is not implemented in this version of embstore", what);
 }
@@ -126,14 +131,12 @@ embstore_status_t embstore_store_create(const embstore_store_config_t* config,
 
 embstore_status_t embstore_store_destroy(embstore_store_t* store) {
   if (store == nullptr) return EMBSTORE_OK;
-  embstore_status_t status = EMBSTORE_OK;
-  std::string message;
-  const embstore_status_t s = guarded(__func__, [&] {
-    status = store->checkpointer->wait_idle(&message);
+  return guarded(__func__, [&] {
+    std::string message;
+    const embstore_status_t status = store->checkpointer->wait_idle(&message);
     delete store;
+    raise(status, std::move(message));
   });
-  if (s != EMBSTORE_OK) return s;
-  return status == EMBSTORE_OK ? status : record(status, __func__, message.c_str());
 }
 
 embstore_backend_t embstore_store_backend(const embstore_store_t* store) {
@@ -222,15 +225,13 @@ embstore_status_t embstore_apply_gradients(embstore_table_t* table, const int64_
 }
 
 embstore_status_t embstore_step(embstore_store_t* store, uint64_t global_step) {
-  embstore_status_t status = EMBSTORE_OK;
-  std::string message;
-  const embstore_status_t s = guarded(__func__, [&] {
+  return guarded(__func__, [&] {
     require(store, "store");
     store->step.store(global_step, std::memory_order_relaxed);
-    status = store->checkpointer->on_step(global_step, &message);
+    std::string message;
+    const embstore_status_t status = store->checkpointer->on_step(global_step, &message);
+    raise(status, std::move(message));
   });
-  if (s != EMBSTORE_OK) return s;
-  return status == EMBSTORE_OK ? status : record(status, __func__, message.c_str());
 }
 
 embstore_status_t embstore_table_stats(embstore_table_t* table, embstore_table_stats_t* out) {
@@ -270,14 +271,12 @@ embstore_status_t embstore_checkpoint(embstore_store_t* store, const char* dir,
 }
 
 embstore_status_t embstore_checkpoint_wait(embstore_store_t* store, uint64_t version) {
-  embstore_status_t status = EMBSTORE_OK;
-  std::string message;
-  const embstore_status_t s = guarded(__func__, [&] {
+  return guarded(__func__, [&] {
     require(store, "store");
-    status = store->checkpointer->wait(version, &message);
+    std::string message;
+    const embstore_status_t status = store->checkpointer->wait(version, &message);
+    raise(status, std::move(message));
   });
-  if (s != EMBSTORE_OK) return s;
-  return status == EMBSTORE_OK ? status : record(status, __func__, message.c_str());
 }
 
 embstore_status_t embstore_checkpoint_attach(embstore_store_t* store, const char* name,

@@ -50,6 +50,10 @@ std::string errno_name(int negative_errno) {
   return name != nullptr ? std::string("-") + name : std::to_string(negative_errno);
 }
 
+std::string errno_text(int negative_errno) {
+  return std::string(std::strerror(-negative_errno)) + " (" + errno_name(negative_errno) + ")";
+}
+
 void log_engine(const std::string& line) {
   static std::set<std::string> logged;
   std::lock_guard<std::mutex> lock(g_log_mutex);

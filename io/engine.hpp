@@ -99,6 +99,8 @@ void log_engine(const std::string& line);
 
 // "-EPERM" for -1; readable in logs without a lookup table.
 std::string errno_name(int negative_errno);
+// "No space left on device (-ENOSPC)": for messages that users read.
+std::string errno_text(int negative_errno);
 
 }  // namespace detail
 }  // namespace embstore::io

@@ -29,10 +29,7 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-std::string errno_text(int negative_errno) {
-  return fmt::format("{} ({})", std::strerror(-negative_errno),
-                     io::detail::errno_name(negative_errno));
-}
+using io::detail::errno_text;
 
 constexpr const char* kShardFile = "shard-00000-of-00001.rows";
 // Row file staging buffers of all tables together stay near this.

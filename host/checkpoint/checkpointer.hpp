@@ -95,7 +95,6 @@ class Checkpointer {
   std::map<uint64_t, Outcome> outcomes_;
   std::map<std::string, std::vector<char>> attachments_;           // for the next checkpoint
   std::map<std::string, std::vector<char>> restored_attachments_;  // of the last restore
-  bool restored_ = false;
   Policy policy_;
   // Where each schedule last fired (or set_policy / restore); due but deferred while another
   // checkpoint was in flight.

@@ -20,10 +20,7 @@ namespace embstore::checkpoint {
 
 namespace {
 
-std::string errno_text(int negative_errno) {
-  return fmt::format("{} ({})", std::strerror(-negative_errno),
-                     io::detail::errno_name(negative_errno));
-}
+using io::detail::errno_text;
 
 [[noreturn]] void fail_io(const std::string& path, int err) {
   if (err == -EBADMSG) fail(EMBSTORE_CORRUPT, "{}: corrupt", path);
@@ -286,7 +283,6 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
   store_.step.store(m.version, std::memory_order_relaxed);
   std::lock_guard lock(mutex_);
   restored_attachments_ = std::move(attachments);
-  restored_ = true;
   // The schedules go on from the restored step, and the next delta in dir follows it.
   policy_full_step_ = policy_incr_step_ = m.version;
   policy_full_time_ = policy_incr_time_ = std::chrono::steady_clock::now();
