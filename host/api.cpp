@@ -353,6 +353,21 @@ embstore_status_t embstore_checkpoint_stats(embstore_store_t* store,
   });
 }
 
+embstore_status_t embstore_checkpoint_info(embstore_store_t* store, uint64_t version,
+                                           embstore_checkpoint_info_t* out) {
+  return guarded(__func__, [&] {
+    require(store, "store");
+    require(out, "out");
+    if (out->struct_size < sizeof(embstore_checkpoint_info_t)) {
+      fail(EMBSTORE_INVALID_ARGUMENT, "info struct_size is {}, expected {}", out->struct_size,
+           sizeof(embstore_checkpoint_info_t));
+    }
+    if (!store->checkpointer->info(version, out)) {
+      fail(EMBSTORE_NOT_FOUND, "this store took no checkpoint of version {}", version);
+    }
+  });
+}
+
 embstore_status_t embstore_restore(embstore_store_t* store, const char* dir, uint64_t version,
                                    uint64_t* restored_version_out) {
   return guarded(__func__, [&] {

@@ -70,11 +70,12 @@ class Table {
   // the sink before it returns, so no staging chunk stays with a table between calls. Returns
   // the rows captured, and the table's rows at the capture in *live_rows.
   virtual uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows) = 0;
-  // Moves up to max_rows captured rows into the sink (reserve without waiting: stops early
-  // when staging is full), then flushes the sink. Returns the rows still captured; 0 once the
+  // Moves up to max_rows captured rows into sink (reserve without waiting: stops early when
+  // staging is full), then flushes it. sink is the drain's own, not the copy-on-write one, so
+  // a backend may drain while training calls run. Returns the rows still captured; 0 once the
   // snapshot is written out, copy-on-write included. May do nothing (and return the last
   // count) while a training call wants the table: training goes first.
-  virtual uint64_t drain(uint64_t max_rows) = 0;
+  virtual uint64_t drain(SnapshotSink* sink, uint64_t max_rows) = 0;
   // Detaches the sink. After a failed snapshot (failed = true) every row it captured is marked
   // dirty again, so the next checkpoint still writes it.
   virtual void end_snapshot(bool failed) = 0;

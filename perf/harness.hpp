@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <ctime>
@@ -57,6 +58,7 @@ inline constexpr int kExitMismatch = 2;
 std::unique_ptr<Scenario> make_lookup_scenario();
 std::unique_ptr<Scenario> make_optimizer_scenario();
 std::unique_ptr<Scenario> make_checkpoint_scenario();
+std::unique_ptr<Scenario> make_train_scenario();
 
 // Throws with the library's own message (which names the call): a benchmark that silently
 // measures failures lies.
@@ -147,6 +149,13 @@ inline embstore_table_stats_t table_stats(embstore_table_t* table) {
   stats.struct_size = sizeof(stats);
   check(embstore_table_stats(table, &stats), "embstore_table_stats");
   return stats;
+}
+
+inline embstore_checkpoint_stats_t checkpoint_stats(embstore_store_t* store) {
+  embstore_checkpoint_stats_t s;
+  s.struct_size = sizeof(s);
+  check(embstore_checkpoint_stats(store, &s), "embstore_checkpoint_stats");
+  return s;
 }
 
 // Waits for the backend's queued work; the host backend's calls are already synchronous.
@@ -260,6 +269,15 @@ inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t m = v.size() / 2;
   return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+// The q-quantile (0 <= q <= 1) by the nearest-rank rule: the smallest value with at least
+// q of the values at or below it.
+inline double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
 }
 
 // Order-sensitive checksum of float bit patterns: equal outputs give equal sums, and reading

@@ -572,7 +572,7 @@ class CudaTable final : public Table {
     dirty_tracking_ = on;
   }
   uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows) override;
-  uint64_t drain(uint64_t max_rows) override;
+  uint64_t drain(SnapshotSink* sink, uint64_t max_rows) override;
   void end_snapshot(bool failed) override;
   void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
                  uint64_t step) override;
@@ -1186,7 +1186,7 @@ uint64_t CudaTable::drain_piece(uint64_t want, char* out, cudaStream_t stream) {
   return got;
 }
 
-uint64_t CudaTable::drain(uint64_t max_rows) {
+uint64_t CudaTable::drain(SnapshotSink* sink, uint64_t max_rows) {
   // Training goes first, up to the patience of drain_turn_: no drain while a call holds or
   // wants the table, or while the GPU still runs the table's earlier work (waiting for that
   // here would take training's run-ahead).
@@ -1204,19 +1204,19 @@ uint64_t CudaTable::drain(uint64_t max_rows) {
   }
   if (drain_turn_.give_way(busy)) return captured_left_seen_.load();
   if (!lock.owns_lock()) lock.lock();
-  if (sink_ == nullptr) return 0;
+  if (sink_ == nullptr) return 0;  // the snapshot has ended
   CallScope scope(done_, own_stream_);
   const cudaStream_t stream = own_stream_;
-  FlushOnExit flush{sink_};
+  FlushOnExit flush{sink};
   uint64_t budget = std::min(max_rows, captured_left_);
   while (budget > 0) {
     const uint64_t ask = std::min(budget, stage_rows());
     uint64_t granted = 0;
-    char* out = sink_->reserve(ask, /*wait=*/false, &granted);
+    char* out = sink->reserve(ask, /*wait=*/false, &granted);
     if (out == nullptr) break;  // staging is full
     granted = std::min(granted, ask);
     const uint64_t filled = drain_piece(granted, out, stream);
-    sink_->commit(filled);
+    sink->commit(filled);
     captured_left_ -= std::min(filled, captured_left_);
     budget -= filled;
     if (filled < granted) {  // the bitmap holds no captured row any more

@@ -39,13 +39,23 @@ EMBSTORE_HD void atomic_or(uint64_t* word, uint64_t bits) {
 #endif
 }
 
-// Relaxed atomic AND; returns the word before the AND.
+// Relaxed atomic read of a word that other threads change.
+EMBSTORE_HD uint64_t atomic_load(const uint64_t* word) {
+#if defined(__CUDA_ARCH__)
+  return *reinterpret_cast<const volatile unsigned long long*>(word);
+#else
+  return __atomic_load_n(word, __ATOMIC_RELAXED);
+#endif
+}
+
+// Atomic AND; returns the word before the AND. Relaxed on the device; sequentially consistent
+// on the host, whose drain takes captured rows while training calls run (host_table.cpp).
 EMBSTORE_HD uint64_t atomic_and(uint64_t* word, uint64_t bits) {
 #if defined(__CUDA_ARCH__)
   return atomicAnd(reinterpret_cast<unsigned long long*>(word),
                    static_cast<unsigned long long>(bits));
 #else
-  return __atomic_fetch_and(word, bits, __ATOMIC_RELAXED);
+  return __atomic_fetch_and(word, bits, __ATOMIC_SEQ_CST);
 #endif
 }
 

@@ -43,6 +43,17 @@ EMBSTORE_HD bool take_captured(uint64_t* captured, uint64_t row) {
   return (before & bit) != 0;
 }
 
+// Takes at most `max_rows` of the lowest captured rows of word `word` (concurrently with
+// take_captured on single rows); returns the bits taken, each for this caller alone.
+EMBSTORE_HD uint64_t take_captured_rows(uint64_t* captured, uint64_t word, uint64_t max_rows) {
+  uint64_t want = 0, rest = atomic_load(&captured[word]);
+  for (uint64_t n = 0; n < max_rows && rest != 0; ++n) {
+    want |= rest & (~rest + 1);  // the lowest set bit
+    rest &= rest - 1;
+  }
+  return atomic_and(&captured[word], ~want) & want;
+}
+
 // A staging record: the key, then the row's `stride` floats (value, then optimizer state),
 // padded to 8 bytes so that every record's key is aligned.
 EMBSTORE_HD uint64_t record_bytes(uint32_t stride) {

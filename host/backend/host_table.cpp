@@ -11,6 +11,7 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -118,7 +119,6 @@ class HostTable final : public Table {
 
   void lookup(const int64_t* keys, size_t n, float* out, bool insert, uint64_t step,
               void*) override {
-    const Caller caller(callers_);
     std::lock_guard lock(mutex_);
     rows_scratch_.resize(n);
     uint32_t* rows = rows_scratch_.data();
@@ -132,13 +132,12 @@ class HostTable final : public Table {
 
   void apply_gradients(const int64_t* keys, const float* grads, size_t n, uint64_t step,
                        void*) override {
-    const Caller caller(callers_);
     std::lock_guard lock(mutex_);
     rows_scratch_.resize(n);
     uint32_t* rows = rows_scratch_.data();
     find_rows(keys, n, rows);
     group_by_row(rows, n, dirty_tracking_);
-    if (captured_left_ > 0) copy_on_write();
+    if (captured_left_.load() > 0) copy_on_write();
     row::dispatch_opt(spec().opt.kind,
                       [&](auto kind) { update_groups<decltype(kind)::value>(grads, step); });
   }
@@ -171,49 +170,47 @@ class HostTable final : public Table {
     }
     std::copy(captured_.begin(), captured_.end(), snapshot_set_.begin());
     sink_ = sink;
-    captured_left_ = taken;
-    captured_left_seen_.store(taken);
+    captured_left_.store(taken);
     drain_word_ = 0;
     *live_rows = rows_;
     return taken;
   }
 
-  uint64_t drain(uint64_t max_rows) override {
-    // Training calls go first (a call waits for at most one drain chunk), up to the patience
-    // of drain_turn_.
-    std::unique_lock lock(mutex_, std::defer_lock);
-    const bool busy = callers_.load(std::memory_order_acquire) > 0 || !lock.try_lock();
-    if (drain_turn_.give_way(busy)) return captured_left_seen_.load();
-    if (!lock.owns_lock()) lock.lock();
-    if (sink_ == nullptr) return 0;
+  // Drain runs without the table's lock, beside training calls. A row is written by whoever
+  // takes its captured bit: drain (a few rows of a word at a time) or a training call's
+  // copy-on-write. A call that finds the bit of a row it updates already gone must not write
+  // the row while drain may still be copying it, so drain makes drain_copying_ odd for the
+  // duration of each take-and-copy, and the call waits for it to move on (see
+  // wait_for_drain_copy). The bitmap's size and every captured row stay put: the captured
+  // bitmap is not resized during a snapshot, and rows never move.
+  uint64_t drain(SnapshotSink* sink, uint64_t max_rows) override {
     const uint32_t stride = spec().stride();
     const uint64_t record = row::record_bytes(stride);
-    uint64_t budget = std::min(max_rows, captured_left_);
-    while (budget > 0) {
-      uint64_t granted = 0;
-      char* out = sink_->reserve(budget, false, &granted);
-      if (out == nullptr) break;
-      uint64_t filled = 0;
-      // Rows in row order from a cursor: every word before it is already empty.
-      while (filled < granted && drain_word_ < captured_.size()) {
-        uint64_t& word = captured_[drain_word_];
-        if (word == 0) {
-          ++drain_word_;
-          continue;
-        }
-        const uint64_t r = drain_word_ * 64 + static_cast<uint64_t>(__builtin_ctzll(word));
-        word &= word - 1;
-        row::write_record(out + filled * record, arena_.row_meta(r)->key, arena_.row(r), stride);
-        ++filled;
+    const uint64_t words = captured_.size();
+    uint64_t budget = std::min(max_rows, captured_left_.load());
+    while (budget > 0 && drain_word_ < words) {
+      if (row::atomic_load(&captured_[drain_word_]) == 0) {
+        ++drain_word_;  // copy-on-write only clears bits, so it stays empty
+        continue;
       }
-      sink_->commit(filled);
-      captured_left_ -= filled;
-      budget -= filled;
-      if (filled < granted) break;  // nothing captured is left
+      uint64_t granted = 0;
+      char* out = sink->reserve(std::min<uint64_t>(budget, 64), false, &granted);
+      if (out == nullptr) break;  // staging is full
+      drain_copying_.fetch_add(1);
+      uint64_t taken = row::take_captured_rows(captured_.data(), drain_word_, granted);
+      uint64_t filled = 0;
+      for (; taken != 0; taken &= taken - 1, ++filled) {
+        const uint64_t r = drain_word_ * 64 + static_cast<uint64_t>(__builtin_ctzll(taken));
+        row::write_record(out + filled * record, arena_.row_meta(r)->key, arena_.row(r), stride);
+      }
+      // After the copies: a call that reads captured_left_ as 0 skips the wait.
+      captured_left_.fetch_sub(filled);
+      drain_copying_.fetch_add(1);
+      sink->commit(filled);
+      budget -= std::min(budget, filled);
     }
-    sink_->flush();
-    captured_left_seen_.store(captured_left_);
-    return captured_left_;
+    sink->flush();
+    return captured_left_.load();
   }
 
   void end_snapshot(bool failed) override {
@@ -223,8 +220,7 @@ class HostTable final : public Table {
     }
     captured_.clear();
     snapshot_set_.clear();
-    captured_left_ = 0;
-    captured_left_seen_.store(0);
+    captured_left_.store(0);
     sink_ = nullptr;
   }
 
@@ -261,10 +257,14 @@ class HostTable final : public Table {
     const uint32_t stride = spec().stride();
     const uint64_t record = row::record_bytes(stride);
     cow_rows_.clear();
+    const uint64_t captured_rows = captured_.size() * 64;  // rows past it were never captured
     for (const Group& g : groups_) {
-      if (row::take_captured<false>(captured_.data(), g.row)) cow_rows_.push_back(g.row);
+      if (g.row < captured_rows && row::take_captured<true>(captured_.data(), g.row)) {
+        cow_rows_.push_back(g.row);
+      }
     }
-    captured_left_ -= cow_rows_.size();
+    captured_left_.fetch_sub(cow_rows_.size());
+    wait_for_drain_copy();
     size_t done = 0;
     while (done < cow_rows_.size()) {
       uint64_t granted = 0;
@@ -280,6 +280,17 @@ class HostTable final : public Table {
     sink_->count_copy_on_write(cow_rows_.size());
     // No staging chunk stays with the table between calls: the writer can always free one.
     sink_->flush();
+  }
+
+  // Waits while drain may be copying a row that this call found already taken: drain takes
+  // and copies with drain_copying_ odd, so a take that preceded this call's is finished once
+  // the counter has moved on from the odd value read after this call's takes.
+  void wait_for_drain_copy() {
+    const uint64_t seen = drain_copying_.load();
+    if ((seen & 1) == 0) return;
+    for (int spin = 0; drain_copying_.load() == seen; ++spin) {
+      if (spin >= 64) std::this_thread::yield();  // drain's thread may be off its core
+    }
   }
 
   template <bool Streaming>
@@ -451,11 +462,8 @@ class HostTable final : public Table {
     }
     const uint64_t words = row::bitmap_words(row::arena_capacity(chunks_, arena_.base_shift));
     dirty_.resize(words, 0);
-    // New rows are never captured; the bitmaps of a snapshot in progress only grow.
-    if (sink_ != nullptr) {
-      captured_.resize(words, 0);
-      snapshot_set_.resize(words, 0);
-    }
+    // New rows are never captured: the bitmaps of a snapshot in progress keep their size
+    // (drain reads captured_ without the lock).
     const uint64_t slots = row::index_slots_for(rows);
     if (index_.slots == nullptr || slots > index_.mask + 1) rebuild_index(slots);
     room_ = std::min(row::arena_capacity(chunks_, arena_.base_shift), (index_.mask + 1) / 2);
@@ -479,15 +487,7 @@ class HostTable final : public Table {
     uint32_t row, first, last;
   };
 
-  // Counts the data-path calls that hold or wait for mutex_ (see drain()).
-  struct Caller {
-    explicit Caller(std::atomic<int>& n) : n_(n) { n_.fetch_add(1, std::memory_order_acq_rel); }
-    ~Caller() { n_.fetch_sub(1, std::memory_order_acq_rel); }
-    std::atomic<int>& n_;
-  };
-
-  std::mutex mutex_;  // one call at a time per table
-  std::atomic<int> callers_{0};
+  std::mutex mutex_;  // one call at a time per table (drain() goes without it)
   ThreadPool& pool_;
   row::ArenaRef arena_{};
   uint32_t chunks_ = 0;
@@ -498,13 +498,13 @@ class HostTable final : public Table {
   uint64_t rows_ = 0, inserted_ = 0, skipped_ = 0;
   uint64_t room_ = 0;  // rows that fit before the arena or the index must grow
   bool dirty_tracking_ = true;
-  // The snapshot in progress: rows still to write, the rows it captured, where drain resumes.
+  // The snapshot in progress: the copy-on-write sink, the rows still to write, the rows it
+  // captured, where drain resumes, and drain's copy counter (odd while it copies).
   SnapshotSink* sink_ = nullptr;
   std::vector<uint64_t> captured_, snapshot_set_;
-  uint64_t captured_left_ = 0;
-  std::atomic<uint64_t> captured_left_seen_{0};  // captured_left_ as drain last saw it
-  DrainTurn drain_turn_;
+  std::atomic<uint64_t> captured_left_{0};
   uint64_t drain_word_ = 0;
+  std::atomic<uint64_t> drain_copying_{0};
   std::vector<uint32_t> cow_rows_;
   // Scratch kept between calls so the hot path does not allocate.
   std::vector<uint32_t> rows_scratch_, group_map_, next_, missing_pos_;

@@ -56,7 +56,8 @@ struct TableJob {
   Table* impl = nullptr;
   TableSpec spec;
   std::string file;  // relative to the version directory
-  std::unique_ptr<StagingRing::Sink> sink;
+  // Copy-on-write (training calls) and drain fill chunks apart: they may run at once.
+  std::unique_ptr<StagingRing::Sink> sink, drain_sink;
   std::unique_ptr<io::RowFileWriter> writer;
   uint64_t captured = 0;
   uint64_t live_rows = 0;  // the table's rows at capture
@@ -72,7 +73,14 @@ struct Job {
   bool from_policy = false;
   bool started = false;
   std::string dir, staging, final_path;
+  io::WriterOptions writer_options;
   uint64_t bytes = 0;  // written, once committed
+  uint64_t rows = 0;
+  // For embstore_checkpoint_info: when capture ended, what it and the wait before it took,
+  // and the staging ring's counters at capture (this job's share is the difference).
+  std::chrono::steady_clock::time_point captured_at;
+  double capture_seconds = 0, wait_seconds = 0;
+  StallStats ring_at_capture;
   std::vector<TableJob> tables;
   std::map<std::string, std::vector<char>> attachments;
 };
@@ -105,10 +113,12 @@ uint64_t Checkpointer::checkpoint(const std::string& dir, bool full) {
 }
 
 uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy) {
+  const auto call_start = Clock::now();
   {
     std::unique_lock lock(mutex_);
     wait_for_job(lock, true);
   }
+  const double wait_seconds = seconds_since(call_start);
   const uint64_t version = store_.step.load(std::memory_order_relaxed);
   if (int r = io::create_directories(dir); r < 0) {
     fail(EMBSTORE_IO_ERROR, "cannot create checkpoint directory '{}': {}", dir, errno_text(r));
@@ -156,6 +166,7 @@ uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy
   job->full = full;
   job->parent = parent;
   job->from_policy = from_policy;
+  job->wait_seconds = wait_seconds;
   job->dir = dir;
   job->final_path = dir + "/" + io::version_dir_name(version, full);
   if (int r = io::make_staging_dir(dir, version, &job->staging); r < 0) {
@@ -183,7 +194,9 @@ uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy
           store_.staging_bytes, widest,
           store_.backend == EMBSTORE_BACKEND_CUDA ? store_.device : -1);
     }
-    io::WriterOptions options;
+    // The row files are opened by the worker (opening sets up io_uring and its buffers, which
+    // would stall the training thread); rows captured meanwhile wait in staging.
+    io::WriterOptions& options = job->writer_options;
     options.queue_depth = store_.io_queue_depth;
     size_t buffer = kWriterBudget / std::max<size_t>(1, tables.size() * options.queue_depth);
     buffer = std::clamp<size_t>(buffer, size_t{128} << 10, size_t{1} << 20);
@@ -195,26 +208,10 @@ uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy
       t.impl = tables[i]->impl.get();
       t.spec = t.impl->spec();
       t.file = t.spec.name + "/" + kShardFile;
-      const std::string table_dir = job->staging + "/" + t.spec.name;
-      if (int r = io::create_directories(table_dir); r < 0) {
-        fail(EMBSTORE_IO_ERROR, "cannot create '{}': {}", table_dir, errno_text(r));
+      for (auto* sink : {&t.sink, &t.drain_sink}) {
+        *sink = std::make_unique<StagingRing::Sink>(*ring_, static_cast<uint32_t>(i),
+                                                    row::record_bytes(t.spec.stride()));
       }
-      const std::string path = job->staging + "/" + t.file;
-      // The rows now, as the file's expected size: rows are only added until capture.
-      const uint64_t row_bytes = 8 + 4 * uint64_t{t.spec.stride()};
-      const uint64_t rows_per_block =
-          std::max<uint64_t>(1, (options.buffer_bytes - io::kRowBlockHeaderBytes) / row_bytes);
-      const uint64_t rows = t.impl->counters().rows;
-      io::WriterOptions file_options = options;
-      file_options.size_hint =
-          rows * row_bytes + (rows / rows_per_block + 1) * (io::kRowBlockHeaderBytes + 4096);
-      if (int r = io::RowFileWriter::open(path, t.spec.dim, t.spec.state_dim(), file_options,
-                                          &t.writer);
-          r < 0) {
-        fail(EMBSTORE_IO_ERROR, "cannot open '{}': {}", path, errno_text(r));
-      }
-      t.sink = std::make_unique<StagingRing::Sink>(*ring_, static_cast<uint32_t>(i),
-                                                   row::record_bytes(t.spec.stride()));
     }
     {
       std::lock_guard lock(mutex_);
@@ -240,8 +237,11 @@ uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy
       attachments_ = std::move(job->attachments);
       throw;
     }
+    job->captured_at = Clock::now();
+    job->capture_seconds = std::chrono::duration<double>(job->captured_at - capture_start).count();
+    job->ring_at_capture = ring_->stats();
     std::lock_guard lock(mutex_);
-    capture_seconds_last_ = seconds_since(capture_start);
+    capture_seconds_last_ = job->capture_seconds;
   } catch (...) {
     io::remove_tree(job->staging);
     throw;
@@ -287,6 +287,29 @@ void Checkpointer::worker_main() {
   }
 }
 
+namespace {
+
+// Opens t's row file in job's staging directory, sized for the rows it captured.
+void open_writer(const Job& job, TableJob& t) {
+  const std::string table_dir = job.staging + "/" + t.spec.name;
+  if (int r = io::create_directories(table_dir); r < 0) {
+    fail(EMBSTORE_IO_ERROR, "cannot create '{}': {}", table_dir, errno_text(r));
+  }
+  const std::string path = job.staging + "/" + t.file;
+  io::WriterOptions options = job.writer_options;
+  const uint64_t row_bytes = 8 + 4 * uint64_t{t.spec.stride()};
+  const uint64_t rows_per_block =
+      std::max<uint64_t>(1, (options.buffer_bytes - io::kRowBlockHeaderBytes) / row_bytes);
+  options.size_hint = t.captured * row_bytes +
+                      (t.captured / rows_per_block + 1) * (io::kRowBlockHeaderBytes + 4096);
+  if (int r = io::RowFileWriter::open(path, t.spec.dim, t.spec.state_dim(), options, &t.writer);
+      r < 0) {
+    fail(EMBSTORE_IO_ERROR, "cannot open '{}': {}", path, errno_text(r));
+  }
+}
+
+}  // namespace
+
 void Checkpointer::run(Job& job) {
   embstore_status_t status = EMBSTORE_OK;
   std::string message;
@@ -298,6 +321,7 @@ void Checkpointer::run(Job& job) {
   };
   const std::string what = fmt::format("checkpoint {} into '{}'", job.version, job.dir);
   try {
+    for (TableJob& t : job.tables) open_writer(job, t);
     // Two threads: this one drains captured rows into staging, a writer writes full chunks to
     // the row files and frees them. The writer never waits for a table, so a training call
     // that waits for staging room (holding its table) always gets it; and drain may block on a
@@ -372,7 +396,7 @@ void Checkpointer::run(Job& job) {
           const uint64_t before = t.remaining;
           const uint64_t rows =
               std::max<uint64_t>(1, ring_->chunk_bytes() / row::record_bytes(t.spec.stride()));
-          t.remaining = t.impl->drain(rows);
+          t.remaining = t.impl->drain(t.drain_sink.get(), rows);
           t.drained = t.remaining == 0;
           progress = t.drained || t.remaining < before;
           next = (next + k + 1) % job.tables.size();
@@ -458,8 +482,9 @@ void Checkpointer::run(Job& job) {
       }
     }
     if (status == EMBSTORE_OK) {
+      std::lock_guard lock(mutex_);  // info() reads the job
       job.bytes = bytes_total;
-      std::lock_guard lock(mutex_);
+      job.rows = rows_total;
       rows_written_ += rows_total;
       bytes_written_ += bytes_total;
     }
@@ -549,6 +574,9 @@ void Checkpointer::finish(Job& job, embstore_status_t status, const std::string&
   o.message = message;
   o.from_policy = job.from_policy;
   o.reported = false;
+  o.info = info_of(job);
+  o.info.status = status;
+  o.info.in_flight = 0;
   if (status == EMBSTORE_OK) {
     ++committed_;
     if (!job.full) ++deltas_committed_;
@@ -566,6 +594,38 @@ void Checkpointer::finish(Job& job, embstore_status_t status, const std::string&
   }
   job_.reset();
   changed_.notify_all();
+}
+
+embstore_checkpoint_info_t Checkpointer::info_of(const Job& job) const {
+  embstore_checkpoint_info_t info{};
+  info.struct_size = sizeof(info);
+  info.status = EMBSTORE_OK;
+  info.in_flight = 1;
+  info.kind = job.full ? EMBSTORE_CKPT_FULL : EMBSTORE_CKPT_INCREMENTAL;
+  info.version = job.version;
+  info.parent = job.parent.value_or(EMBSTORE_LATEST);
+  info.from_policy = job.from_policy ? 1 : 0;
+  for (const TableJob& t : job.tables) info.rows_captured += t.captured;
+  info.rows_written = job.rows;
+  info.bytes_written = job.bytes;
+  info.capture_seconds = job.capture_seconds;
+  info.write_seconds = seconds_since(job.captured_at);
+  const StallStats now = ring_ ? ring_->stats() : job.ring_at_capture;
+  info.stall_seconds = job.wait_seconds + (now.seconds_total - job.ring_at_capture.seconds_total);
+  info.copy_on_write_rows = now.copy_on_write_rows - job.ring_at_capture.copy_on_write_rows;
+  return info;
+}
+
+bool Checkpointer::info(uint64_t version, embstore_checkpoint_info_t* out) const {
+  std::lock_guard lock(mutex_);
+  if (job_ != nullptr && job_->version == version) {
+    *out = info_of(*job_);
+    return true;
+  }
+  auto it = outcomes_.find(version);
+  if (it == outcomes_.end()) return false;
+  *out = it->second.info;
+  return true;
 }
 
 embstore_status_t Checkpointer::wait(uint64_t version, std::string* message) {

@@ -62,6 +62,8 @@ class Checkpointer {
   bool restored_attachment(const std::string& name, std::vector<char>* out) const;
 
   embstore_checkpoint_stats_t stats() const;
+  // What this store knows of a version it took (embstore_checkpoint_info); false when none.
+  bool info(uint64_t version, embstore_checkpoint_info_t* out) const;
 
  private:
   static constexpr size_t kMaxOutcomes = 4096;  // the oldest are forgotten
@@ -70,12 +72,15 @@ class Checkpointer {
     std::string message;
     bool reported = false;  // a policy failure returned by on_step already
     bool from_policy = false;
+    embstore_checkpoint_info_t info{};
   };
 
   uint64_t start(const std::string& dir, bool full, bool from_policy);
   void worker_main();
   void run(Job& job);
   void finish(Job& job, embstore_status_t status, const std::string& message);
+  // job's figures so far (ring_ must be the ring job drains through).
+  embstore_checkpoint_info_t info_of(const Job& job) const;
   // Keeps the newest keep_full full checkpoints up to job's version in the policy's dir.
   void apply_retention(const Job& job);
   // Deletes a version directory: renamed out of sight, then removed.

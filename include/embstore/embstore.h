@@ -228,7 +228,9 @@ EMBSTORE_API embstore_status_t embstore_table_stats(embstore_table_t* table,
    the attachments. A version is written into a hidden temporary directory and renamed into
    place only once every file is durable, so a crash never leaves a half-written version
    behind; the leftovers are removed at the next checkpoint into dir. One store (one process)
-   writes a given dir at a time. Incremental checkpoints are not implemented in this version. */
+   writes a given dir at a time. An incremental checkpoint ("...delta") holds only the rows
+   changed since the previous checkpoint of the store in that dir, and names it as its parent;
+   restore follows the chain back to a full checkpoint. */
 
 typedef enum { EMBSTORE_CKPT_FULL = 1, EMBSTORE_CKPT_INCREMENTAL = 2 } embstore_ckpt_kind_t;
 #define EMBSTORE_LATEST UINT64_MAX
@@ -242,8 +244,10 @@ typedef enum { EMBSTORE_CKPT_FULL = 1, EMBSTORE_CKPT_INCREMENTAL = 2 } embstore_
    cleared. Call it between steps, not concurrently with calls on the store's tables.
    Returns OK once captured (embstore_checkpoint_wait gives the outcome); INVALID_ARGUMENT
    (NULL store or dir, empty dir, bad kind); ALREADY_EXISTS (dir holds this version already);
-   IO_ERROR (dir or its temporary directory cannot be created); UNSUPPORTED (INCREMENTAL, in
-   this version); OUT_OF_MEMORY; DEVICE_ERROR. */
+   IO_ERROR (dir or its temporary directory cannot be created); OUT_OF_MEMORY; DEVICE_ERROR.
+   INCREMENTAL is taken as FULL when the store's last committed (or restored) version is not
+   in dir, or when the chain is due for a rebaseline (see embstore_checkpoint_policy_t);
+   embstore_checkpoint_info tells which kind was written. */
 EMBSTORE_API embstore_status_t embstore_checkpoint(embstore_store_t* store, const char* dir,
                                                    embstore_ckpt_kind_t kind,
                                                    uint64_t* version_out);
@@ -289,7 +293,8 @@ EMBSTORE_API void embstore_checkpoint_policy_init(embstore_checkpoint_policy_t* 
    delete them). The step schedule restarts at set_policy and at a restore. dir NULL with
    everything off turns the policy
    off. Returns OK; INVALID_ARGUMENT (NULL pointer, struct_size too small, negative or NaN
-   seconds, a schedule without dir); UNSUPPORTED (incremental_every_* in this version). */
+   seconds, a schedule without dir). Incremental checkpoints follow the same rules, by
+   incremental_every_steps/_seconds; a full one due at the same step wins. */
 EMBSTORE_API embstore_status_t
 embstore_checkpoint_set_policy(embstore_store_t* store, const embstore_checkpoint_policy_t* policy);
 
@@ -314,8 +319,34 @@ typedef struct embstore_checkpoint_stats {
 EMBSTORE_API embstore_status_t embstore_checkpoint_stats(embstore_store_t* store,
                                                          embstore_checkpoint_stats_t* out);
 
+/* One checkpoint, as its store saw it: what was written and what training paid for it. */
+typedef struct embstore_checkpoint_info {
+  size_t struct_size;          /* set by the caller to sizeof(embstore_checkpoint_info_t) */
+  embstore_status_t status;    /* OK while in flight and once committed; else its failure */
+  uint32_t in_flight;          /* 1 while being written */
+  embstore_ckpt_kind_t kind;   /* as written: an INCREMENTAL request may have been taken FULL */
+  uint32_t from_policy;        /* 1 when embstore_step took it */
+  uint64_t version;            /* the global step at capture */
+  uint64_t parent;             /* incremental: the version it applies on; else EMBSTORE_LATEST */
+  uint64_t rows_captured;      /* rows captured in all tables */
+  uint64_t rows_written;       /* rows in its files, once committed (else 0) */
+  uint64_t bytes_written;      /* bytes of its files, once committed (else 0) */
+  double capture_seconds;      /* how long capture held the tables */
+  double write_seconds;        /* from the end of capture to the commit (or failure, or now) */
+  double stall_seconds;        /* training calls waiting for staging room while it was in
+                                  flight, plus the checkpoint call's wait for the previous one */
+  uint64_t copy_on_write_rows; /* rows training calls copied out for it */
+} embstore_checkpoint_info_t;
+
+/* Fills out for version, one taken by this store (among its latest 4096); does not wait.
+   Returns OK; NOT_FOUND (no such version); INVALID_ARGUMENT (NULL pointer, struct_size too
+   small). */
+EMBSTORE_API embstore_status_t embstore_checkpoint_info(embstore_store_t* store, uint64_t version,
+                                                        embstore_checkpoint_info_t* out);
+
 /* Loads version (EMBSTORE_LATEST: the newest committed) from dir and returns it in
-   *restored_version_out (may be NULL); sets the store's global step to it. Every block
+   *restored_version_out (may be NULL); sets the store's global step to it. A delta is
+   restored through its chain: the full checkpoint it descends from, then each delta. Every block
    checksum, file size and row count is verified before the store is changed: on any error
    the store is left as it was. Tables missing from the store are created exactly as they were
    configured (optimizer and hyperparameters, initializer and seed), so training continues as
@@ -327,9 +358,9 @@ EMBSTORE_API embstore_status_t embstore_checkpoint_stats(embstore_store_t* store
    the restored tables beside the ones they replace.
    Returns OK; INVALID_ARGUMENT (NULL store or dir, dim or optimizer mismatch); NOT_FOUND (dir
    missing, no committed checkpoint, or no such version); CORRUPT (checksum, size or format
-   mismatch: file and offset in embstore_last_error()); IO_ERROR; UNSUPPORTED (a delta or a
-   checkpoint of several ranks, in this version); CAPACITY_EXCEEDED (more rows than an
-   existing table's max_capacity); OUT_OF_MEMORY; DEVICE_ERROR. */
+   mismatch, or a broken chain: file and offset in embstore_last_error()); IO_ERROR;
+   UNSUPPORTED (a checkpoint of several ranks, in this version); CAPACITY_EXCEEDED (more rows than
+   an existing table's max_capacity); OUT_OF_MEMORY; DEVICE_ERROR. */
 EMBSTORE_API embstore_status_t embstore_restore(embstore_store_t* store, const char* dir,
                                                 uint64_t version, uint64_t* restored_version_out);
 /* Copies the attachment `name` of the last restored checkpoint into buf and its size into

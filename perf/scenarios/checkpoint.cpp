@@ -27,19 +27,6 @@
 namespace embstore::perf {
 namespace {
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-embstore_checkpoint_stats_t checkpoint_stats(embstore_store_t* store) {
-  embstore_checkpoint_stats_t s;
-  s.struct_size = sizeof(s);
-  check(embstore_checkpoint_stats(store, &s), "embstore_checkpoint_stats");
-  return s;
-}
-
 class CheckpointScenario final : public Scenario {
  public:
   const char* name() const override { return "checkpoint"; }

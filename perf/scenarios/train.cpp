@@ -1,0 +1,244 @@
+// Scenario `train`: what checkpointing costs a training loop. The embedding work alone is the
+// step (lookup with insert, apply_gradients, embstore_step; no simulated dense compute, so
+// this is the worst case), over a Zipf stream whose new keys keep growing the table. The same
+// stream runs twice on fresh stores: with checkpointing off, then with a policy taking an
+// incremental checkpoint every --incremental-every steps (and a full one every --full-every;
+// the first is full in any case, and the rebaseline rule applies with its defaults).
+//
+// Reported: steps/s off and on and their ratio; per checkpoint, the training-thread stall
+// (the embstore_step call that captured it, plus the training calls' waits for staging room
+// while it was written: embstore_checkpoint_info's stall_seconds) with its p99 and max; each
+// checkpoint's kind, rows, bytes and write time.
+//
+// The keys of every step are drawn before the timed loops, so both runs time the store alone.
+// Checkpoints go into a fresh directory under --dir, removed afterwards unless --keep.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "perf/harness.hpp"
+#include "perf/report.hpp"
+#include "perf/zipf.hpp"
+
+namespace embstore::perf {
+namespace {
+
+struct Run {
+  double seconds = 0;  // the timed loop
+  std::vector<double> step_seconds;
+  std::vector<double> capture_call_seconds;  // on: the embstore_step calls that captured
+  std::vector<embstore_checkpoint_info_t> checkpoints;
+  embstore_checkpoint_stats_t stats{};
+  uint64_t rows = 0;
+};
+
+class TrainScenario final : public Scenario {
+ public:
+  const char* name() const override { return "train"; }
+  const char* description() const override {
+    return "training steps/s with incremental checkpoints on against off, stall per checkpoint";
+  }
+
+  void add_options(CLI::App& app) override {
+    app.add_option("--dir", dir_, "directory the checkpoints are written under")
+        ->capture_default_str();
+    app.add_option("--incremental-every", incremental_every_,
+                   "an incremental checkpoint every K steps")
+        ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40))
+        ->capture_default_str();
+    app.add_option("--full-every", full_every_,
+                   "a full checkpoint every M steps (0: only the first)")
+        ->capture_default_str();
+    app.add_option("--optimizer", optimizer_, "optimizer of the table")
+        ->check(CLI::IsMember(optimizer_names()))
+        ->capture_default_str();
+    app.add_option("--staging-mib", staging_mib_, "staging_bytes of the store, in MiB")
+        ->check(CLI::Range(1, 1 << 20))
+        ->capture_default_str();
+    app.add_flag("--keep", keep_, "keep the checkpoint directory");
+  }
+
+  // --steps is not given a default: it is chosen in run() from --incremental-every.
+  void set_defaults(CommonOptions& o) const override { o.steps = 0; }
+
+  int run(const CommonOptions& options, Report& report) override {
+    CommonOptions o = options;
+    // At least three incremental checkpoints, and the interval after the last one.
+    if (o.steps == 0) o.steps = std::max<uint64_t>(300, 4 * incremental_every_);
+    const std::string dir = fmt::format("{}/embstore-perf-train-{}", dir_, ::getpid());
+    struct Remove {
+      std::string path;
+      bool keep;
+      ~Remove() {
+        std::error_code ec;
+        if (!keep) std::filesystem::remove_all(path, ec);
+      }
+    } remove{dir, keep_};
+
+    report.say("drawing {} steps of {} keys (Zipf {} over {})", o.steps, o.batch, o.zipf,
+               o.key_space);
+    const std::vector<int64_t> stream =
+        zipf_key_stream(o.steps * o.batch, o.key_space, o.zipf, o.seed);
+    std::vector<float> grads(o.batch * o.dim);
+    SplitMix64 rng(o.seed ^ 0x747261696eull);
+    for (float& g : grads) g = static_cast<float>(rng.next_unit() * 0.02 - 0.01);
+
+    const Run off = train(o, stream, grads, "");
+    const Run on = train(o, stream, grads, dir);
+
+    const double sps_off = o.steps / off.seconds, sps_on = o.steps / on.seconds;
+    std::vector<double> stalls;
+    uint64_t fulls = 0, deltas = 0, delta_bytes = 0, full_bytes = 0;
+    for (size_t i = 0; i < on.checkpoints.size(); ++i) {
+      const embstore_checkpoint_info_t& c = on.checkpoints[i];
+      stalls.push_back(on.capture_call_seconds[i] + c.stall_seconds);
+      if (c.kind == EMBSTORE_CKPT_FULL) {
+        ++fulls;
+        full_bytes += c.bytes_written;
+      } else {
+        ++deltas;
+        delta_bytes += c.bytes_written;
+      }
+    }
+    const double stall_p99 = percentile(stalls, 0.99);
+    const double stall_max = stalls.empty() ? 0 : *std::max_element(stalls.begin(), stalls.end());
+
+    report_common(report, o, backend_);
+    report.set("optimizer", optimizer_);
+    report.set("incremental_every", incremental_every_);
+    report.set("full_every", full_every_);
+    report.set("staging_bytes", size_t{staging_mib_} << 20);
+    report.set("rows", on.rows);
+    report.set("steps_per_second_off", sps_off);
+    report.set("steps_per_second_on", sps_on);
+    report.set("steps_per_second_ratio", sps_on / sps_off);
+    report.set("step_seconds_p99_off", percentile(off.step_seconds, 0.99));
+    report.set("step_seconds_p99_on", percentile(on.step_seconds, 0.99));
+    report.set("checkpoints", on.checkpoints.size());
+    report.set("checkpoints_full", fulls);
+    report.set("checkpoints_incremental", deltas);
+    report.set("checkpoints_deferred", on.stats.deferred);
+    report.set("full_bytes_mean", fulls > 0 ? full_bytes / fulls : 0);
+    report.set("delta_bytes_mean", deltas > 0 ? delta_bytes / deltas : 0);
+    report.set("stall_seconds_p99", stall_p99);
+    report.set("stall_seconds_max", stall_max);
+    report.set("capture_call_seconds_max", on.capture_call_seconds.empty()
+                                               ? 0.0
+                                               : *std::max_element(on.capture_call_seconds.begin(),
+                                                                   on.capture_call_seconds.end()));
+    report.set("copy_on_write_rows", on.stats.copy_on_write_rows);
+
+    report.say("table: dim {} ({}), {} steps of {} keys, {} rows at the end, {} backend", o.dim,
+               optimizer_, o.steps, o.batch, on.rows, backend_name(backend_));
+    for (size_t i = 0; i < on.checkpoints.size(); ++i) {
+      const embstore_checkpoint_info_t& c = on.checkpoints[i];
+      const double mb_s = c.write_seconds > 0 ? c.bytes_written / c.write_seconds : 0;
+      report.say(
+          "  checkpoint {:>7} {:<11} {:>9} rows {:>9}B in {:6.3f} s ({}B/s); stall {:6.2f} ms "
+          "(capture call {:.2f}, waits {:.2f}), {} rows copied on write",
+          c.version, c.kind == EMBSTORE_CKPT_FULL ? "full" : "incremental", c.rows_written,
+          si(static_cast<double>(c.bytes_written)), c.write_seconds, si(mb_s), stalls[i] * 1e3,
+          on.capture_call_seconds[i] * 1e3, c.stall_seconds * 1e3, c.copy_on_write_rows);
+    }
+    report.say(
+        "steps/s: {:.2f} off, {:.2f} on ({} checkpoints: {} full, {} incremental, {} deferred): "
+        "{:.1f}% fewer",
+        sps_off, sps_on, on.checkpoints.size(), fulls, deltas, on.stats.deferred,
+        100.0 * (1.0 - sps_on / sps_off));
+    report.say("training-thread stall per checkpoint: p99 {:.2f} ms, max {:.2f} ms",
+               stall_p99 * 1e3, stall_max * 1e3);
+    for (const embstore_checkpoint_info_t& c : on.checkpoints) {
+      if (c.status != EMBSTORE_OK) {
+        report.say("MISMATCH: checkpoint {} failed: {}", c.version, embstore_status_name(c.status));
+        return kExitMismatch;
+      }
+    }
+    if (on.rows != off.rows) {
+      report.say("MISMATCH: {} rows with checkpointing, {} without", on.rows, off.rows);
+      return kExitMismatch;
+    }
+    return 0;
+  }
+
+ private:
+  // One pass over the stream on a fresh store; checkpointing when dir is not empty.
+  Run train(const CommonOptions& o, const std::vector<int64_t>& stream,
+            const std::vector<float>& grads, const std::string& dir) {
+    embstore_store_config_t config = Store::default_config();
+    config.staging_bytes = size_t{staging_mib_} << 20;
+    Store store(o, config);
+    backend_ = store.backend();
+    embstore_table_t* table =
+        create_table(store, "perf_train", o.dim, optimizer_from_name(optimizer_));
+    if (!dir.empty()) {
+      embstore_checkpoint_policy_t policy;
+      embstore_checkpoint_policy_init(&policy);
+      policy.dir = dir.c_str();
+      policy.incremental_every_steps = incremental_every_;
+      policy.full_every_steps = full_every_;
+      check(embstore_checkpoint_set_policy(store.get(), &policy), "embstore_checkpoint_set_policy");
+    }
+    BackendBuffer<int64_t> d_keys(backend_, o.batch);
+    BackendBuffer<float> d_grads(backend_, grads.size());
+    BackendBuffer<float> d_out(backend_, o.batch * o.dim);
+    d_grads.upload(grads.data(), grads.size());
+
+    Run run;
+    run.step_seconds.reserve(o.steps);
+    const Stopwatch total;
+    for (uint64_t s = 1; s <= o.steps; ++s) {
+      const Stopwatch w;
+      d_keys.upload(stream.data() + (s - 1) * o.batch, o.batch);
+      check(embstore_lookup(table, d_keys.data(), o.batch, d_out.data(), EMBSTORE_LOOKUP_INSERT,
+                            nullptr),
+            "embstore_lookup");
+      check(embstore_apply_gradients(table, d_keys.data(), d_grads.data(), o.batch, nullptr),
+            "embstore_apply_gradients");
+      backend_sync(backend_);
+      const Stopwatch step_call;
+      check(embstore_step(store.get(), s), "embstore_step");
+      const double step_call_seconds = step_call.seconds();
+      run.step_seconds.push_back(w.seconds());
+      if (!dir.empty()) {
+        // A policy checkpoint taken at this step is named by it.
+        embstore_checkpoint_info_t info;
+        info.struct_size = sizeof(info);
+        if (embstore_checkpoint_info(store.get(), s, &info) == EMBSTORE_OK) {
+          run.capture_call_seconds.push_back(step_call_seconds);
+          run.checkpoints.push_back(info);
+        }
+      }
+    }
+    run.seconds = total.seconds();
+
+    if (!run.checkpoints.empty()) {
+      check(embstore_checkpoint_wait(store.get(), run.checkpoints.back().version),
+            "embstore_checkpoint_wait");
+      for (embstore_checkpoint_info_t& info : run.checkpoints) {
+        check(embstore_checkpoint_info(store.get(), info.version, &info),
+              "embstore_checkpoint_info");
+      }
+    }
+    if (!dir.empty()) run.stats = checkpoint_stats(store.get());
+    run.rows = table_stats(table).rows;
+    return run;
+  }
+
+  std::string dir_ = "/tmp";
+  uint64_t incremental_every_ = 100;
+  uint64_t full_every_ = 0;
+  std::string optimizer_ = "adagrad";
+  unsigned staging_mib_ = 256;
+  bool keep_ = false;
+  embstore_backend_t backend_ = EMBSTORE_BACKEND_HOST;
+};
+
+}  // namespace
+
+std::unique_ptr<Scenario> make_train_scenario() { return std::make_unique<TrainScenario>(); }
+
+}  // namespace embstore::perf
