@@ -263,7 +263,6 @@ class HostTable final : public Table {
         cow_rows_.push_back(g.row);
       }
     }
-    captured_left_.fetch_sub(cow_rows_.size());
     wait_for_drain_copy();
     size_t done = 0;
     while (done < cow_rows_.size()) {
@@ -280,6 +279,9 @@ class HostTable final : public Table {
     sink_->count_copy_on_write(cow_rows_.size());
     // No staging chunk stays with the table between calls: the writer can always free one.
     sink_->flush();
+    // Only now: drain reports the snapshot written out once this reaches 0, so these records
+    // must be in staging first.
+    captured_left_.fetch_sub(cow_rows_.size());
   }
 
   // Waits while drain may be copying a row that this call found already taken: drain takes
