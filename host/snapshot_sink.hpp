@@ -24,10 +24,11 @@ class SnapshotSink {
   virtual void count_copy_on_write(uint64_t rows) = 0;
 };
 
-// When a table's drain() gives way to training calls. It gives way while calls want the table,
-// but not for longer than kPatience in a row: two threads training one table keep it wanted
-// nearly all the time, and rows that training does not touch must get written all the same.
-// Only the drain thread uses it.
+// When a drain() that needs the table's lock gives way to training calls (the CUDA backend's,
+// which shares the table's stream order; the host backend drains beside training). It gives
+// way while calls want the table, but not for longer than kPatience in a row: two threads
+// training one table keep it wanted nearly all the time, and rows that training does not touch
+// must get written all the same. Only the drain thread uses it.
 class DrainTurn {
  public:
   static constexpr std::chrono::microseconds kPatience{2000};

@@ -2,10 +2,17 @@
 # Installs embstore's build dependencies from Debian's packages. Idempotent: does nothing when
 # everything is present. The CUDA toolkit (nvcc, CUB, NCCL) is expected at /usr/local/cuda
 # where a CUDA build is wanted; without it the build is host-only.
+#   scripts/setup.sh [--plot]   --plot: also gnuplot, for the benchmark plots (scripts/bench-*.sh)
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config liburing-dev libfmt-dev catch2 nlohmann-json3-dev
           libxxhash-dev libcli11-dev python3)
+for arg in "$@"; do
+  case "$arg" in
+    --plot) packages+=(gnuplot-nox) ;;
+    *) echo "usage: scripts/setup.sh [--plot]" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do
