@@ -1,9 +1,11 @@
-// embstore-ckpt: lists, verifies and inspects checkpoint directories
-// (../shared/DESIGN.md, "On-disk layout and commit") with the io/ layer's own readers.
+// embstore-ckpt: lists, verifies, inspects and compacts checkpoint directories
+// (../shared/DESIGN.md, "On-disk layout and commit") with the io/ layer's own readers, and the
+// chain resolution that restore uses (io/chain.hpp).
 //
-//   embstore-ckpt ls DIR
+//   embstore-ckpt ls DIR                 RESTORABLE: the chain resolves back to a full
 //   embstore-ckpt verify DIR [--version V]
 //   embstore-ckpt inspect DIR --version V --table T [--rows N] [--floats K]
+//   embstore-ckpt compact DIR --version V --out OUT   (compact.cpp)
 //
 // V is a version number (the global step), a version directory name
 // ("00000000000000001000.full") or "latest" (the newest version with a valid manifest).
@@ -26,38 +28,15 @@
 #include <string>
 #include <vector>
 
+#include "io/chain.hpp"
 #include "io/commit.hpp"
 #include "io/engine.hpp"
 #include "io/manifest.hpp"
 #include "io/row_file.hpp"
+#include "io/tool/ckpt.hpp"
 
 namespace embstore::ckpt {
-namespace {
 
-namespace fs = std::filesystem;
-
-constexpr int kExitOk = 0;
-constexpr int kExitProblem = 1;
-constexpr int kExitUsage = 2;
-
-// A problem found (corruption, something missing): main prints it and exits 1.
-struct Problem : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-// Bad usage that CLI11 cannot see (a malformed --version): exit 2.
-struct Usage : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-std::string errno_text(int negative_errno) {
-  return fmt::format("{} ({})", std::strerror(-negative_errno),
-                     io::detail::errno_name(negative_errno));
-}
-
-std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
-
-// "512 B", "268.0 KiB", "12.5 MiB".
 std::string human(uint64_t bytes) {
   if (bytes < 1024) return fmt::format("{} B", bytes);
   static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
@@ -74,16 +53,34 @@ std::string plural(uint64_t n, const char* one, const char* many) {
   return fmt::format("{} {}", n, n == 1 ? one : many);
 }
 
-std::string join(const std::vector<std::string>& parts, const char* sep) {
-  std::string out;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    if (i > 0) out += sep;
-    out += parts[i];
+VersionSpec parse_version_spec(const std::string& text) {
+  VersionSpec s;
+  s.text = text;
+  if (text == "latest") {
+    s.latest = true;
+    return s;
   }
-  return out;
+  bool full = false;
+  if (io::parse_version_dir_name(text, &s.version, &full)) {
+    s.full = full;
+    return s;
+  }
+  if (!text.empty() && text.size() <= 20 &&
+      text.find_first_not_of("0123456789") == std::string::npos) {
+    errno = 0;
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+    if (errno == 0 && *end == '\0') {
+      s.version = v;
+      return s;
+    }
+  }
+  throw Usage(fmt::format(
+      "--version '{}': expected a version number, a version directory name such as {} or "
+      "'latest'",
+      text, io::version_dir_name(1000, true)));
 }
 
-// The committed version directories of dir; a Problem when dir cannot be listed.
 std::vector<io::VersionDir> versions_of(const std::string& dir) {
   std::vector<io::VersionDir> versions;
   const int r = io::list_versions(dir, &versions);
@@ -91,6 +88,21 @@ std::vector<io::VersionDir> versions_of(const std::string& dir) {
   if (r == -ENOTDIR) throw Problem(fmt::format("{}: not a directory", dir));
   if (r < 0) throw Problem(fmt::format("{}: cannot list: {}", dir, errno_text(r)));
   return versions;
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
+
+std::string join(const std::vector<std::string>& parts, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i > 0) out += sep;
+    out += parts[i];
+  }
+  return out;
 }
 
 std::string version_path(const std::string& dir, const io::VersionDir& v) {
@@ -109,12 +121,7 @@ struct ManifestRead {
 
 ManifestRead read_version_manifest(const std::string& dir, const io::VersionDir& v) {
   ManifestRead out;
-  out.rc = io::read_manifest(version_path(dir, v), &out.m, &out.detail);
-  if (out.rc == 0 && (out.m.version != v.version || out.m.full != v.full)) {
-    out.rc = -EBADMSG;
-    out.detail = fmt::format("it describes version {} ({}), not the directory's", out.m.version,
-                             out.m.full ? "full" : "delta");
-  }
+  out.rc = io::read_version_manifest(dir, v, &out.m, &out.detail);
   return out;
 }
 
@@ -154,42 +161,6 @@ uint64_t count_leftovers(const std::string& dir) {
   return n;
 }
 
-// --version: a number, a version directory name, or "latest".
-struct VersionSpec {
-  bool latest = false;
-  uint64_t version = 0;
-  std::optional<bool> full;  // set when given as a directory name
-  std::string text;
-};
-
-VersionSpec parse_version_spec(const std::string& text) {
-  VersionSpec s;
-  s.text = text;
-  if (text == "latest") {
-    s.latest = true;
-    return s;
-  }
-  bool full = false;
-  if (io::parse_version_dir_name(text, &s.version, &full)) {
-    s.full = full;
-    return s;
-  }
-  if (!text.empty() && text.size() <= 20 &&
-      text.find_first_not_of("0123456789") == std::string::npos) {
-    errno = 0;
-    char* end = nullptr;
-    const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
-    if (errno == 0 && *end == '\0') {
-      s.version = v;
-      return s;
-    }
-  }
-  throw Usage(fmt::format(
-      "--version '{}': expected a version number, a version directory name such as {} or "
-      "'latest'",
-      text, io::version_dir_name(1000, true)));
-}
-
 bool matches(const VersionSpec& s, const io::VersionDir& v) {
   return v.version == s.version && (!s.full || *s.full == v.full);
 }
@@ -198,39 +169,40 @@ bool matches(const VersionSpec& s, const io::VersionDir& v) {
 
 int cmd_ls(const std::string& dir) {
   const std::vector<io::VersionDir> versions = versions_of(dir);
+  io::CheckpointDir checkpoints(dir, versions);
 
   // The chain column names a delta's parent and whether that parent is here.
-  std::vector<ManifestRead> manifests;
-  for (const io::VersionDir& v : versions) manifests.push_back(read_version_manifest(dir, v));
   auto have_version = [&](uint64_t version) {
+    const io::Manifest* m = nullptr;
     for (size_t i = 0; i < versions.size(); ++i) {
-      if (versions[i].version == version && manifests[i].rc == 0) return true;
+      if (versions[i].version == version && checkpoints.manifest(i, &m, nullptr) == 0) return true;
     }
     return false;
   };
 
   using Row = std::vector<std::string>;
-  const Row header = {"DIRECTORY", "VERSION", "KIND",        "STEP", "SIZE",
-                      "TABLES",    "ROWS",    "ATTACHMENTS", "CHAIN"};
+  const Row header = {"DIRECTORY", "VERSION", "KIND",        "STEP",  "SIZE",
+                      "TABLES",    "ROWS",    "ATTACHMENTS", "CHAIN", "RESTORABLE"};
   std::vector<Row> rows;
   std::vector<std::string> notes;  // non-empty: the row is the name and this note only
   for (size_t i = 0; i < versions.size(); ++i) {
     const io::VersionDir& v = versions[i];
-    const ManifestRead& mr = manifests[i];
-    if (mr.rc != 0) {
+    const io::Manifest* manifest = nullptr;
+    std::string detail;
+    if (int rc = checkpoints.manifest(i, &manifest, &detail); rc != 0) {
       std::string note;
-      if (mr.rc == -ENOENT) {
+      if (rc == -ENOENT) {
         note = "(no manifest: not a checkpoint)";
-      } else if (mr.rc == -EBADMSG) {
-        note = "(corrupt manifest: " + mr.detail + ")";
+      } else if (rc == -EBADMSG) {
+        note = "(corrupt manifest: " + detail + ")";
       } else {
-        note = "(unreadable manifest: " + errno_text(mr.rc) + ")";
+        note = "(unreadable manifest: " + errno_text(rc) + ")";
       }
       rows.push_back({v.name});
       notes.push_back(std::move(note));
       continue;
     }
-    const io::Manifest& m = mr.m;
+    const io::Manifest& m = *manifest;
     const uint64_t bytes = tree_bytes(version_path(dir, v));
     uint64_t table_rows = 0;
     std::vector<std::string> table_names, attachment_names;
@@ -248,10 +220,13 @@ int cmd_ls(const std::string& dir) {
       return names.empty() ? std::string("0")
                            : fmt::format("{}: {}", names.size(), join(names, ", "));
     };
+    // What restore checks before it reads rows: every manifest back to a full checkpoint.
+    std::vector<io::ChainLink> links;
+    const bool restorable = checkpoints.chain(i, &links, &detail) == 0;
     rows.push_back({v.name, std::to_string(m.version), m.full ? "full" : "delta",
                     std::to_string(m.version), fmt::format("{} ({})", bytes, human(bytes)),
                     counted(table_names), std::to_string(table_rows), counted(attachment_names),
-                    chain});
+                    chain, restorable ? "yes" : "no"});
     notes.emplace_back();
   }
 
@@ -646,7 +621,7 @@ int cmd_inspect(const std::string& dir, const std::string& version_text,
 }
 
 int run(int argc, char** argv) {
-  CLI::App app{"embstore-ckpt: list, verify and inspect embstore checkpoint directories",
+  CLI::App app{"embstore-ckpt: list, verify, inspect and compact embstore checkpoint directories",
                "embstore-ckpt"};
   app.require_subcommand(1);
   app.footer(
@@ -656,12 +631,13 @@ int run(int argc, char** argv) {
 
   std::string dir;
   std::optional<std::string> verify_version;
-  std::string inspect_version, table;
+  std::string inspect_version, table, compact_version, out;
   // Signed: CLI11 2.1 converts "-3" to an unsigned type by wrapping it around.
   int64_t rows = 5;
   int shown = 4;
 
-  CLI::App* ls = app.add_subcommand("ls", "list the versions in a checkpoint directory");
+  CLI::App* ls =
+      app.add_subcommand("ls", "list the versions in a checkpoint directory, restorable or not");
   ls->add_option("DIR", dir, "checkpoint directory")->required();
 
   CLI::App* verify =
@@ -681,6 +657,13 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
 
+  CLI::App* compact = app.add_subcommand(
+      "compact", "merge a version's chain into one full checkpoint in another directory");
+  compact->add_option("DIR", dir, "checkpoint directory")->required();
+  compact->add_option("--version", compact_version, "version, or 'latest'")->required();
+  compact->add_option("--out", out, "directory for the full checkpoint (created if missing)")
+      ->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -688,10 +671,14 @@ int run(int argc, char** argv) {
     return code == 0 ? kExitOk : kExitUsage;
   }
 
-  const char* command = ls->parsed() ? "ls" : verify->parsed() ? "verify" : "inspect";
+  const char* command = ls->parsed()        ? "ls"
+                        : verify->parsed()  ? "verify"
+                        : compact->parsed() ? "compact"
+                                            : "inspect";
   try {
     if (ls->parsed()) return cmd_ls(dir);
     if (verify->parsed()) return cmd_verify(dir, verify_version);
+    if (compact->parsed()) return cmd_compact(dir, compact_version, out);
     return cmd_inspect(dir, inspect_version, table, static_cast<uint64_t>(rows),
                        static_cast<uint32_t>(shown));
   } catch (const Usage& e) {

@@ -145,11 +145,14 @@ const TableSetup kTables[] = {
     {"bias", 1, EMBSTORE_OPT_SGD, EMBSTORE_INIT_CONSTANT, 3, 42, 10},
 };
 
-// A store with three tables and two full checkpoints (versions 10 and 20, each with an
-// attachment) in a fresh directory. Nothing changes the tables after version 20.
+// A store with three tables and two checkpoints (versions 10 and 20, each with an attachment)
+// in a fresh directory: both full, or (kChain) a full one and a delta. Nothing changes the
+// tables after version 20 but advance().
 class Checkpoints {
  public:
-  Checkpoints() {
+  enum Kind { kFulls, kChain };
+
+  explicit Checkpoints(Kind kind = kFulls) : kind_(kind) {
     dir_ = tmp_.path() + "/ckpt";
     embstore_store_config_t sc;
     embstore_store_config_init(&sc);
@@ -174,6 +177,14 @@ class Checkpoints {
       ok(embstore_table_create(store_, &c, &table));
       tables_[t.name] = table;
     }
+    if (kind_ == kChain) {
+      // Small tables make each delta large next to its full checkpoint: keep the chain.
+      embstore_checkpoint_policy_t p;
+      embstore_checkpoint_policy_init(&p);
+      p.max_chain_length = 0;
+      p.rebaseline_fraction = 0;
+      ok(embstore_checkpoint_set_policy(store_, &p));
+    }
     train(10, 0);
     ok(embstore_checkpoint_attach(store_, "dense.bin", "dense weights v10", 17));
     ok(embstore_checkpoint_attach(store_, "reader.offsets", "0123456789", 10));
@@ -188,6 +199,15 @@ class Checkpoints {
 
   const std::string& dir() const { return dir_; }
   std::string vdir(uint64_t version) const { return dir_ + "/" + version_dir_name(version, true); }
+  std::string delta_dir(uint64_t version) const {
+    return dir_ + "/" + version_dir_name(version, false);
+  }
+  embstore_store_t* store() const { return store_; }
+  // Trains one more round at step and checkpoints it (kChain: a delta; full when asked).
+  uint64_t advance(uint64_t step, int round, bool full = false) {
+    train(step, round);
+    return checkpoint(full);
+  }
   std::string row_file(uint64_t version, const std::string& table) const {
     return vdir(version) + "/" + table + "/" + kShard;
   }
@@ -215,9 +235,15 @@ class Checkpoints {
       for (uint64_t i = 0; i < t.rows_v10; ++i) {
         keys.push_back(t.first_key + static_cast<int64_t>(round * t.rows_v10 + i));
       }
-      // Half the keys of round 0 are touched again in round 1.
-      if (round == 1) {
+      // Half the keys of round 0 are touched again in each later round, and from round 2 on
+      // half the keys the round before inserted.
+      if (round >= 1) {
         for (uint64_t i = 0; i < t.rows_v10 / 2; ++i) keys.push_back(t.first_key + i);
+      }
+      if (round >= 2) {
+        for (uint64_t i = 0; i < t.rows_v10 / 2; ++i) {
+          keys.push_back(t.first_key + static_cast<int64_t>((round - 1) * t.rows_v10 + i));
+        }
       }
       embstore_table_t* table = tables_.at(t.name);
       std::vector<float> values(keys.size() * t.dim), grads(keys.size() * t.dim);
@@ -230,13 +256,16 @@ class Checkpoints {
     }
   }
 
-  uint64_t checkpoint() {
+  uint64_t checkpoint(bool full = false) {
     uint64_t version = 0;
-    ok(embstore_checkpoint(store_, dir_.c_str(), EMBSTORE_CKPT_FULL, &version));
+    ok(embstore_checkpoint(store_, dir_.c_str(),
+                           full || kind_ == kFulls ? EMBSTORE_CKPT_FULL : EMBSTORE_CKPT_INCREMENTAL,
+                           &version));
     ok(embstore_checkpoint_wait(store_, version));
     return version;
   }
 
+  Kind kind_;
   TempDir tmp_;
   std::string dir_;
   embstore_store_t* store_ = nullptr;
@@ -260,6 +289,15 @@ void flip_byte(const std::string& path, uint64_t offset) {
   f.seekp(static_cast<std::streamoff>(offset));
   f.put(static_cast<char>(c ^ 0x20));
   REQUIRE(f);
+}
+
+// Changes a digit in a manifest (users' seed, 7) and leaves its checksum as it was.
+void change_seed(const std::string& manifest) {
+  std::string text = read_file(manifest);
+  const size_t at = text.find("\"seed\": 7");
+  REQUIRE(at != std::string::npos);
+  text[at + 8] = '8';
+  std::ofstream(manifest, std::ios::trunc) << text;
 }
 
 // The offsets of the row blocks of a file.
@@ -325,12 +363,12 @@ TEST_CASE("ls lists every version with its kind, size, tables, rows, attachments
   REQUIRE(r.status == 0);
   REQUIRE(columns(lines_of(r.out).at(0)) ==
           std::vector<std::string>{"DIRECTORY", "VERSION", "KIND", "STEP", "SIZE", "TABLES", "ROWS",
-                                   "ATTACHMENTS", "CHAIN"});
+                                   "ATTACHMENTS", "CHAIN", "RESTORABLE"});
   for (uint64_t v : {10, 20}) {
     const std::string line = line_starting(r.out, version_dir_name(v, true));
     INFO("version " << v << ": " << line);
     const std::vector<std::string> col = columns(line);
-    REQUIRE(col.size() == 9);
+    REQUIRE(col.size() == 10);
     CHECK(col[1] == std::to_string(v));
     CHECK(col[2] == "full");
     CHECK(col[3] == std::to_string(v));
@@ -349,6 +387,7 @@ TEST_CASE("ls lists every version with its kind, size, tables, rows, attachments
     CHECK(col[6] == std::to_string(factor * (2500 + 30 + 10)));
     CHECK(col[7] == (v == 10 ? "2: dense.bin, reader.offsets" : "1: dense.bin"));
     CHECK(col[8] == "base");
+    CHECK(col[9] == "yes");
   }
   CHECK_FALSE(contains(r.out, "leftover"));
   CHECK(lines_of(r.out).size() == 3);
@@ -400,13 +439,15 @@ TEST_CASE("ls marks what is not a checkpoint and counts leftovers") {
                                  "(corrupt manifest: checksum mismatch (manifest_xxh3))"});
   CHECK(lines[6].rfind(version_dir_name(60, false), 0) == 0);
   const std::vector<std::string> delta = columns(lines[3]);
-  REQUIRE(delta.size() == 9);
+  REQUIRE(delta.size() == 10);
   CHECK(delta[1] == "25");
   CHECK(delta[2] == "delta");
   CHECK(delta[5] == "0");
   CHECK(delta[6] == "0");
   CHECK(delta[8] == "parent 20");
-  CHECK(columns(lines[6]).back() == "parent 55 (missing)");
+  CHECK(delta[9] == "yes");
+  CHECK(columns(lines[6]).at(8) == "parent 55 (missing)");
+  CHECK(columns(lines[6]).at(9) == "no");
   CHECK(lines[7] == "3 leftover temporary entries (removed at the next checkpoint)");
 }
 
@@ -540,11 +581,7 @@ TEST_CASE("verify names a corrupt or missing manifest") {
   Checkpoints c;
   const std::string manifest = c.vdir(20) + "/MANIFEST.json";
   SECTION("a number changed") {
-    std::string text = read_file(manifest);
-    const size_t at = text.find("\"seed\": 7");
-    REQUIRE(at != std::string::npos);
-    text[at + 8] = '8';
-    std::ofstream(manifest, std::ios::trunc) << text;
+    change_seed(manifest);
     const Result r = run_tool({"verify", c.dir()});
     INFO(describe(r));
     CHECK(r.status == 1);
@@ -903,6 +940,10 @@ TEST_CASE("bad usage exits 2, help exits 0") {
       {"inspect", c.dir(), "--version", "20", "--table", "users", "--rows", "-3"},
       {"inspect", c.dir(), "--version", "20", "--table", "users", "--floats", "0"},
       {"inspect", c.dir(), "--version", "1e3", "--table", "users"},
+      {"compact", c.dir(), "--version", "20"},
+      {"compact", c.dir(), "--out", c.dir() + "-out"},
+      {"compact", "--version", "20", "--out", c.dir() + "-out"},
+      {"compact", c.dir(), "--version", "ten", "--out", c.dir() + "-out"},
   };
   for (const std::vector<std::string>& args : bad) {
     const Result r = run_tool(args);
@@ -917,4 +958,447 @@ TEST_CASE("bad usage exits 2, help exits 0") {
   CHECK(help.status == 0);
   CHECK(contains(help.out, "verify"));
   CHECK(contains(help.out, "inspect"));
+  CHECK(contains(help.out, "compact"));
+  CHECK_FALSE(fs::exists(c.dir() + "-out"));  // bad usage writes nothing
+}
+
+// --------------------------------------------------------------------------- compact --
+
+namespace {
+
+// Every row of a version directory's row files: table -> key -> the bits of its value, then
+// of its optimizer state.
+using TableRows = std::map<int64_t, std::vector<uint32_t>>;
+using Rows = std::map<std::string, TableRows>;
+
+std::vector<uint32_t> row_bits(const float* value, uint32_t dim, const float* state,
+                               uint32_t state_dim) {
+  std::vector<uint32_t> bits(dim + state_dim);
+  std::memcpy(bits.data(), value, dim * sizeof(float));
+  if (state_dim > 0) std::memcpy(bits.data() + dim, state, state_dim * sizeof(float));
+  return bits;
+}
+
+Rows rows_of(const std::string& vdir) {
+  embstore::io::Manifest m;
+  std::string detail;
+  const int rc = embstore::io::read_manifest(vdir, &m, &detail);
+  INFO(vdir << ": " << detail);
+  REQUIRE(rc == 0);
+  Rows rows;
+  for (const embstore::io::TableEntry& t : m.tables) {
+    TableRows& out = rows[t.name];
+    for (const embstore::io::FileEntry& f : t.files) {
+      std::unique_ptr<embstore::io::RowFileReader> reader;
+      REQUIRE(embstore::io::RowFileReader::open(vdir + "/" + f.path, {}, &reader) == 0);
+      embstore::io::RowBlock b;
+      int r;
+      while ((r = reader->next_block(&b)) == 1) {
+        REQUIRE(b.kind == embstore::io::RowBlockKind::kUpserts);
+        for (uint32_t i = 0; i < b.rows; ++i) {
+          const bool inserted =
+              out.emplace(b.keys[i], row_bits(b.values + size_t{i} * b.dim, b.dim,
+                                              b.state + size_t{i} * b.state_dim, b.state_dim))
+                  .second;
+          REQUIRE(inserted);  // each key once
+        }
+      }
+      REQUIRE(r == 0);
+    }
+  }
+  return rows;
+}
+
+// "" when a and b hold the same rows bit for bit, else the first difference.
+std::string first_difference(const Rows& a, const Rows& b) {
+  for (const auto& [table, rows] : a) {
+    auto other = b.find(table);
+    if (other == b.end()) return "table " + table + " only in the first";
+    if (rows.size() != other->second.size()) {
+      return "table " + table + ": " + std::to_string(rows.size()) + " rows and " +
+             std::to_string(other->second.size());
+    }
+    for (const auto& [key, bits] : rows) {
+      auto it = other->second.find(key);
+      if (it == other->second.end()) return "table " + table + ": key " + std::to_string(key);
+      if (it->second != bits) return "table " + table + ": key " + std::to_string(key) + " differs";
+    }
+  }
+  if (a.size() != b.size()) return "a table only in the second";
+  return "";
+}
+
+struct StoreDestroy {
+  void operator()(embstore_store_t* s) const { embstore_store_destroy(s); }
+};
+
+// The rows a fresh store holds after embstore_restore(dir, version), written out as a full
+// checkpoint and read back, and the restored version's attachment `name` (when given).
+Rows restored_rows(const std::string& dir, uint64_t version, const char* name = nullptr,
+                   std::string* attachment = nullptr) {
+  embstore_store_config_t sc;
+  embstore_store_config_init(&sc);
+  sc.backend = EMBSTORE_BACKEND_HOST;
+  sc.host_threads = 2;
+  embstore_store_t* raw = nullptr;
+  ok(embstore_store_create(&sc, &raw));
+  std::unique_ptr<embstore_store_t, StoreDestroy> store(raw);
+  uint64_t got = 0;
+  ok(embstore_restore(raw, dir.c_str(), version, &got));
+  REQUIRE(got == version);
+  if (name != nullptr) {
+    size_t bytes = 0;
+    ok(embstore_restore_attachment(raw, name, nullptr, 0, &bytes));
+    attachment->assign(bytes, '\0');
+    ok(embstore_restore_attachment(raw, name, attachment->data(), bytes, &bytes));
+  }
+  TempDir out;
+  uint64_t written = 0;
+  ok(embstore_checkpoint(raw, out.path().c_str(), EMBSTORE_CKPT_FULL, &written));
+  ok(embstore_checkpoint_wait(raw, written));
+  REQUIRE(written == version);
+  return rows_of(out.path() + "/" + version_dir_name(version, true));
+}
+
+// Whether embstore_restore(dir, version) succeeds in a fresh store.
+bool restores(const std::string& dir, uint64_t version) {
+  embstore_store_config_t sc;
+  embstore_store_config_init(&sc);
+  sc.backend = EMBSTORE_BACKEND_HOST;
+  embstore_store_t* raw = nullptr;
+  ok(embstore_store_create(&sc, &raw));
+  std::unique_ptr<embstore_store_t, StoreDestroy> store(raw);
+  uint64_t got = 0;
+  return embstore_restore(raw, dir.c_str(), version, &got) == EMBSTORE_OK;
+}
+
+// The names in dir, sorted.
+std::vector<std::string> entries(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// The value and state the hand-written deltas give key.
+std::vector<float> crafted(int64_t key, uint32_t n, float base) {
+  std::vector<float> v(n);
+  for (uint32_t j = 0; j < n; ++j) v[j] = base + 0.001f * static_cast<float>(key % 1000) + j;
+  return v;
+}
+
+std::vector<uint32_t> crafted_bits(int64_t key, uint32_t dim, uint32_t state_dim) {
+  const std::vector<float> value = crafted(key, dim, 0.5f), state = crafted(key, state_dim, 2.0f);
+  return row_bits(value.data(), dim, state.data(), state_dim);
+}
+
+struct DeltaTable {
+  std::vector<int64_t> upserts, tombstones;
+  int64_t rows_change = 0;  // of the table's rows
+};
+
+// A delta written with the io/ layer (the store writes no tombstones yet) on the version in
+// parent_dir: each table of the parent, with the upserts (crafted rows) and tombstones given,
+// and one attachment.
+void write_delta(const std::string& dir, uint64_t version, const std::string& parent_dir,
+                 const std::map<std::string, DeltaTable>& tables, const std::string& attachment) {
+  embstore::io::Manifest m;
+  std::string detail;
+  REQUIRE(embstore::io::read_manifest(parent_dir, &m, &detail) == 0);
+  const std::string vdir = dir + "/" + version_dir_name(version, false);
+  m.parent = m.version;
+  m.full = false;
+  m.version = version;
+  for (embstore::io::TableEntry& t : m.tables) {
+    REQUIRE(embstore::io::create_directories(vdir + "/" + t.name) == 0);
+    const std::string rel = t.name + "/" + kShard;
+    std::unique_ptr<embstore::io::RowFileWriter> w;
+    REQUIRE(embstore::io::RowFileWriter::open(vdir + "/" + rel, t.config.dim, t.state_dim, {},
+                                              &w) == 0);
+    auto it = tables.find(t.name);
+    if (it != tables.end()) {
+      for (int64_t key : it->second.upserts) {
+        const std::vector<float> value = crafted(key, t.config.dim, 0.5f),
+                                 state = crafted(key, t.state_dim, 2.0f);
+        REQUIRE(w->add(key, value.data(), state.data()) == 0);
+      }
+      for (int64_t key : it->second.tombstones) REQUIRE(w->add_tombstone(key) == 0);
+      t.table_rows =
+          static_cast<uint64_t>(static_cast<int64_t>(t.table_rows) + it->second.rows_change);
+    }
+    REQUIRE(w->finish() == 0);
+    t.rows = w->rows();
+    t.files = {{rel, w->bytes(), w->rows(), w->checksum()}};
+  }
+  REQUIRE(embstore::io::create_directories(vdir + "/attachments") == 0);
+  const std::string rel = "attachments/reader.offsets";
+  REQUIRE(embstore::io::write_whole_file(vdir + "/" + rel, attachment.data(), attachment.size()) ==
+          0);
+  uint64_t xxh3 = 0, bytes = 0;
+  REQUIRE(embstore::io::checksum_file(vdir + "/" + rel, &xxh3, &bytes) == 0);
+  m.attachments = {{"reader.offsets", {rel, bytes, 0, xxh3}}};
+  REQUIRE(embstore::io::write_manifest(vdir, m) == 0);
+}
+
+constexpr int64_t kUser = 1000000;  // the first key of users
+
+// Versions 10 (full), 20, 30 and 40 (deltas); every round inserts keys and updates older ones.
+void make_chain(Checkpoints& c) {
+  REQUIRE(c.advance(30, 2) == 30);
+  REQUIRE(c.advance(40, 3) == 40);
+  REQUIRE(fs::exists(c.vdir(10)));
+  for (uint64_t v : {20, 30, 40}) REQUIRE(fs::exists(c.delta_dir(v)));
+}
+
+// Versions 50 and 60 on make_chain's, with tombstones: of a key of the full checkpoint (then
+// inserted again), of keys inserted by deltas, and of a key inserted by a delta before.
+void add_tombstone_deltas(Checkpoints& c) {
+  write_delta(c.dir(), 50, c.delta_dir(40),
+              {{"users", {{kUser + 1, kUser + 20000}, {kUser, kUser + 5001, kUser + 7600}, -2}}},
+              "offsets at 50");
+  write_delta(c.dir(), 60, c.delta_dir(50),
+              {{"users", {{kUser}, {kUser + 20000}, 0}}, {"bias", {{}, {42}, -1}}},
+              "offsets at 60");
+}
+
+// The compacted version's manifest against its source's: a full checkpoint of the same
+// version and tables (whole configuration and state layout), each table's rows in one file,
+// and the source's attachments.
+void check_manifest(const std::string& vdir, const std::string& source_vdir) {
+  embstore::io::Manifest m, s;
+  std::string detail;
+  REQUIRE(embstore::io::read_manifest(vdir, &m, &detail) == 0);
+  REQUIRE(embstore::io::read_manifest(source_vdir, &s, &detail) == 0);
+  CHECK(m.full);
+  CHECK_FALSE(m.parent.has_value());
+  CHECK(m.version == s.version);
+  CHECK(m.world_size == 1);
+  REQUIRE(m.tables.size() == s.tables.size());
+  for (size_t i = 0; i < m.tables.size(); ++i) {
+    embstore::io::TableEntry a = m.tables[i], b = s.tables[i];
+    INFO("table " << a.name);
+    CHECK(a.name == b.name);
+    CHECK(a.table_rows == b.table_rows);
+    CHECK(a.rows == a.table_rows);
+    REQUIRE(a.files.size() == 1);
+    CHECK(a.files[0].path == a.name + "/" + kShard);
+    CHECK(a.files[0].rows == a.rows);
+    CHECK(a.files[0].bytes == fs::file_size(vdir + "/" + a.files[0].path));
+    // The rest formats alike: configuration, state_dim and layout.
+    a.files.clear();
+    b.files.clear();
+    a.rows = b.rows = a.table_rows = b.table_rows = 0;
+    embstore::io::Manifest ma, mb;
+    ma.tables = {a};
+    mb.tables = {b};
+    CHECK(embstore::io::format_manifest(ma) == embstore::io::format_manifest(mb));
+  }
+  REQUIRE(m.attachments.size() == s.attachments.size());
+  for (size_t i = 0; i < m.attachments.size(); ++i) {
+    CHECK(m.attachments[i].name == s.attachments[i].name);
+    CHECK(m.attachments[i].file.path == s.attachments[i].file.path);
+    CHECK(m.attachments[i].file.xxh3 == s.attachments[i].file.xxh3);
+    CHECK(read_file(vdir + "/" + m.attachments[i].file.path) ==
+          read_file(source_vdir + "/" + s.attachments[i].file.path));
+  }
+  const Result v = run_tool({"verify", vdir.substr(0, vdir.rfind('/'))});
+  INFO(describe(v));
+  CHECK(v.status == 0);
+}
+
+}  // namespace
+
+TEST_CASE("compact merges a chain with tombstones into one full checkpoint that restores it") {
+  Checkpoints c(Checkpoints::kChain);
+  make_chain(c);
+  add_tombstone_deltas(c);
+  // What restoring the chain gives: the reference, bit for bit.
+  std::string offsets;
+  const Rows expect = restored_rows(c.dir(), 60, "reader.offsets", &offsets);
+  REQUIRE(offsets == "offsets at 60");
+  const TableRows& users = expect.at("users");
+  REQUIRE(users.size() == 4 * 2500 - 2);
+  for (int64_t gone : {kUser + 5001, kUser + 7600, kUser + 20000}) REQUIRE(users.count(gone) == 0);
+  REQUIRE(users.at(kUser) == crafted_bits(kUser, 64, 64));  // tombstoned, then inserted again
+  REQUIRE(users.at(kUser + 1) == crafted_bits(kUser + 1, 64, 64));
+  REQUIRE(expect.at("bias").size() == 4 * 10 - 1);
+  REQUIRE(expect.at("bias").count(42) == 0);
+  REQUIRE(expect.at("items").size() == 4 * 30);
+
+  TempDir tmp;
+  const std::string out = tmp.path() + "/compacted";  // created by compact
+  const Result r = run_tool({"compact", c.dir(), "--version", "latest", "--out", out});
+  INFO(describe(r));
+  REQUIRE(r.status == 0);
+  const std::string vdir = out + "/" + version_dir_name(60, true);
+  CHECK(contains(r.out, c.delta_dir(60) + " (1 full, 5 deltas) into " + vdir + " (3 tables, " +
+                            std::to_string(users.size() + 39 + 120) + " rows, "));
+  CHECK(entries(out) == std::vector<std::string>{version_dir_name(60, true)});
+  check_manifest(vdir, c.delta_dir(60));
+  CHECK(first_difference(rows_of(vdir), expect) == "");
+  std::string restored_offsets;
+  CHECK(first_difference(restored_rows(out, 60, "reader.offsets", &restored_offsets), expect) ==
+        "");
+  CHECK(restored_offsets == offsets);
+  const Result ls = run_tool({"ls", out});
+  INFO(describe(ls));
+  CHECK(columns(line_starting(ls.out, version_dir_name(60, true))).back() == "yes");
+}
+
+TEST_CASE("compact of a full-only version rewrites it") {
+  Checkpoints c(Checkpoints::kChain);
+  const Rows source = rows_of(c.vdir(10));
+  for (const std::string& v : {std::string("10"), version_dir_name(10, true)}) {
+    TempDir out;
+    const Result r = run_tool({"compact", c.dir(), "--version", v, "--out", out.path()});
+    INFO(describe(r));
+    REQUIRE(r.status == 0);
+    CHECK(contains(r.out, " (1 full, 0 deltas) into "));
+    const std::string vdir = out.path() + "/" + version_dir_name(10, true);
+    CHECK(entries(out.path()) == std::vector<std::string>{version_dir_name(10, true)});
+    check_manifest(vdir, c.vdir(10));
+    CHECK(first_difference(rows_of(vdir), source) == "");
+    std::string offsets;
+    CHECK(first_difference(restored_rows(out.path(), 10, "reader.offsets", &offsets), source) ==
+          "");
+    CHECK(offsets == "0123456789");
+  }
+}
+
+TEST_CASE("compact of an older version in a chain leaves the newer deltas out") {
+  Checkpoints c(Checkpoints::kChain);
+  make_chain(c);
+  const Rows expect = restored_rows(c.dir(), 30);
+  REQUIRE(first_difference(expect, restored_rows(c.dir(), 40)) != "");
+  for (const std::string& v : {std::string("30"), version_dir_name(30, false)}) {
+    TempDir out;
+    const Result r = run_tool({"compact", c.dir(), "--version", v, "--out", out.path()});
+    INFO(describe(r));
+    REQUIRE(r.status == 0);
+    CHECK(contains(r.out, c.delta_dir(30) + " (1 full, 2 deltas) into "));
+    const std::string vdir = out.path() + "/" + version_dir_name(30, true);
+    CHECK(entries(out.path()) == std::vector<std::string>{version_dir_name(30, true)});
+    check_manifest(vdir, c.delta_dir(30));
+    CHECK(first_difference(rows_of(vdir), expect) == "");
+    CHECK(first_difference(restored_rows(out.path(), 30), expect) == "");
+  }
+  // A version that is not there, in either form.
+  TempDir out;
+  for (const std::string& v : {std::string("35"), version_dir_name(30, true)}) {
+    const Result r = run_tool({"compact", c.dir(), "--version", v, "--out", out.path()});
+    INFO(describe(r));
+    CHECK(r.status == 1);
+    CHECK(contains(r.err, "'" + c.dir() + "' holds no version " + v));
+  }
+}
+
+TEST_CASE("compact of a corrupt chain fails naming the file and leaves no version") {
+  Checkpoints c(Checkpoints::kChain);
+  make_chain(c);
+  std::string expect;
+  SECTION("a flipped byte in a middle delta's second block") {
+    const std::string path = c.delta_dir(20) + "/users/" + kShard;
+    const std::vector<uint64_t> blocks = block_offsets(path);
+    REQUIRE(blocks.size() >= 2);
+    flip_byte(path, blocks[1] + embstore::io::kRowBlockHeaderBytes + 2 * 8 + 3);
+    expect =
+        path + ": block at offset " + std::to_string(blocks[1]) + ": payload checksum mismatch";
+  }
+  SECTION("a row file whose checksum is not the manifest's") {
+    // Blocks intact, the manifest itself valid: only the whole file's XXH3 tells.
+    embstore::io::Manifest m;
+    std::string detail;
+    REQUIRE(embstore::io::read_manifest(c.delta_dir(30), &m, &detail) == 0);
+    auto items = std::find_if(m.tables.begin(), m.tables.end(),
+                              [](const embstore::io::TableEntry& t) { return t.name == "items"; });
+    REQUIRE(items != m.tables.end());
+    items->files.at(0).xxh3 ^= 1;
+    REQUIRE(embstore::io::write_manifest(c.delta_dir(30), m) == 0);
+    REQUIRE(restores(c.dir(), 40));  // restore checks the block checksums only
+    expect = c.delta_dir(30) + "/items/" + kShard + ": XXH3 checksum mismatch";
+  }
+  SECTION("a missing middle delta") {
+    fs::remove_all(c.delta_dir(20));
+    expect = c.delta_dir(30) + ": its parent version 20 is not in '" + c.dir() +
+             "': the chain is broken";
+  }
+  SECTION("a corrupt middle manifest") {
+    const std::string manifest = c.delta_dir(30) + "/MANIFEST.json";
+    change_seed(manifest);
+    expect = manifest + ": checksum mismatch (manifest_xxh3)";
+  }
+  TempDir out;
+  const Result r = run_tool({"compact", c.dir(), "--version", "40", "--out", out.path()});
+  INFO(describe(r));
+  CHECK(r.status == 1);
+  CHECK(r.out.empty());
+  CHECK(contains(r.err, "embstore-ckpt compact: " + expect));
+  CHECK(entries(out.path()).empty());  // no version, no staging directory
+}
+
+TEST_CASE("compact refuses an --out that already holds the version") {
+  Checkpoints c(Checkpoints::kChain);
+  TempDir out;
+  REQUIRE(run_tool({"compact", c.dir(), "--version", "20", "--out", out.path()}).status == 0);
+  const std::string manifest = out.path() + "/" + version_dir_name(20, true) + "/MANIFEST.json";
+  const std::string before = read_file(manifest);
+  SECTION("as a full checkpoint") {
+    const Result r = run_tool({"compact", c.dir(), "--version", "latest", "--out", out.path()});
+    INFO(describe(r));
+    CHECK(r.status == 1);
+    CHECK(contains(r.err,
+                   out.path() + " already holds version 20 (" + version_dir_name(20, true) + ")"));
+    CHECK(entries(out.path()) == std::vector<std::string>{version_dir_name(20, true)});
+    CHECK(read_file(manifest) == before);
+    // Another version goes in beside it.
+    CHECK(run_tool({"compact", c.dir(), "--version", "10", "--out", out.path()}).status == 0);
+    CHECK(entries(out.path()).size() == 2);
+  }
+  SECTION("as a delta: the source directory itself") {
+    const std::vector<std::string> source = entries(c.dir());
+    const Result r = run_tool({"compact", c.dir(), "--version", "20", "--out", c.dir()});
+    INFO(describe(r));
+    CHECK(r.status == 1);
+    CHECK(contains(r.err,
+                   c.dir() + " already holds version 20 (" + version_dir_name(20, false) + ")"));
+    CHECK(entries(c.dir()) == source);
+  }
+}
+
+TEST_CASE("ls marks the versions whose chain is broken as not restorable") {
+  Checkpoints c(Checkpoints::kChain);
+  make_chain(c);
+  REQUIRE(c.advance(50, 4, true) == 50);
+  REQUIRE(c.advance(60, 5) == 60);
+  REQUIRE(fs::exists(c.vdir(50)));
+  REQUIRE(fs::exists(c.delta_dir(60)));
+  std::map<uint64_t, std::string> expect = {{10, "yes"}, {20, "yes"}, {30, "yes"},
+                                            {40, "yes"}, {50, "yes"}, {60, "yes"}};
+  SECTION("intact") {}
+  SECTION("a middle delta deleted") {
+    fs::remove_all(c.delta_dir(20));
+    expect.erase(20);
+    expect[30] = expect[40] = "no";
+  }
+  SECTION("a middle manifest corrupt") {
+    const std::string manifest = c.delta_dir(30) + "/MANIFEST.json";
+    change_seed(manifest);
+    expect.erase(30);  // shown with a note
+    expect[40] = "no";
+  }
+  const Result r = run_tool({"ls", c.dir()});
+  INFO(describe(r));
+  REQUIRE(r.status == 0);
+  for (const auto& [version, restorable] : expect) {
+    const bool full = version == 10 || version == 50;
+    const std::vector<std::string> col =
+        columns(line_starting(r.out, version_dir_name(version, full)));
+    INFO("version " << version);
+    REQUIRE(col.size() == 10);
+    CHECK(col[9] == restorable);
+    CHECK(col[8].rfind(full ? std::string("base") : "parent " + std::to_string(version - 10), 0) ==
+          0);
+    // ls tells what restore finds.
+    CHECK(restores(c.dir(), version) == (restorable == "yes"));
+  }
 }

@@ -1,0 +1,278 @@
+#include "io/chain.hpp"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <memory>
+#include <unordered_set>
+#include <utility>
+
+#include "io/engine.hpp"
+
+namespace embstore::io {
+
+namespace {
+
+using detail::errno_text;
+
+// "<path>: corrupt" or "<path>: <errno text>" for an error without a reason of its own.
+int path_error(const std::string& path, int err, std::string* detail) {
+  *detail = err == -EBADMSG ? path + ": corrupt" : fmt::format("{}: {}", path, errno_text(err));
+  return err;
+}
+
+int corrupt(std::string* detail, std::string message) {
+  *detail = std::move(message);
+  return -EBADMSG;
+}
+
+}  // namespace
+
+int read_version_manifest(const std::string& parent, const VersionDir& v, Manifest* out,
+                          std::string* detail) {
+  const int r = read_manifest(parent + "/" + v.name, out, detail);
+  if (r == 0 && (out->version != v.version || out->full != v.full)) {
+    if (detail != nullptr) {
+      *detail = fmt::format("it describes version {} ({}), not the directory's", out->version,
+                            out->full ? "full" : "delta");
+    }
+    return -EBADMSG;
+  }
+  return r;
+}
+
+CheckpointDir::CheckpointDir(std::string path, std::vector<VersionDir> versions)
+    : path_(std::move(path)), versions_(std::move(versions)), reads_(versions_.size()) {}
+
+int CheckpointDir::open(const std::string& path, std::string* detail) {
+  std::vector<VersionDir> versions;
+  if (int r = list_versions(path, &versions); r < 0) {
+    if (r == -ENOENT || r == -ENOTDIR) {
+      *detail = fmt::format("checkpoint directory '{}' does not exist", path);
+      return -ENOENT;
+    }
+    return path_error(path, r, detail);
+  }
+  *this = CheckpointDir(path, std::move(versions));
+  return 0;
+}
+
+int CheckpointDir::manifest(size_t index, const Manifest** out, std::string* detail) {
+  Read& read = reads_[index];
+  if (!read.done) {
+    read.rc = read_version_manifest(path_, versions_[index], &read.manifest, &read.detail);
+    read.done = true;
+  }
+  if (read.rc < 0) {
+    if (detail != nullptr) *detail = read.detail;
+    return read.rc;
+  }
+  *out = &read.manifest;
+  return 0;
+}
+
+int CheckpointDir::manifest_error(size_t index, int rc, const std::string& why,
+                                  const std::string& missing, std::string* detail) const {
+  const std::string file = version_path(index) + "/" + kManifestName;
+  if (rc == -ENOENT) return corrupt(detail, fmt::format("{} is missing: {}", file, missing));
+  if (rc == -EBADMSG) return corrupt(detail, fmt::format("{}: {}", file, why));
+  return path_error(file, rc, detail);
+}
+
+int CheckpointDir::choose(uint64_t version, std::optional<bool> full, size_t* index,
+                          std::string* detail, std::vector<std::string>* skipped) {
+  const bool latest = version == kLatestVersion;
+  for (size_t i = versions_.size(); i-- > 0;) {
+    const VersionDir& v = versions_[i];
+    if (!latest && (v.version != version || (full && *full != v.full))) continue;
+    const Manifest* m = nullptr;
+    std::string why;
+    const int r = manifest(i, &m, &why);
+    // Not a committed checkpoint (the commit writes the manifest before the rename).
+    if (r == -ENOENT && latest) {
+      if (skipped != nullptr) skipped->push_back(version_path(i));
+      continue;
+    }
+    if (r < 0) {
+      return manifest_error(
+          i, r, why, fmt::format("version {} is not a committed checkpoint", version), detail);
+    }
+    *index = i;
+    return 0;
+  }
+  if (latest) {
+    *detail = fmt::format("'{}' holds no committed checkpoint", path_);
+  } else {
+    *detail = fmt::format("'{}' holds no version {}", path_,
+                          full ? version_dir_name(version, *full) : std::to_string(version));
+  }
+  return -ENOENT;
+}
+
+int CheckpointDir::chain(size_t index, std::vector<ChainLink>* out, std::string* detail) {
+  out->clear();
+  for (;;) {
+    const Manifest* m = nullptr;
+    std::string why;
+    const int r = manifest(index, &m, &why);
+    if (r < 0) {
+      const std::string child = out->empty() ? std::string() : out->back().path;
+      return manifest_error(index, r, why,
+                            out->empty() ? "it is not a committed checkpoint"
+                                         : child + " needs it (the chain is broken)",
+                            detail);
+    }
+    out->push_back({&versions_[index], m, version_path(index)});
+    if (m->full) return 0;
+    const uint64_t parent = *m->parent;
+    const std::string& child = out->back().path;
+    if (parent >= versions_[index].version) {
+      return corrupt(detail, fmt::format("{}/{}: parent version {} is not older than the delta",
+                                         child, kManifestName, parent));
+    }
+    // A full checkpoint comes before a delta of the same version.
+    auto it = std::find_if(versions_.begin(), versions_.end(),
+                           [&](const VersionDir& v) { return v.version == parent; });
+    if (it == versions_.end()) {
+      return corrupt(detail,
+                     fmt::format("{}: its parent version {} is not in '{}': the chain is broken",
+                                 child, parent, path_));
+    }
+    index = static_cast<size_t>(it - versions_.begin());
+  }
+}
+
+namespace {
+
+// Reads one row file of a chain and hands its surviving rows to sink. With seen (a chain
+// read newest first), a key is handed over once, and a tombstone hides it from older files.
+int read_file(const std::string& path, const FileEntry& f, const TableEntry& t, bool full,
+              const ChainReadOptions& options, std::unordered_set<int64_t>* seen,
+              const RowSink& sink, std::string* detail) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return corrupt(detail, path + " is missing");
+    return path_error(path, -errno, detail);
+  }
+  if (static_cast<uint64_t>(st.st_size) != f.bytes) {
+    return corrupt(detail,
+                   fmt::format("{}: the file is {} bytes, the manifest says {} (truncated at "
+                               "offset {}?)",
+                               path, st.st_size, f.bytes, std::min<uint64_t>(st.st_size, f.bytes)));
+  }
+  std::unique_ptr<RowFileReader> reader;
+  if (int r = RowFileReader::open(path, {}, &reader); r < 0) return path_error(path, r, detail);
+  RowBlock b;
+  uint64_t rows = 0;
+  int r;
+  std::vector<int64_t> keys;
+  std::vector<float> values, state;
+  while ((r = reader->next_block(&b)) == 1) {
+    if (b.kind != RowBlockKind::kUpserts && full) {
+      return corrupt(
+          detail, fmt::format("{}: block at offset {} holds tombstones in a full checkpoint", path,
+                              b.offset));
+    }
+    rows += b.rows;
+    if (seen != nullptr) {
+      if (b.kind == RowBlockKind::kTombstones) {
+        for (uint32_t i = 0; i < b.rows; ++i) seen->insert(b.keys[i]);
+        continue;
+      }
+      keys.clear();
+      values.clear();
+      state.clear();
+      for (uint32_t i = 0; i < b.rows; ++i) {
+        if (!seen->insert(b.keys[i]).second) continue;
+        keys.push_back(b.keys[i]);
+        values.insert(values.end(), b.values + size_t{i} * b.dim, b.values + size_t{i + 1} * b.dim);
+        if (b.state_dim > 0) {
+          state.insert(state.end(), b.state + size_t{i} * b.state_dim,
+                       b.state + size_t{i + 1} * b.state_dim);
+        }
+      }
+      b.keys = keys.data();
+      b.values = values.data();
+      b.state = b.state_dim > 0 ? state.data() : nullptr;
+      b.rows = static_cast<uint32_t>(keys.size());
+    }
+    if (b.dim != t.config.dim || b.state_dim != t.state_dim) {
+      return corrupt(detail,
+                     fmt::format("{}: block at offset {} has dim {} and state_dim {}, the "
+                                 "manifest {} and {}",
+                                 path, b.offset, b.dim, b.state_dim, t.config.dim, t.state_dim));
+    }
+    if (b.rows == 0) continue;
+    std::string why;
+    if (int e = sink(b, &why); e < 0) {
+      *detail = fmt::format("{}: block at offset {}: {}", path, b.offset, why);
+      return e;
+    }
+  }
+  if (r == -EBADMSG) return corrupt(detail, fmt::format("{}: {}", path, reader->error_detail()));
+  if (r < 0) return path_error(path, r, detail);
+  if (rows != f.rows) {
+    return corrupt(detail,
+                   fmt::format("{}: holds {} rows, the manifest says {}", path, rows, f.rows));
+  }
+  if (options.file_checksums) {
+    uint64_t xxh3 = 0, bytes = 0;
+    if (int e = checksum_file(path, &xxh3, &bytes); e < 0) return path_error(path, e, detail);
+    if (bytes != f.bytes || xxh3 != f.xxh3) {
+      return corrupt(detail, fmt::format("{}: XXH3 checksum mismatch: the file hashes to {:016x}, "
+                                         "the manifest says {:016x}",
+                                         path, xxh3, f.xxh3));
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int read_chain_rows(const std::vector<ChainLink>& chain, const TableEntry& table,
+                    const ChainReadOptions& options, const RowSink& sink, std::string* detail) {
+  // Newest first: a key's newest row wins, and each key is handed over once.
+  std::unordered_set<int64_t> seen;
+  std::unordered_set<int64_t>* filter = chain.size() > 1 || options.unique_keys ? &seen : nullptr;
+  for (const ChainLink& c : chain) {
+    auto it = std::find_if(c.manifest->tables.begin(), c.manifest->tables.end(),
+                           [&](const TableEntry& e) { return e.name == table.name; });
+    if (it == c.manifest->tables.end()) continue;  // created after that version
+    if (it->config.dim != table.config.dim || it->state_dim != table.state_dim) {
+      return corrupt(
+          detail, fmt::format("{}: table '{}' changes shape along the chain", c.path, table.name));
+    }
+    for (const FileEntry& f : it->files) {
+      if (int r = read_file(c.path + "/" + f.path, f, *it, c.manifest->full, options, filter, sink,
+                            detail);
+          r < 0) {
+        return r;
+      }
+    }
+  }
+  return 0;
+}
+
+int read_attachment(const std::string& vdir, const AttachmentEntry& a, std::string* data,
+                    std::string* detail) {
+  const std::string path = vdir + "/" + a.file.path;
+  if (int r = read_whole_file(path, data); r < 0) {
+    if (r == -ENOENT) return corrupt(detail, path + " is missing");
+    return path_error(path, r, detail);
+  }
+  if (data->size() != a.file.bytes) {
+    return corrupt(detail, fmt::format("{}: the file is {} bytes, the manifest says {} (offset {})",
+                                       path, data->size(), a.file.bytes,
+                                       std::min<uint64_t>(data->size(), a.file.bytes)));
+  }
+  if (XXH3_64bits(data->data(), data->size()) != a.file.xxh3) {
+    return corrupt(detail,
+                   fmt::format("{}: checksum mismatch over bytes [0, {})", path, data->size()));
+  }
+  return 0;
+}
+
+}  // namespace embstore::io

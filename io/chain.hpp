@@ -1,0 +1,125 @@
+// Checkpoint chains (../shared/DESIGN.md, "On-disk layout and commit"): choosing a version in
+// a checkpoint directory, following a delta's parents back to a full checkpoint, and reading
+// one table's rows of a chain newest first, so that a key's newest row wins and a tombstone
+// hides the key's older rows. Restore (host/checkpoint/restore.cpp) and embstore-ckpt share it.
+//
+// liburing style: 0 or -errno, and nothing throws (what a caller's sink throws passes through).
+// -ENOENT: the directory or the version asked for is not there. -EBADMSG: something inside a
+// version is corrupt or missing. After an error *detail is a message for users that names the
+// file (and the block's offset), e.g. ".../users/shard-00000-of-00001.rows: block at offset
+// 1048576: payload checksum mismatch".
+//
+//   CheckpointDir d;
+//   std::string detail;
+//   size_t v;
+//   std::vector<ChainLink> chain;
+//   if (int r = d.open(dir, &detail); r < 0) return r;
+//   if (int r = d.choose(kLatestVersion, std::nullopt, &v, &detail, nullptr); r < 0) return r;
+//   if (int r = d.chain(v, &chain, &detail); r < 0) return r;
+//   for (const TableEntry& t : chain.front().manifest->tables)
+//     if (int r = read_chain_rows(chain, t, {}, sink, &detail); r < 0) return r;
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/commit.hpp"
+#include "io/manifest.hpp"
+#include "io/row_file.hpp"
+
+namespace embstore::io {
+
+// choose(): the newest version with a manifest instead of an exact one (EMBSTORE_LATEST).
+inline constexpr uint64_t kLatestVersion = UINT64_MAX;
+
+// Reads <parent>/<v.name>/MANIFEST.json and checks that it describes v (version and kind).
+// read_manifest's results; -EBADMSG also for a manifest of another version, the reason (without
+// the path) in *detail.
+int read_version_manifest(const std::string& parent, const VersionDir& v, Manifest* out,
+                          std::string* detail);
+
+// One version of a chain. The pointers stay valid while the CheckpointDir lives.
+struct ChainLink {
+  const VersionDir* dir = nullptr;
+  const Manifest* manifest = nullptr;
+  std::string path;  // the version directory
+};
+
+// The committed versions of one checkpoint directory, each manifest read at most once.
+// Movable, not copyable (ChainLinks point into it).
+class CheckpointDir {
+ public:
+  CheckpointDir() = default;
+  // A listing the caller already has (list_versions' order).
+  CheckpointDir(std::string path, std::vector<VersionDir> versions);
+  CheckpointDir(CheckpointDir&&) = default;
+  CheckpointDir& operator=(CheckpointDir&&) = default;
+
+  // Lists path. -ENOENT when it is missing or not a directory.
+  int open(const std::string& path, std::string* detail);
+
+  const std::string& path() const { return path_; }
+  const std::vector<VersionDir>& versions() const { return versions_; }
+  std::string version_path(size_t index) const { return path_ + "/" + versions_[index].name; }
+
+  // read_version_manifest of versions()[index], read once; the reason (no path) in *detail.
+  int manifest(size_t index, const Manifest** out, std::string* detail);
+
+  // The version to restore: the newest one with a manifest (version kLatestVersion; those
+  // without one are skipped and their paths appended to *skipped, which may be null), or the
+  // exact version, of the given kind when full is set (the newest kind when both exist).
+  // -ENOENT when there is none; -EBADMSG when the chosen one has no valid manifest.
+  int choose(uint64_t version, std::optional<bool> full, size_t* index, std::string* detail,
+             std::vector<std::string>* skipped);
+
+  // The chain of versions()[index]: itself, then each parent back to a full checkpoint (newest
+  // first). -EBADMSG when a parent is missing, not older, or has no valid manifest. Reads
+  // manifests only, no row data.
+  int chain(size_t index, std::vector<ChainLink>* out, std::string* detail);
+
+ private:
+  struct Read {
+    bool done = false;
+    int rc = 0;
+    std::string detail;
+    Manifest manifest;
+  };
+  // "<version>/MANIFEST.json: <why>" for a manifest that did not read; -EBADMSG for -ENOENT.
+  int manifest_error(size_t index, int rc, const std::string& why, const std::string& missing,
+                     std::string* detail) const;
+
+  std::string path_;
+  std::vector<VersionDir> versions_;
+  std::vector<Read> reads_;  // one per version
+};
+
+struct ChainReadOptions {
+  // Also checks each file's whole-file XXH3 against the manifest (a second read of the file);
+  // the block checksums, sizes and row counts are always checked.
+  bool file_checksums = false;
+  // Drops repeated keys also when the chain is a full checkpoint alone (with deltas, always).
+  bool unique_keys = false;
+};
+
+// Takes one block of rows (upserts only, each key once in the chain). 0, or -errno with the
+// reason in *detail; read_chain_rows then returns it as "<file>: block at offset N: <reason>".
+using RowSink = std::function<int(const RowBlock& block, std::string* detail)>;
+
+// Hands sink the rows that chain (newest first, as CheckpointDir::chain gives it) holds for
+// table (an entry of chain.front()'s manifest): every file of the table in every version that
+// has it, each key's newest row only, and no key whose newest row is a tombstone. Checks each
+// file's size, blocks (checksums, kind, shape) and row count against its manifest, and that
+// the table keeps its shape along the chain. The sum of the rows handed over is the table's
+// rows at that version only if the chain is intact; callers compare it with table_rows.
+int read_chain_rows(const std::vector<ChainLink>& chain, const TableEntry& table,
+                    const ChainReadOptions& options, const RowSink& sink, std::string* detail);
+
+// Reads the attachment a of the version directory vdir into *data and checks its size and
+// XXH3 against the manifest. -EBADMSG when it is missing or differs.
+int read_attachment(const std::string& vdir, const AttachmentEntry& a, std::string* data,
+                    std::string* detail);
+
+}  // namespace embstore::io

@@ -1,0 +1,53 @@
+// What the subcommands of embstore-ckpt (ckpt_main.cpp, compact.cpp) share.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "io/commit.hpp"
+#include "io/engine.hpp"
+
+namespace embstore::ckpt {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitProblem = 1;
+inline constexpr int kExitUsage = 2;
+
+// A problem found (corruption, something missing): main prints it and exits 1.
+struct Problem : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Bad usage that CLI11 cannot see (a malformed --version): exit 2.
+struct Usage : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+using io::detail::errno_text;
+
+// "512 B", "268.0 KiB", "12.5 MiB".
+std::string human(uint64_t bytes);
+// "1 file", "3 files".
+std::string plural(uint64_t n, const char* one, const char* many);
+
+// The committed version directories of dir; a Problem when dir cannot be listed.
+std::vector<io::VersionDir> versions_of(const std::string& dir);
+
+// --version: a number, a version directory name, or "latest".
+struct VersionSpec {
+  bool latest = false;
+  uint64_t version = 0;
+  std::optional<bool> full;  // set when given as a directory name
+  std::string text;
+};
+
+// Throws Usage for anything else.
+VersionSpec parse_version_spec(const std::string& text);
+
+// embstore-ckpt compact DIR --version V --out OUT.
+int cmd_compact(const std::string& dir, const std::string& version_text, const std::string& out);
+
+}  // namespace embstore::ckpt

@@ -1,0 +1,176 @@
+// embstore-ckpt compact DIR --version V --out OUT: merges the full checkpoint and the deltas of
+// V's chain into one full checkpoint of version V in OUT, without a store: per table, each
+// key's newest row (value and optimizer state), tombstoned keys left out. The files and the
+// manifest are laid out as the checkpointer lays out a full checkpoint
+// (host/checkpoint/checkpointer.cpp), so embstore_restore(OUT) restores it, and committed with
+// io/commit's protocol, so an interrupted or failed compact leaves no version in OUT.
+#include <fmt/core.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/chain.hpp"
+#include "io/commit.hpp"
+#include "io/manifest.hpp"
+#include "io/row_file.hpp"
+#include "io/tool/ckpt.hpp"
+
+namespace embstore::ckpt {
+namespace {
+
+// The checkpointer's name for a table's one row file (world size 1).
+constexpr const char* kShardFile = "shard-00000-of-00001.rows";
+
+// The staging directory of the new version: removed unless committed.
+struct Staging {
+  std::string path;
+  bool committed = false;
+  ~Staging() {
+    if (!committed && !path.empty()) io::remove_tree(path);
+  }
+};
+
+// Writes table's merged rows into <staging>/<table>/<kShardFile> and returns its entry.
+io::TableEntry write_table(const std::vector<io::ChainLink>& chain, const io::TableEntry& t,
+                           const std::string& staging) {
+  const std::string rel = t.name + "/" + kShardFile;
+  const std::string path = staging + "/" + rel;
+  if (int r = io::create_directories(staging + "/" + t.name); r < 0) {
+    throw Problem(fmt::format("{}/{}: cannot create: {}", staging, t.name, errno_text(r)));
+  }
+  // Preallocated for the rows the table had at that version, as the checkpointer does.
+  io::WriterOptions options;
+  const uint64_t row_bytes = 8 + 4 * (uint64_t{t.config.dim} + t.state_dim);
+  const uint64_t block_rows =
+      std::max<uint64_t>(1, (options.buffer_bytes - io::kRowBlockHeaderBytes) / row_bytes);
+  options.size_hint = t.table_rows * row_bytes +
+                      (t.table_rows / block_rows + 1) * (io::kRowBlockHeaderBytes + io::kAlignment);
+  std::unique_ptr<io::RowFileWriter> writer;
+  if (int r = io::RowFileWriter::open(path, t.config.dim, t.state_dim, options, &writer); r < 0) {
+    throw Problem(fmt::format("{}: cannot create: {}", path, errno_text(r)));
+  }
+  int write_error = 0;
+  const io::RowSink sink = [&](const io::RowBlock& b, std::string* why) {
+    for (uint32_t i = 0; i < b.rows; ++i) {
+      const float* state = b.state_dim > 0 ? b.state + size_t{i} * b.state_dim : nullptr;
+      if (int r = writer->add(b.keys[i], b.values + size_t{i} * b.dim, state); r < 0) {
+        write_error = r;  // reported as the output's error, not the input block's
+        *why = errno_text(r);
+        return r;
+      }
+    }
+    return 0;
+  };
+  io::ChainReadOptions read;
+  read.file_checksums = true;  // compact is offline: every checksum of the inputs
+  read.unique_keys = true;     // a full checkpoint alone too
+  std::string detail;
+  const int r = io::read_chain_rows(chain, t, read, sink, &detail);
+  if (write_error == 0 && r < 0) throw Problem(detail);
+  if (int e = write_error != 0 ? write_error : writer->finish(); e < 0) {
+    throw Problem(fmt::format("{}: cannot write: {}", path, errno_text(e)));
+  }
+  if (writer->rows() != t.table_rows) {
+    throw Problem(
+        fmt::format("{}: table '{}' has {} rows after merging its chain, the manifest says {}",
+                    chain.front().path, t.name, writer->rows(), t.table_rows));
+  }
+  io::TableEntry e = t;
+  e.rows = writer->rows();
+  e.files = {{rel, writer->bytes(), writer->rows(), writer->checksum()}};
+  return e;
+}
+
+}  // namespace
+
+int cmd_compact(const std::string& dir, const std::string& version_text, const std::string& out) {
+  const VersionSpec spec = parse_version_spec(version_text);
+  io::CheckpointDir checkpoints(dir, versions_of(dir));
+  std::string detail;
+  size_t index = 0;
+  std::vector<io::ChainLink> chain;
+  if (checkpoints.choose(spec.latest ? io::kLatestVersion : spec.version, spec.full, &index,
+                         &detail, nullptr) < 0 ||
+      checkpoints.chain(index, &chain, &detail) < 0) {
+    throw Problem(detail);
+  }
+  const io::Manifest& source = *chain.front().manifest;
+  for (const io::ChainLink& c : chain) {
+    if (c.manifest->world_size != 1) {
+      throw Problem(fmt::format("{} was written by {} ranks: compacting shards is not supported",
+                                c.path, c.manifest->world_size));
+    }
+  }
+
+  if (int r = io::create_directories(out); r < 0) {
+    throw Problem(fmt::format("{}: cannot create: {}", out, errno_text(r)));
+  }
+  // Either kind of V in OUT would stand beside the new one; restore could pick it instead.
+  for (const io::VersionDir& v : versions_of(out)) {
+    if (v.version == source.version) {
+      throw Problem(fmt::format("{} already holds version {} ({}): nothing written", out,
+                                source.version, v.name));
+    }
+  }
+  Staging staging;
+  if (int r = io::make_staging_dir(out, source.version, &staging.path); r < 0) {
+    throw Problem(fmt::format("{}: cannot create a temporary directory: {}", out, errno_text(r)));
+  }
+
+  io::Manifest m;
+  m.full = true;
+  m.version = source.version;
+  m.world_size = 1;
+  m.embstore_version = EMBSTORE_VERSION_CODE;
+  uint64_t rows = 0, bytes = 0;
+  for (const io::TableEntry& t : source.tables) {
+    m.tables.push_back(write_table(chain, t, staging.path));
+    rows += m.tables.back().rows;
+    bytes += m.tables.back().files.front().bytes;
+  }
+  if (!source.attachments.empty()) {
+    const std::string adir = staging.path + "/attachments";
+    if (int r = io::create_directories(adir); r < 0) {
+      throw Problem(fmt::format("{}: cannot create: {}", adir, errno_text(r)));
+    }
+  }
+  for (const io::AttachmentEntry& a : source.attachments) {
+    std::string data;
+    if (io::read_attachment(chain.front().path, a, &data, &detail) < 0) throw Problem(detail);
+    const std::string path = staging.path + "/" + a.file.path;
+    if (int r = io::write_whole_file(path, data.data(), data.size()); r < 0) {
+      throw Problem(fmt::format("{}: cannot write: {}", path, errno_text(r)));
+    }
+    m.attachments.push_back(a);
+    bytes += a.file.bytes;
+  }
+  if (int r = io::write_manifest(staging.path, m); r < 0) {
+    throw Problem(
+        fmt::format("{}/{}: cannot write: {}", staging.path, io::kManifestName, errno_text(r)));
+  }
+  const std::string final_path = out + "/" + io::version_dir_name(m.version, true);
+  if (int r = io::commit_staging_dir(staging.path, final_path); r < 0) {
+    // When only the last fsync failed, the version is in place but may not survive a crash:
+    // take it back out of sight (to the staging name, gone since the rename) and remove it.
+    struct stat st;
+    if (::stat(staging.path.c_str(), &st) != 0 && errno == ENOENT) {
+      std::rename(final_path.c_str(), staging.path.c_str());
+    }
+    throw Problem(fmt::format("{}: commit failed: {}", final_path, errno_text(r)));
+  }
+  staging.committed = true;
+
+  const size_t deltas = chain.size() - 1;
+  fmt::print("compacted {} (1 full, {}) into {} ({}, {} rows, {})\n", chain.front().path,
+             plural(deltas, "delta", "deltas"), final_path,
+             plural(m.tables.size(), "table", "tables"), rows, human(bytes));
+  return kExitOk;
+}
+
+}  // namespace embstore::ckpt
