@@ -13,8 +13,9 @@ class SnapshotSink {
   virtual ~SnapshotSink() = default;
   // Host memory for up to `rows` records (at least 1 when it succeeds), in *granted; page-
   // aligned and, on the CUDA backend, pinned. With wait, blocks while staging is full (the wait
-  // is counted as a training stall); without, returns nullptr when no room is free. nullptr
-  // with wait: the snapshot was aborted, nothing needs writing any more.
+  // is counted as a training stall); without (drain), returns nullptr when no room is free,
+  // and may keep some room for the callers that wait. nullptr with wait: the snapshot was
+  // aborted, nothing needs writing any more.
   virtual char* reserve(uint64_t rows, bool wait, uint64_t* granted) = 0;
   // The first `rows` records of the last reserve() are filled.
   virtual void commit(uint64_t rows) = 0;

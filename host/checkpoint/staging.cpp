@@ -21,6 +21,7 @@ StagingRing::StagingRing(size_t staging_bytes, size_t min_chunk_bytes, int pin_d
   chunk_bytes_ = std::max(chunk_bytes_, min_chunk_bytes);
   chunk_bytes_ = (chunk_bytes_ + kPage - 1) / kPage * kPage;
   chunks_ = std::max<size_t>(2, staging_bytes / chunk_bytes_);
+  cow_reserve_ = chunks_ / 4;
   mapped_ = chunks_ * chunk_bytes_;
   void* p = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
@@ -60,7 +61,7 @@ void StagingRing::wait_for_change(std::chrono::milliseconds timeout) {
 
 void StagingRing::wait_for_free(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
-  changed_.wait_for(lock, timeout, [&] { return !free_.empty() || aborted_; });
+  changed_.wait_for(lock, timeout, [&] { return free_.size() > cow_reserve_ || aborted_; });
 }
 
 void StagingRing::abort() {
@@ -94,7 +95,7 @@ int StagingRing::take_free(std::unique_lock<std::mutex>& lock, bool wait) {
     stats_.seconds_max = std::max(stats_.seconds_max, s);
     ++stats_.waits;
   }
-  if (aborted_ || free_.empty()) return -1;
+  if (aborted_ || free_.empty() || (!wait && free_.size() <= cow_reserve_)) return -1;
   const unsigned c = free_.back();
   free_.pop_back();
   return static_cast<int>(c);

@@ -51,7 +51,7 @@ class StagingRing {
   void release(unsigned chunk);
   // Waits until a chunk is queued (or the ring aborted), or until timeout.
   void wait_for_change(std::chrono::milliseconds timeout);
-  // Waits until a chunk is free (or the ring aborted), or until timeout.
+  // Waits until drain may take a chunk (see take_free) or the ring aborted, or until timeout.
   void wait_for_free(std::chrono::milliseconds timeout);
 
   // After a failed write: every reserve() returns nullptr from now on, and waiters wake up.
@@ -81,12 +81,15 @@ class StagingRing {
 
  private:
   // Both under mutex_. take_free: a free chunk or -1, waiting (and counting the wait) when
-  // wait is set. queue: hands a filled chunk to the worker, or frees it when empty.
+  // wait is set (copy-on-write); without wait (drain), only while more than cow_reserve_ are
+  // free, so that drain running ahead does not make training calls wait. queue: hands a filled
+  // chunk to the worker, or frees it when empty.
   int take_free(std::unique_lock<std::mutex>& lock, bool wait);
   void queue(uint32_t table, int chunk, uint64_t rows);
 
   size_t chunk_bytes_ = 0;
   size_t chunks_ = 0;
+  size_t cow_reserve_ = 0;  // a quarter of the chunks
   char* base_ = nullptr;
   size_t mapped_ = 0;
   int pin_device_ = -1;

@@ -1,9 +1,11 @@
 // Scenario `train`: what checkpointing costs a training loop. The embedding work alone is the
 // step (lookup with insert, apply_gradients, embstore_step; no simulated dense compute, so
 // this is the worst case), over a Zipf stream whose new keys keep growing the table. The same
-// stream runs twice on fresh stores: with checkpointing off, then with a policy taking an
+// stream runs on fresh stores with checkpointing off, and on with a policy taking an
 // incremental checkpoint every --incremental-every steps (and a full one every --full-every;
-// the first is full in any case, and the rebaseline rule applies with its defaults).
+// the first is full in any case, and the rebaseline rule applies with its defaults). --repeat
+// N runs N of each, in the order off on, on off, off on, ..., so that a drift of the machine
+// over the run weighs on both; steps/s are over all runs of a kind.
 //
 // Reported: steps/s off and on and their ratio; per checkpoint, the training-thread stall
 // (the embstore_step call that captured it, plus the training calls' waits for staging room
@@ -59,6 +61,9 @@ class TrainScenario final : public Scenario {
     app.add_option("--staging-mib", staging_mib_, "staging_bytes of the store, in MiB")
         ->check(CLI::Range(1, 1 << 20))
         ->capture_default_str();
+    app.add_option("--repeat", repeat_, "runs of each kind, alternating which goes first")
+        ->check(CLI::Range(1, 100))
+        ->capture_default_str();
     app.add_flag("--keep", keep_, "keep the checkpoint directory");
   }
 
@@ -87,10 +92,32 @@ class TrainScenario final : public Scenario {
     SplitMix64 rng(o.seed ^ 0x747261696eull);
     for (float& g : grads) g = static_cast<float>(rng.next_unit() * 0.02 - 0.01);
 
-    const Run off = train(o, stream, grads, "");
-    const Run on = train(o, stream, grads, dir);
+    Run off, on;  // all runs of a kind together
+    auto add = [](Run& all, Run r) {
+      all.seconds += r.seconds;
+      all.step_seconds.insert(all.step_seconds.end(), r.step_seconds.begin(), r.step_seconds.end());
+      all.capture_call_seconds.insert(all.capture_call_seconds.end(),
+                                      r.capture_call_seconds.begin(), r.capture_call_seconds.end());
+      all.checkpoints.insert(all.checkpoints.end(), r.checkpoints.begin(), r.checkpoints.end());
+      all.stats.deferred += r.stats.deferred;
+      all.stats.copy_on_write_rows += r.stats.copy_on_write_rows;
+      if (all.rows != 0 && all.rows != r.rows) all.rows = UINT64_MAX;  // flagged below
+      if (all.rows == 0) all.rows = r.rows;
+    };
+    for (unsigned i = 0; i < repeat_; ++i) {
+      for (const bool checkpointing : {i % 2 == 1, i % 2 == 0}) {
+        const std::string run_dir = fmt::format("{}/{}", dir, i);
+        Run r = train(o, stream, grads, checkpointing ? run_dir : "");
+        report.say("  run {} checkpointing {}: {:.2f} steps/s", i + 1, checkpointing ? "on" : "off",
+                   o.steps / r.seconds);
+        add(checkpointing ? on : off, std::move(r));
+        std::error_code ec;
+        if (!keep_) std::filesystem::remove_all(run_dir, ec);
+      }
+    }
 
-    const double sps_off = o.steps / off.seconds, sps_on = o.steps / on.seconds;
+    const double sps_off = repeat_ * o.steps / off.seconds;
+    const double sps_on = repeat_ * o.steps / on.seconds;
     std::vector<double> stalls;
     uint64_t fulls = 0, deltas = 0, delta_bytes = 0, full_bytes = 0;
     for (size_t i = 0; i < on.checkpoints.size(); ++i) {
@@ -112,6 +139,7 @@ class TrainScenario final : public Scenario {
     report.set("incremental_every", incremental_every_);
     report.set("full_every", full_every_);
     report.set("staging_bytes", size_t{staging_mib_} << 20);
+    report.set("repeat", repeat_);
     report.set("rows", on.rows);
     report.set("steps_per_second_off", sps_off);
     report.set("steps_per_second_on", sps_on);
@@ -157,8 +185,8 @@ class TrainScenario final : public Scenario {
         return kExitMismatch;
       }
     }
-    if (on.rows != off.rows) {
-      report.say("MISMATCH: {} rows with checkpointing, {} without", on.rows, off.rows);
+    if (on.rows != off.rows || on.rows == UINT64_MAX) {
+      report.say("MISMATCH: the runs ended with different row counts");
       return kExitMismatch;
     }
     return 0;
@@ -233,6 +261,7 @@ class TrainScenario final : public Scenario {
   uint64_t full_every_ = 0;
   std::string optimizer_ = "adagrad";
   unsigned staging_mib_ = 256;
+  unsigned repeat_ = 2;
   bool keep_ = false;
   embstore_backend_t backend_ = EMBSTORE_BACKEND_HOST;
 };

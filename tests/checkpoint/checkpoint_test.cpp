@@ -103,17 +103,40 @@ embstore_table_config_t config_for(const char* name, uint32_t dim, embstore_opti
   return c;
 }
 
-// One training step on a deterministic batch (duplicates included) drawn from [0, keys).
+// The batch train_step draws at step: keys in [-keys/2, keys/2) (duplicates included) and
+// gradients in [-1, 1).
+void step_batch(uint64_t step, int64_t keys, size_t batch, uint32_t dim, std::vector<int64_t>* k,
+                std::vector<float>* g) {
+  std::mt19937_64 rng(step * 7919 + 17);
+  k->resize(batch);
+  for (auto& x : *k) x = static_cast<int64_t>(rng() % static_cast<uint64_t>(keys)) - keys / 2;
+  g->resize(batch * dim);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto& x : *g) x = u(rng);
+}
+
+// train_step on a HOST store, with host pointers and without Catch: for a forked child, where
+// a failed assertion would go on running the test suite. false on any error.
+bool host_train_step(embstore_store_t* store, embstore_table_t* t, uint64_t step, int64_t keys,
+                     size_t batch) {
+  std::vector<int64_t> k;
+  std::vector<float> g;
+  const uint32_t dim = embstore_table_dim(t);
+  step_batch(step, keys, batch, dim, &k, &g);
+  std::vector<float> out(k.size() * dim);
+  return embstore_lookup(t, k.data(), k.size(), out.data(), EMBSTORE_LOOKUP_INSERT, nullptr) ==
+             EMBSTORE_OK &&
+         embstore_apply_gradients(t, k.data(), g.data(), k.size(), nullptr) == EMBSTORE_OK &&
+         embstore_step(store, step) == EMBSTORE_OK;
+}
+
+// One training step on step_batch, on the tested backend.
 void train_step(embstore_store_t* store, embstore_table_t* table, uint64_t step, int64_t keys,
                 size_t batch = 256) {
-  std::mt19937_64 rng(step * 7919 + 17);
-  std::vector<int64_t> k(batch);
-  for (auto& x : k) x = static_cast<int64_t>(rng() % static_cast<uint64_t>(keys)) - keys / 2;
+  std::vector<int64_t> k;
+  std::vector<float> g;
+  step_batch(step, keys, batch, embstore_table_dim(table), &k, &g);
   lookup_ok(table, k);
-  const uint32_t dim = embstore_table_dim(table);
-  std::vector<float> g(batch * dim);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (auto& x : g) x = u(rng);
   apply_ok(table, k, g);
   ok(embstore_step(store, step));
 }
@@ -566,10 +589,14 @@ TEST_CASE("a failed policy checkpoint is reported once by embstore_step", "[chec
 
 TEST_CASE("a crash while writing leaves the previous checkpoint to restore", "[checkpoint]") {
   // Crash safety lives in io/ and is the same for every backend; the child runs the host
-  // backend because a CUDA context does not survive fork().
+  // backend, with host memory, because a CUDA context does not survive fork(). Only the
+  // restore at the end uses the tested backend.
   TempDir dir;
   auto train = [](embstore_store_t* store, embstore_table_t* t, uint64_t from, uint64_t to) {
-    for (uint64_t s = from; s <= to; ++s) train_step(store, t, s, 5000, 2000);
+    for (uint64_t s = from; s <= to; ++s) {
+      if (!host_train_step(store, t, s, 5000, 2000)) return false;
+    }
+    return true;
   };
   auto host_store = [] {
     embstore_store_config_t c;
@@ -586,14 +613,13 @@ TEST_CASE("a crash while writing leaves the previous checkpoint to restore", "[c
     embstore_store_t* store = host_store();
     embstore_table_t* t = nullptr;
     const embstore_table_config_t c = config_for("emb", 32, EMBSTORE_OPT_ADAM);
-    if (embstore_table_create(store, &c, &t) != EMBSTORE_OK) _exit(3);
-    train(store, t, 1, 10);
+    if (embstore_table_create(store, &c, &t) != EMBSTORE_OK || !train(store, t, 1, 10)) _exit(3);
     uint64_t v = 0;
     if (embstore_checkpoint(store, dir.path().c_str(), EMBSTORE_CKPT_FULL, &v) != EMBSTORE_OK ||
         embstore_checkpoint_wait(store, v) != EMBSTORE_OK) {
       _exit(4);
     }
-    train(store, t, 11, 20);
+    if (!train(store, t, 11, 20)) _exit(6);
     embstore::io::set_fault_injection([](uint64_t, size_t) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       return 0;
@@ -626,7 +652,7 @@ TEST_CASE("a crash while writing leaves the previous checkpoint to restore", "[c
   embstore_table_t* te = nullptr;
   const embstore_table_config_t c = config_for("emb", 32, EMBSTORE_OPT_ADAM);
   REQUIRE(embstore_table_create(expected_store, &c, &te) == EMBSTORE_OK);
-  train(expected_store, te, 1, 10);
+  REQUIRE(train(expected_store, te, 1, 10));
 
   StoreGuard b(make_store());
   REQUIRE(restore_ok(b, dir.path(), EMBSTORE_LATEST) == 10);
@@ -996,33 +1022,6 @@ TEST_CASE("a delta taken while training goes on holds the rows at its step",
 }
 
 namespace {
-
-// The batch train_step draws at step: keys in [-keys/2, keys/2) (duplicates included) and
-// gradients in [-1, 1).
-void step_batch(uint64_t step, int64_t keys, size_t batch, uint32_t dim, std::vector<int64_t>* k,
-                std::vector<float>* g) {
-  std::mt19937_64 rng(step * 7919 + 17);
-  k->resize(batch);
-  for (auto& x : *k) x = static_cast<int64_t>(rng() % static_cast<uint64_t>(keys)) - keys / 2;
-  g->resize(batch * dim);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (auto& x : *g) x = u(rng);
-}
-
-// train_step on a HOST store, with host pointers and without Catch: for a forked child, where
-// a failed assertion would go on running the test suite. false on any error.
-bool host_train_step(embstore_store_t* store, embstore_table_t* t, uint64_t step, int64_t keys,
-                     size_t batch) {
-  std::vector<int64_t> k;
-  std::vector<float> g;
-  const uint32_t dim = embstore_table_dim(t);
-  step_batch(step, keys, batch, dim, &k, &g);
-  std::vector<float> out(k.size() * dim);
-  return embstore_lookup(t, k.data(), k.size(), out.data(), EMBSTORE_LOOKUP_INSERT, nullptr) ==
-             EMBSTORE_OK &&
-         embstore_apply_gradients(t, k.data(), g.data(), k.size(), nullptr) == EMBSTORE_OK &&
-         embstore_step(store, step) == EMBSTORE_OK;
-}
 
 // What the child of the kill test tells its parent through a pipe.
 struct ChildNote {
