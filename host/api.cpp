@@ -164,6 +164,8 @@ void embstore_table_config_init(embstore_table_config_t* c) {
   c->seed = 0;
   c->admit_after = 1;
   c->evict_idle_steps = 0;
+  c->evict_idle_seconds = 0.0;
+  c->evict_when_full = 0;
 }
 
 embstore_status_t embstore_table_create(embstore_store_t* store,
@@ -227,7 +229,8 @@ embstore_status_t embstore_apply_gradients(embstore_table_t* table, const int64_
 embstore_status_t embstore_step(embstore_store_t* store, uint64_t global_step) {
   return guarded(__func__, [&] {
     require(store, "store");
-    store->step.store(global_step, std::memory_order_relaxed);
+    const uint64_t previous = store->step.exchange(global_step, std::memory_order_relaxed);
+    store->on_step(previous, global_step);
     std::string message;
     const embstore_status_t status = store->checkpointer->on_step(global_step, &message);
     raise(status, std::move(message));
@@ -250,6 +253,14 @@ embstore_status_t embstore_table_stats(embstore_table_t* table, embstore_table_s
     out->evicted = c.evicted;
     out->pending_admission = c.pending_admission;
     out->skipped_keys = c.skipped_keys;
+  });
+}
+
+embstore_status_t embstore_table_evict(embstore_table_t* table, uint64_t* evicted_out) {
+  return guarded(__func__, [&] {
+    require(table, "table");
+    const uint64_t evicted = table->store->evict_idle(table);
+    if (evicted_out) *evicted_out = evicted;
   });
 }
 

@@ -1,5 +1,7 @@
 #include "host/store.hpp"
 
+#include <algorithm>
+
 #include "host/backend/backends.hpp"
 #include "host/error.hpp"
 
@@ -61,6 +63,12 @@ embstore_store::embstore_store(const embstore_store_config_t& c) {
 embstore_store::~embstore_store() { checkpointer.reset(); }
 
 std::unique_ptr<embstore::Table> embstore_store::make_table_impl(embstore::TableSpec spec) {
+  if (backend == EMBSTORE_BACKEND_CUDA && spec.evicts()) {
+    fail(EMBSTORE_UNSUPPORTED,
+         "table '{}': eviction (evict_idle_steps, evict_idle_seconds, evict_when_full) is not "
+         "implemented on the CUDA backend in this version; use the host backend",
+         spec.name);
+  }
   return backend == EMBSTORE_BACKEND_CUDA ? embstore::make_cuda_table(std::move(spec), device)
                                           : embstore::make_host_table(std::move(spec), *pool);
 }
@@ -80,6 +88,7 @@ embstore_table* embstore_store::adopt_table(std::unique_ptr<embstore::Table> imp
   auto table = std::make_unique<embstore_table>();
   table->store = this;
   table->impl = std::move(impl);
+  table->idle_pass_time = idle_clock.now();
   embstore_table* handle = table.get();
   tables_.emplace(handle->impl->spec().name, std::move(table));
   return handle;
@@ -97,4 +106,38 @@ embstore_table* embstore_store::find_table(const char* name) {
   std::lock_guard lock(mutex_);
   auto it = tables_.find(std::string_view(name));
   return it == tables_.end() ? nullptr : it->second.get();
+}
+
+uint64_t embstore_store::on_step(uint64_t previous, uint64_t step) {
+  const std::vector<embstore_table*> all = tables();
+  double resolution = 0, horizon = 0;
+  for (embstore_table* t : all) {
+    const double seconds = t->impl->spec().evict_idle_seconds;
+    if (seconds == 0) continue;
+    resolution = resolution == 0 ? seconds / 64 : std::min(resolution, seconds / 64);
+    horizon = std::max(horizon, seconds);
+  }
+  const double now = idle_clock.now();
+  if (horizon > 0) idle_clock.mark(step, now, resolution, horizon);
+  uint64_t evicted = 0;
+  for (embstore_table* t : all) {
+    const embstore::TableSpec& spec = t->impl->spec();
+    if (!spec.idle_rules() || !embstore::idle_pass_due(spec, previous, step, now, t->idle_pass_time)) {
+      continue;
+    }
+    t->idle_pass_time = now;
+    if (const uint64_t cutoff = embstore::idle_cutoff(spec, step, now, idle_clock); cutoff > 0) {
+      evicted += t->impl->evict_before(cutoff);
+    }
+  }
+  return evicted;
+}
+
+uint64_t embstore_store::evict_idle(embstore_table* table) {
+  const embstore::TableSpec& spec = table->impl->spec();
+  if (!spec.idle_rules()) return 0;
+  const double now = idle_clock.now();
+  const uint64_t cutoff =
+      embstore::idle_cutoff(spec, step.load(std::memory_order_relaxed), now, idle_clock);
+  return cutoff > 0 ? table->impl->evict_before(cutoff) : 0;
 }

@@ -12,12 +12,14 @@
 #include <vector>
 
 #include "host/checkpoint/checkpointer.hpp"
+#include "host/eviction/idle_clock.hpp"
 #include "host/table.hpp"
 #include "host/thread_pool.hpp"
 
 struct embstore_table {
   embstore_store* store;
   std::unique_ptr<embstore::Table> impl;
+  double idle_pass_time = 0;  // when embstore_step last ran the idle rules (IdleClock time)
 };
 
 struct embstore_store {
@@ -35,12 +37,19 @@ struct embstore_store {
   // Registers impl under its spec's name; throws Error(ALREADY_EXISTS).
   embstore_table* adopt_table(std::unique_ptr<embstore::Table> impl);
 
+  // embstore_step's part: the step moves from previous to step; runs the idle rules that are
+  // due. Returns the rows evicted.
+  uint64_t on_step(uint64_t previous, uint64_t step);
+  // embstore_table_evict: the table's idle rules now.
+  uint64_t evict_idle(embstore_table* table);
+
   embstore_backend_t backend;
   int device;
   size_t staging_bytes;
   unsigned io_queue_depth;
   std::unique_ptr<embstore::ThreadPool> pool;  // host backend only
   std::atomic<uint64_t> step{0};
+  embstore::IdleClock idle_clock;
 
  private:
   std::mutex mutex_;  // guards tables_

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cuda/row/init.h"
 #include "cuda/row/optimizer.h"
@@ -23,9 +24,14 @@ struct TableSpec {
   row::OptParams opt{};
   row::InitParams init{};
   uint32_t admit_after = 0;
-  uint64_t evict_idle_steps = 0;
+  uint64_t evict_idle_steps = 0;  // 0: never
+  double evict_idle_seconds = 0;  // 0: never
+  bool evict_when_full = false;
 
   uint32_t state_dim() const { return row::state_dim(opt.kind, dim); }
+  bool idle_rules() const { return evict_idle_steps != 0 || evict_idle_seconds != 0; }
+  // Whether rows are ever evicted (an insert at max_capacity makes room when any rule is set).
+  bool evicts() const { return idle_rules() || evict_when_full; }
   uint32_t stride() const { return dim + state_dim(); }
 };
 
@@ -68,17 +74,26 @@ class Table {
   // rows; clears the dirty bitmap. No row is copied. From here on a mutating call that meets a
   // captured row writes the row to sink first (copy-on-write, waiting for room), and flushes
   // the sink before it returns, so no staging chunk stays with a table between calls. Returns
-  // the rows captured, and the table's rows at the capture in *live_rows.
-  virtual uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows) = 0;
+  // the rows captured, and the table's rows at the capture in *live_rows. An incremental
+  // capture also hands over, in *tombstones, the keys evicted since the last capture that have
+  // no row now (a full one drops them: it holds every live row).
+  virtual uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows,
+                           std::vector<int64_t>* tombstones) = 0;
   // Moves up to max_rows captured rows into sink (reserve without waiting: stops early when
   // staging is full), then flushes it. sink is the drain's own, not the copy-on-write one, so
   // a backend may drain while training calls run. Returns the rows still captured; 0 once the
   // snapshot is written out, copy-on-write included. May do nothing (and return the last
   // count) while a training call wants the table: training goes first.
   virtual uint64_t drain(SnapshotSink* sink, uint64_t max_rows) = 0;
-  // Detaches the sink. After a failed snapshot (failed = true) every row it captured is marked
-  // dirty again, so the next checkpoint still writes it.
+  // Detaches the sink. After a failed snapshot (failed = true) every row it captured that is
+  // still live is marked dirty again, and its tombstones are pending again, so the next
+  // checkpoint still writes them.
   virtual void end_snapshot(bool failed) = 0;
+
+  // ---- eviction (see "Eviction" in embstore.h) ----------------------------------------------
+  // Evicts every live row whose last-touched step is below cutoff_step; returns how many. A
+  // captured row is written to the snapshot first.
+  virtual uint64_t evict_before(uint64_t cutoff_step) = 0;
 
   // ---- restore ---------------------------------------------------------------------------
   // Inserts n rows with their values (n x dim) and optimizer state (n x state_dim) from host

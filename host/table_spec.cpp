@@ -1,6 +1,8 @@
 // Validation of embstore_table_config_t: every field is checked here, once, so backends can
 // trust their TableSpec.
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 
 #include "cuda/row/index.h"
@@ -45,12 +47,17 @@ void check_name(const char* what, const char* name) {
   }
 }
 
-TableSpec make_table_spec(const embstore_table_config_t& c) {
-  if (c.struct_size < sizeof(embstore_table_config_t)) {
+TableSpec make_table_spec(const embstore_table_config_t& config) {
+  // Callers built before the 0.2 fields get their defaults.
+  constexpr size_t kBaseSize = offsetof(embstore_table_config_t, evict_idle_seconds);
+  if (config.struct_size < kBaseSize) {
     fail(EMBSTORE_INVALID_ARGUMENT,
          "table config struct_size is {}, expected {}: fill it with embstore_table_config_init",
-         c.struct_size, sizeof(embstore_table_config_t));
+         config.struct_size, sizeof(embstore_table_config_t));
   }
+  embstore_table_config_t c;
+  embstore_table_config_init(&c);
+  std::memcpy(&c, &config, std::min(config.struct_size, sizeof(c)));
   check_name("table", c.name);
   TableSpec s;
   s.name = c.name;
@@ -139,12 +146,18 @@ TableSpec make_table_spec(const embstore_table_config_t& c) {
          s.name, c.admit_after);
   }
   s.admit_after = c.admit_after;
-  if (c.evict_idle_steps != 0) {
-    fail(EMBSTORE_UNSUPPORTED,
-         "table '{}': eviction (evict_idle_steps = {}) is not implemented in this version", s.name,
-         c.evict_idle_steps);
-  }
   s.evict_idle_steps = c.evict_idle_steps;
+  if (!std::isfinite(c.evict_idle_seconds) || c.evict_idle_seconds < 0.0) {
+    fail(EMBSTORE_INVALID_ARGUMENT,
+         "table '{}': evict_idle_seconds must be finite and >= 0, is {}", s.name,
+         c.evict_idle_seconds);
+  }
+  s.evict_idle_seconds = c.evict_idle_seconds;
+  if (c.evict_when_full > 1) {
+    fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': evict_when_full must be 0 or 1, is {}", s.name,
+         c.evict_when_full);
+  }
+  s.evict_when_full = c.evict_when_full != 0;
   return s;
 }
 
@@ -168,6 +181,8 @@ embstore_table_config_t to_config(const TableSpec& s) {
   c.seed = s.init.seed;
   c.admit_after = s.admit_after;
   c.evict_idle_steps = s.evict_idle_steps;
+  c.evict_idle_seconds = s.evict_idle_seconds;
+  c.evict_when_full = s.evict_when_full ? 1 : 0;
   return c;
 }
 

@@ -50,10 +50,18 @@ uint32_t get_u32(const json& j, const char* key) {
   return static_cast<uint32_t>(v);
 }
 
-float get_float(const json& j, const char* key) {
+double get_double(const json& j, const char* key) {
   const json& v = member(j, key);
   if (!v.is_number()) throw Bad(std::string("'") + key + "' is not a number");
-  return static_cast<float>(v.get<double>());
+  return v.get<double>();
+}
+
+float get_float(const json& j, const char* key) { return static_cast<float>(get_double(j, key)); }
+
+// A member that manifests written before it existed lack: absent means `fallback`.
+template <typename T>
+T get_or(const json& j, const char* key, T fallback, T (*get)(const json&, const char*)) {
+  return j.is_object() && j.contains(key) ? get(j, key) : fallback;
 }
 
 std::string get_string(const json& j, const char* key) {
@@ -131,7 +139,9 @@ json manifest_json(const Manifest& m) {
                             {"init_b", double{c.init_b}},
                             {"seed", c.seed},
                             {"admit_after", c.admit_after},
-                            {"evict_idle_steps", c.evict_idle_steps}}},
+                            {"evict_idle_steps", c.evict_idle_steps},
+                            {"evict_idle_seconds", c.evict_idle_seconds},
+                            {"evict_when_full", c.evict_when_full}}},
                           {"state_dim", t.state_dim},
                           {"state_layout", t.state_layout},
                           {"rows", t.rows},
@@ -246,6 +256,8 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
       e.config.seed = get_u64(c, "seed");
       e.config.admit_after = get_u32(c, "admit_after");
       e.config.evict_idle_steps = get_u64(c, "evict_idle_steps");
+      e.config.evict_idle_seconds = get_or(c, "evict_idle_seconds", 0.0, get_double);
+      e.config.evict_when_full = get_or(c, "evict_when_full", uint32_t{0}, get_u32);
       e.state_dim = get_u32(t, "state_dim");
       e.state_layout = get_string(t, "state_layout");
       e.rows = get_u64(t, "rows");

@@ -23,6 +23,10 @@ EMBSTORE_HD void bitmap_set(uint64_t* words, uint64_t row) {
   }
 }
 
+EMBSTORE_HD void bitmap_clear(uint64_t* words, uint64_t row) {
+  words[row >> 6] &= ~(uint64_t{1} << (row & 63));
+}
+
 EMBSTORE_HD uint64_t bitmap_count(const uint64_t* words, uint64_t first_word, uint64_t end_word) {
   uint64_t n = 0;
   for (uint64_t w = first_word; w < end_word; ++w) n += popcount64(words[w]);

@@ -64,6 +64,29 @@ struct IndexRef {
     }
   }
 
+  // Single-writer removal (eviction): the key's row, or kNoRow when absent. The entries after
+  // it in its cluster move back (backward-shift deletion), so no probe ever needs a marker
+  // for a deleted slot.
+  EMBSTORE_HD uint32_t erase_serial(int64_t key) const {
+    uint64_t hole = home(key);
+    for (;; hole = next(hole)) {
+      if (slots[hole].row == kEmptyRow) return kNoRow;
+      if (slots[hole].key == key) break;
+    }
+    const uint32_t row = slots[hole].row;
+    for (uint64_t s = next(hole); slots[s].row != kEmptyRow; s = next(s)) {
+      // The entry at s may fill the hole unless its home lies cyclically in (hole, s].
+      const uint64_t h = home(slots[s].key);
+      const bool stays = hole <= s ? (hole < h && h <= s) : (hole < h || h <= s);
+      if (!stays) {
+        slots[hole] = slots[s];
+        hole = s;
+      }
+    }
+    slots[hole].row = kEmptyRow;
+    return row;
+  }
+
   // Single-writer insert of a key known to be absent (host backend, index rebuild).
   EMBSTORE_HD void insert_absent(int64_t key, uint32_t row) const {
     uint64_t s = home(key);

@@ -8,8 +8,7 @@
 
 namespace embstore::row {
 
-// Bits of word `word` that belong to rows below `rows` (the live rows of a table whose rows
-// are never freed).
+// Bits of word `word` that belong to rows below `rows` (the rows ever handed out).
 EMBSTORE_HD uint64_t live_mask(uint64_t word, uint64_t rows) {
   const uint64_t first = word * 64;
   if (rows <= first) return 0;
@@ -19,10 +18,11 @@ EMBSTORE_HD uint64_t live_mask(uint64_t word, uint64_t rows) {
 
 // Capture of one bitmap word: the rows a checkpoint must write (every live row for a full one,
 // the dirty rows for an incremental one). The active bits are cleared: changes from here on
-// belong to the next checkpoint. Returns the captured word.
+// belong to the next checkpoint. `freed`: the word's rows that were evicted and not reused
+// (they hold no key). Returns the captured word.
 EMBSTORE_HD uint64_t capture_word(bool full, uint64_t* dirty, uint64_t* captured, uint64_t word,
-                                  uint64_t rows) {
-  const uint64_t taken = full ? live_mask(word, rows) : dirty[word];
+                                  uint64_t rows, uint64_t freed = 0) {
+  const uint64_t taken = (full ? live_mask(word, rows) : dirty[word]) & ~freed;
   captured[word] = taken;
   dirty[word] = 0;
   return taken;

@@ -123,6 +123,7 @@ class HostTable final : public Table {
     rows_scratch_.resize(n);
     uint32_t* rows = rows_scratch_.data();
     find_rows(keys, n, rows);
+    if (insert && spec().evicts()) touch_rows(rows, n, step);
     if (insert) insert_missing(keys, n, rows, step);
     const uint32_t dim = spec().dim;
     const bool streaming = n * dim * sizeof(float) >= kStreamingOutputBytes && dim % 4 == 0 &&
@@ -137,7 +138,11 @@ class HostTable final : public Table {
     uint32_t* rows = rows_scratch_.data();
     find_rows(keys, n, rows);
     group_by_row(rows, n, dirty_tracking_);
-    if (captured_left_.load() > 0) copy_on_write();
+    if (captured_left_.load() > 0) {
+      cow_rows_.clear();
+      for (const Group& g : groups_) cow_rows_.push_back(g.row);
+      copy_out_captured(cow_rows_);
+    }
     row::dispatch_opt(spec().opt.kind,
                       [&](auto kind) { update_groups<decltype(kind)::value>(grads, step); });
   }
@@ -149,6 +154,7 @@ class HostTable final : public Table {
     c.capacity = row::arena_capacity(chunks_, arena_.base_shift);
     c.dirty_rows = row::bitmap_count(dirty_.data(), 0, dirty_.size());
     c.inserted = inserted_;
+    c.evicted = evicted_;
     c.skipped_keys = skipped_;
     return c;
   }
@@ -158,17 +164,32 @@ class HostTable final : public Table {
     dirty_tracking_ = on;
   }
 
-  uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows) override {
+  uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows,
+                   std::vector<int64_t>* tombstones) override {
     std::lock_guard lock(mutex_);
     const uint64_t words = dirty_.size();
-    // Both bitmaps before the dirty bits are touched: an allocation failure changes nothing.
+    // Everything that allocates before the dirty bits are touched: a failure changes nothing.
     captured_.assign(words, 0);
     snapshot_set_.assign(words, 0);
+    tombstones->clear();
+    if (!full) {
+      // A key evicted and inserted again since the last capture has a dirty row instead.
+      std::sort(evicted_keys_.begin(), evicted_keys_.end());
+      evicted_keys_.erase(std::unique(evicted_keys_.begin(), evicted_keys_.end()),
+                          evicted_keys_.end());
+      for (const int64_t key : evicted_keys_) {
+        if (index_.find(key) == row::kNoRow) tombstones->push_back(key);
+      }
+    }
     uint64_t taken = 0;
     for (uint64_t w = 0; w < words; ++w) {
-      taken += row::popcount64(row::capture_word(full, dirty_.data(), captured_.data(), w, rows_));
+      taken += row::popcount64(row::capture_word(full, dirty_.data(), captured_.data(), w,
+                                                 next_row_, freed_[w]));
     }
     std::copy(captured_.begin(), captured_.end(), snapshot_set_.begin());
+    // Kept until the snapshot ends: a failed one makes them pending again.
+    snapshot_evicted_keys_.swap(evicted_keys_);
+    evicted_keys_.clear();
     sink_ = sink;
     captured_left_.store(taken);
     drain_word_ = 0;
@@ -216,10 +237,14 @@ class HostTable final : public Table {
   void end_snapshot(bool failed) override {
     std::lock_guard lock(mutex_);
     if (failed) {
-      for (size_t w = 0; w < snapshot_set_.size(); ++w) dirty_[w] |= snapshot_set_[w];
+      // Rows evicted since were written off with tombstones: only live rows become dirty.
+      for (size_t w = 0; w < snapshot_set_.size(); ++w) dirty_[w] |= snapshot_set_[w] & ~freed_[w];
+      evicted_keys_.insert(evicted_keys_.end(), snapshot_evicted_keys_.begin(),
+                           snapshot_evicted_keys_.end());
     }
     captured_.clear();
     snapshot_set_.clear();
+    snapshot_evicted_keys_.clear();
     captured_left_.store(0);
     sink_ = nullptr;
   }
@@ -233,14 +258,11 @@ class HostTable final : public Table {
       fail(EMBSTORE_CAPACITY_EXCEEDED, "table '{}': {} rows to load, max_capacity is {}",
            spec().name, rows_ + n, limit);
     }
-    reserve_rows(rows_ + n);
+    reserve_rows(next_row_ + n);
     const uint32_t dim = spec().dim;
     const uint32_t state_dim = spec().state_dim();
     for (size_t i = 0; i < n; ++i) {
-      bool inserted = false;
-      const uint32_t r =
-          index_.find_or_insert_serial(keys[i], static_cast<uint32_t>(rows_), &inserted);
-      if (inserted) ++rows_;
+      const uint32_t r = find_or_add_row(keys[i], nullptr);
       row::RowMeta* meta = arena_.row_meta(r);
       meta->key = keys[i];
       meta->step = step;
@@ -252,36 +274,151 @@ class HostTable final : public Table {
   }
 
  private:
-  // Writes the captured rows among this call's groups to the sink before they are updated.
-  void copy_on_write() {
+  // Writes the captured rows among `rows` to the sink before they are changed (updated or
+  // evicted); `rows` keeps only those. Call only while a snapshot is in progress.
+  void copy_out_captured(std::vector<uint32_t>& rows) {
     const uint32_t stride = spec().stride();
     const uint64_t record = row::record_bytes(stride);
-    cow_rows_.clear();
     const uint64_t captured_rows = captured_.size() * 64;  // rows past it were never captured
-    for (const Group& g : groups_) {
-      if (g.row < captured_rows && row::take_captured<true>(captured_.data(), g.row)) {
-        cow_rows_.push_back(g.row);
-      }
+    size_t kept = 0;
+    for (const uint32_t r : rows) {
+      if (r < captured_rows && row::take_captured<true>(captured_.data(), r)) rows[kept++] = r;
     }
+    rows.resize(kept);
     wait_for_drain_copy();
     size_t done = 0;
-    while (done < cow_rows_.size()) {
+    while (done < rows.size()) {
       uint64_t granted = 0;
-      char* out = sink_->reserve(cow_rows_.size() - done, true, &granted);
+      char* out = sink_->reserve(rows.size() - done, true, &granted);
       if (out == nullptr) break;  // the snapshot was aborted
       for (uint64_t k = 0; k < granted; ++k) {
-        const uint32_t r = cow_rows_[done + k];
+        const uint32_t r = rows[done + k];
         row::write_record(out + k * record, arena_.row_meta(r)->key, arena_.row(r), stride);
       }
       sink_->commit(granted);
       done += granted;
     }
-    sink_->count_copy_on_write(cow_rows_.size());
+    sink_->count_copy_on_write(rows.size());
     // No staging chunk stays with the table between calls: the writer can always free one.
     sink_->flush();
     // Only now: drain reports the snapshot written out once this reaches 0, so these records
     // must be in staging first.
-    captured_left_.fetch_sub(cow_rows_.size());
+    captured_left_.fetch_sub(rows.size());
+  }
+
+  // A training lookup touches the rows it finds (they must not be evicted to make room for
+  // the keys beside them). Duplicates store the same value, hence relaxed atomics.
+  void touch_rows(const uint32_t* rows, size_t n, uint64_t step) {
+    const row::ArenaRef arena = arena_;
+    pool_.parallel_for(n, kGrain, [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) {
+        if (rows[i] != row::kNoRow) {
+          __atomic_store_n(&arena.row_meta(rows[i])->step, step, __ATOMIC_RELAXED);
+        }
+      }
+    });
+  }
+
+  // The key's row, or a new one (a freed row first, else the next fresh one; *fresh tells
+  // which) placed in the index. The caller fills a new row.
+  uint32_t find_or_add_row(int64_t key, bool* added) {
+    const bool reuse = !free_rows_.empty();
+    if (!reuse && next_row_ == room_) reserve_rows(next_row_ + 1);  // doubles arena or index
+    const uint32_t candidate = reuse ? free_rows_.back() : static_cast<uint32_t>(next_row_);
+    bool inserted = false;
+    const uint32_t r = index_.find_or_insert_serial(key, candidate, &inserted);
+    if (inserted) {
+      if (reuse) {
+        free_rows_.pop_back();
+        row::bitmap_clear(freed_.data(), r);
+      } else {
+        ++next_row_;
+      }
+      ++rows_;
+      arena_.row_meta(r)->key = key;
+    }
+    if (added != nullptr) *added = inserted;
+    return r;
+  }
+
+  // Evicts `victims` (live rows, each once): written to a snapshot in progress first, then
+  // their keys leave the index and the rows go to the free list.
+  void evict_rows(std::vector<uint32_t>& victims) {
+    if (victims.empty()) return;
+    if (captured_left_.load() > 0) {
+      cow_rows_ = victims;
+      copy_out_captured(cow_rows_);
+    }
+    for (const uint32_t r : victims) {
+      const int64_t key = arena_.row_meta(r)->key;
+      index_.erase_serial(key);
+      row::bitmap_clear(dirty_.data(), r);
+      row::bitmap_set<false>(freed_.data(), r);
+      free_rows_.push_back(r);
+      evicted_keys_.push_back(key);
+    }
+    rows_ -= victims.size();
+    evicted_ += victims.size();
+  }
+
+ public:
+  uint64_t evict_before(uint64_t cutoff_step) override {
+    std::lock_guard lock(mutex_);
+    victims_.clear();
+    for (uint64_t r = 0; r < next_row_; ++r) {
+      if (!row::bitmap_test(freed_.data(), r) && arena_.row_meta(r)->step < cutoff_step) {
+        victims_.push_back(static_cast<uint32_t>(r));
+      }
+    }
+    evict_rows(victims_);
+    return victims_.size();
+  }
+
+ private:
+  // Evicts the `need` least recently used rows touched before `step` (ties: the lowest row),
+  // or throws CAPACITY_EXCEEDED, evicting nothing, when fewer are there. Two passes over the
+  // rows' stamps and no sort of the table: a histogram of the stamps finds the step below
+  // which every row goes, and only the rows of the boundary step range are ordered.
+  void make_room(uint64_t need, uint64_t step) {
+    uint64_t oldest = UINT64_MAX, candidates = 0;
+    for (uint64_t r = 0; r < next_row_; ++r) {
+      const uint64_t s = arena_.row_meta(r)->step;
+      if (!row::bitmap_test(freed_.data(), r) && s < step) {
+        oldest = std::min(oldest, s);
+        ++candidates;
+      }
+    }
+    if (candidates < need) {
+      fail(EMBSTORE_CAPACITY_EXCEEDED,
+           "table '{}': {} rows must be evicted to stay within max_capacity {}, but only {} were "
+           "not touched in the current step {}; nothing was inserted or evicted",
+           spec().name, need, spec().max_capacity, candidates, step);
+    }
+    constexpr uint64_t kBuckets = 4096;
+    const uint64_t width = (step - oldest + kBuckets - 1) / kBuckets;
+    std::vector<uint64_t> histogram(kBuckets + 1, 0);
+    for (uint64_t r = 0; r < next_row_; ++r) {
+      const uint64_t s = arena_.row_meta(r)->step;
+      if (!row::bitmap_test(freed_.data(), r) && s < step) ++histogram[(s - oldest) / width];
+    }
+    uint64_t boundary = 0, below = 0;  // every row of the buckets below `boundary` goes
+    while (below + histogram[boundary] < need) below += histogram[boundary++];
+    const uint64_t lo = oldest + boundary * width, hi = lo + width;
+    victims_.clear();
+    std::vector<std::pair<uint64_t, uint32_t>> edge;  // (step, row) in [lo, hi)
+    for (uint64_t r = 0; r < next_row_; ++r) {
+      const uint64_t s = arena_.row_meta(r)->step;
+      if (row::bitmap_test(freed_.data(), r) || s >= step) continue;
+      if (s < lo) {
+        victims_.push_back(static_cast<uint32_t>(r));
+      } else if (s < hi) {
+        edge.emplace_back(s, static_cast<uint32_t>(r));
+      }
+    }
+    const size_t rest = need - victims_.size();
+    std::nth_element(edge.begin(), edge.begin() + rest, edge.end());
+    for (size_t i = 0; i < rest; ++i) victims_.push_back(edge[i].second);
+    evict_rows(victims_);
   }
 
   // Waits while drain may be copying a row that this call found already taken: drain takes
@@ -334,7 +471,8 @@ class HostTable final : public Table {
     if (missing == 0) return;
     const uint64_t limit = row::row_limit(spec().max_capacity);
     if (rows_ + missing > limit) {
-      // Near the limit only: count distinct new keys exactly (duplicates share a row).
+      // Near the limit only: count distinct new keys exactly (duplicates share a row), and
+      // make room for them when the table evicts.
       missing_keys_.clear();
       for (size_t i = 0; i < n; ++i) {
         if (rows[i] == row::kNoRow) missing_keys_.push_back(keys[i]);
@@ -343,41 +481,41 @@ class HostTable final : public Table {
       const uint64_t fresh =
           std::unique(missing_keys_.begin(), missing_keys_.end()) - missing_keys_.begin();
       if (rows_ + fresh > limit) {
-        fail(EMBSTORE_CAPACITY_EXCEEDED,
-             "table '{}': {} new keys need {} rows, max_capacity is {}; nothing was inserted",
-             spec().name, fresh, rows_ + fresh, limit);
+        if (!spec().evicts()) {
+          fail(EMBSTORE_CAPACITY_EXCEEDED,
+               "table '{}': {} new keys need {} rows, max_capacity is {}; nothing was inserted",
+               spec().name, fresh, rows_ + fresh, limit);
+        }
+        make_room(rows_ + fresh - limit, step);
       }
     }
 
-    const uint64_t first_new = rows_;
+    const uint64_t fresh_from = next_row_;  // rows from here on were never used: zero pages
+    new_rows_.clear();
     for (size_t j = 0; j < missing; ++j) {
       if (j + kAhead < missing) {
         __builtin_prefetch(&index_.slots[index_.home(keys[missing_pos_[j + kAhead]])]);
       }
       const size_t i = missing_pos_[j];
-      if (rows_ == room_) reserve_rows(rows_ + 1);  // doubles the arena or the index
-      bool inserted = false;
-      const uint32_t r =
-          index_.find_or_insert_serial(keys[i], static_cast<uint32_t>(rows_), &inserted);
-      if (inserted) arena_.row_meta(rows_++)->key = keys[i];
-      rows[i] = r;
+      bool added = false;
+      rows[i] = find_or_add_row(keys[i], &added);
+      if (added) new_rows_.push_back(rows[i]);
     }
-    const uint64_t fresh = rows_ - first_new;
-    inserted_ += fresh;
+    inserted_ += new_rows_.size();
 
     const TableSpec& s = spec();
     const row::ArenaRef arena = arena_;
     uint64_t* dirty = dirty_.data();
+    const uint32_t* new_rows = new_rows_.data();
     const bool concurrent = pool_.size() > 1;
     const bool zero_state = row::initial_state_is_zero(s.opt);
-    pool_.parallel_for(fresh, kGrain, [&](size_t begin, size_t end) {
-      for (uint64_t r = first_new + begin; r < first_new + end; ++r) {
+    pool_.parallel_for(new_rows_.size(), kGrain, [&](size_t begin, size_t end) {
+      for (size_t k = begin; k < end; ++k) {
+        const uint32_t r = new_rows[k];
         row::RowMeta* meta = arena.row_meta(r);
         float* values = arena.row(r);
         row::init_row(s.init, meta->key, s.dim, values);
-        float* state = values + s.dim;
-        // Rows are never reused yet, so a new row's memory is fresh zero pages.
-        if (!zero_state) row::init_state(s.opt, s.dim, state);
+        if (!zero_state || r < fresh_from) row::init_state(s.opt, s.dim, values + s.dim);
         meta->step = step;
         concurrent ? row::bitmap_set<true>(dirty, r) : row::bitmap_set<false>(dirty, r);
       }
@@ -464,6 +602,7 @@ class HostTable final : public Table {
     }
     const uint64_t words = row::bitmap_words(row::arena_capacity(chunks_, arena_.base_shift));
     dirty_.resize(words, 0);
+    freed_.resize(words, 0);
     // New rows are never captured: the bitmaps of a snapshot in progress keep their size
     // (drain reads captured_ without the lock).
     const uint64_t slots = row::index_slots_for(rows);
@@ -497,8 +636,15 @@ class HostTable final : public Table {
   HostBuffer index_buffer_;
   row::IndexRef index_{nullptr, 0};
   std::vector<uint64_t> dirty_;
-  uint64_t rows_ = 0, inserted_ = 0, skipped_ = 0;
-  uint64_t room_ = 0;  // rows that fit before the arena or the index must grow
+  // Rows are handed out below next_row_; evicted ones wait in free_rows_ (their freed_ bit
+  // set) for a new key. rows_: the live rows.
+  std::vector<uint64_t> freed_;
+  std::vector<uint32_t> free_rows_;
+  uint64_t next_row_ = 0, rows_ = 0, inserted_ = 0, evicted_ = 0, skipped_ = 0;
+  uint64_t room_ = 0;  // next_row_ may reach this before the arena or the index must grow
+  // Keys evicted since the last capture (tombstones of the next delta), and those that the
+  // snapshot in progress took over.
+  std::vector<int64_t> evicted_keys_, snapshot_evicted_keys_;
   bool dirty_tracking_ = true;
   // The snapshot in progress: the copy-on-write sink, the rows still to write, the rows it
   // captured, where drain resumes, and drain's copy counter (odd while it copies).
@@ -509,7 +655,7 @@ class HostTable final : public Table {
   std::atomic<uint64_t> drain_copying_{0};
   std::vector<uint32_t> cow_rows_;
   // Scratch kept between calls so the hot path does not allocate.
-  std::vector<uint32_t> rows_scratch_, group_map_, next_, missing_pos_;
+  std::vector<uint32_t> rows_scratch_, group_map_, next_, missing_pos_, new_rows_, victims_;
   std::vector<int64_t> missing_keys_;
   std::vector<Group> groups_;
 };

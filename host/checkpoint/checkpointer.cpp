@@ -61,6 +61,7 @@ struct TableJob {
   std::unique_ptr<io::RowFileWriter> writer;
   uint64_t captured = 0;
   uint64_t live_rows = 0;  // the table's rows at capture
+  std::vector<int64_t> tombstones;  // deltas: keys evicted since the parent
   uint64_t remaining = 0;
   bool drained = false;
   bool capture_done = false;
@@ -222,7 +223,7 @@ uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy
     const auto capture_start = Clock::now();
     try {
       for (TableJob& t : job->tables) {
-        t.captured = t.impl->capture(full, t.sink.get(), &t.live_rows);
+        t.captured = t.impl->capture(full, t.sink.get(), &t.live_rows, &t.tombstones);
         t.remaining = t.captured;
         t.capture_done = true;
       }
@@ -300,8 +301,8 @@ void open_writer(const Job& job, TableJob& t) {
   const uint64_t row_bytes = 8 + 4 * uint64_t{t.spec.stride()};
   const uint64_t rows_per_block =
       std::max<uint64_t>(1, (options.buffer_bytes - io::kRowBlockHeaderBytes) / row_bytes);
-  options.size_hint = t.captured * row_bytes +
-                      (t.captured / rows_per_block + 1) * (io::kRowBlockHeaderBytes + 4096);
+  options.size_hint = t.captured * row_bytes + t.tombstones.size() * sizeof(int64_t) +
+                      (t.captured / rows_per_block + 2) * (io::kRowBlockHeaderBytes + 4096);
   if (int r = io::RowFileWriter::open(path, t.spec.dim, t.spec.state_dim(), options, &t.writer);
       r < 0) {
     fail(EMBSTORE_IO_ERROR, "cannot open '{}': {}", path, errno_text(r));
@@ -419,14 +420,22 @@ void Checkpointer::run(Job& job) {
     writer.join();
     if (write_failed.load()) failed(write_status, write_message);
 
-    // Make the row files durable and check that every captured row was written once.
+    // The tombstones after the rows, then make the row files durable and check that every
+    // captured row was written once.
     for (TableJob& t : job.tables) {
       if (status != EMBSTORE_OK) break;
-      if (int r = t.writer->finish(); r < 0) {
+      int r = 0;
+      for (size_t k = 0; k < t.tombstones.size() && r == 0; ++k) {
+        r = t.writer->add_tombstone(t.tombstones[k]);
+      }
+      if (r == 0) r = t.writer->finish();
+      const uint64_t expected = t.captured + t.tombstones.size();
+      if (r < 0) {
         failed(EMBSTORE_IO_ERROR, fmt::format("{}: writing {}: {}", what, t.file, errno_text(r)));
-      } else if (t.writer->rows() != t.captured) {
-        failed(EMBSTORE_INTERNAL, fmt::format("{}: table '{}' captured {} rows but wrote {}", what,
-                                              t.spec.name, t.captured, t.writer->rows()));
+      } else if (t.writer->rows() != expected) {
+        failed(EMBSTORE_INTERNAL,
+               fmt::format("{}: table '{}' captured {} rows and {} tombstones but wrote {}", what,
+                           t.spec.name, t.captured, t.tombstones.size(), t.writer->rows()));
       }
     }
 

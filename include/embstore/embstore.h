@@ -31,7 +31,7 @@ extern "C" {
 /* ---------------------------------------------------------------- version and status -- */
 
 #define EMBSTORE_VERSION_MAJOR 0
-#define EMBSTORE_VERSION_MINOR 1
+#define EMBSTORE_VERSION_MINOR 2
 #define EMBSTORE_VERSION_PATCH 0
 /* MAJOR*10000 + MINOR*100 + PATCH */
 #define EMBSTORE_VERSION_CODE \
@@ -143,8 +143,14 @@ typedef struct embstore_table_config {
                                      column); default 0 */
   uint32_t admit_after;           /* a key gets a row at its N-th occurrence; 0 or 1 (default):
                                      at once. N > 1 is UNSUPPORTED in this version */
-  uint64_t evict_idle_steps;      /* rows untouched for more steps are evicted; 0 (default):
-                                     never. Non-zero is UNSUPPORTED in this version */
+  uint64_t evict_idle_steps;      /* rows untouched for more than this many steps are evicted
+                                     (see "Eviction" below); 0 (default): never */
+  /* Fields below were added in 0.2; a caller built against an older header (a smaller
+     struct_size) gets their defaults. */
+  double evict_idle_seconds;      /* rows untouched for longer are evicted; 0 (default): never */
+  uint32_t evict_when_full;       /* 1: at max_capacity, an insert evicts the least recently
+                                     used rows to make room; 0 (default): it fails with
+                                     CAPACITY_EXCEEDED unless an idle rule is set */
 } embstore_table_config_t;
 
 /* Fills config with the defaults above. NULL is a no-op. */
@@ -154,8 +160,9 @@ EMBSTORE_API void embstore_table_config_init(embstore_table_config_t* config);
    Returns OK; INVALID_ARGUMENT (NULL pointer, struct_size too small, bad name, dim out of
    range, max_capacity below initial_capacity, unknown optimizer or initializer, negative or
    non-finite hyperparameters, beta outside [0,1), NORMAL with negative deviation, UNIFORM with
-   init_b < init_a); ALREADY_EXISTS; UNSUPPORTED (admission or eviction, see above);
-   OUT_OF_MEMORY. */
+   init_b < init_a, negative or non-finite evict_idle_seconds, evict_when_full not 0 or 1);
+   ALREADY_EXISTS; UNSUPPORTED (admission, see above; eviction on the CUDA backend, in this
+   version); OUT_OF_MEMORY. */
 EMBSTORE_API embstore_status_t embstore_table_create(embstore_store_t* store,
                                                      const embstore_table_config_t* config,
                                                      embstore_table_t** table_out);
@@ -179,10 +186,14 @@ EMBSTORE_API uint32_t embstore_table_dim(const embstore_table_t* table);
 /* Reads n rows into values_out (n x dim floats, row-major). Without EMBSTORE_LOOKUP_INSERT
    nothing is stored: keys without a row read as zeros. With it, a key without a row gets
    one, filled by the table's initializer, and is marked dirty; duplicate keys in one call get
-   one row. The rows' last-touched step is the store's current step.
+   one row. The new rows' last-touched step is the store's current step; on a table with an
+   eviction rule, so is that of every row the call finds (training touched it). When the new
+   rows would pass max_capacity, a table with an eviction rule first evicts as many of its
+   least recently used rows as it needs (see "Eviction"), never one this call reads.
    Returns OK; INVALID_ARGUMENT (NULL table, NULL keys or values_out with n > 0, unknown
-   flags); CAPACITY_EXCEEDED (the new rows would pass max_capacity: nothing was inserted and
-   values_out is unspecified); OUT_OF_MEMORY; DEVICE_ERROR. */
+   flags); CAPACITY_EXCEEDED (the new rows would pass max_capacity and too few rows can be
+   evicted: nothing was inserted or evicted, and values_out is unspecified); OUT_OF_MEMORY;
+   DEVICE_ERROR. */
 EMBSTORE_API embstore_status_t embstore_lookup(embstore_table_t* table, const int64_t* keys,
                                                size_t n, float* values_out, uint32_t flags,
                                                void* stream);
@@ -199,8 +210,8 @@ EMBSTORE_API embstore_status_t embstore_apply_gradients(embstore_table_t* table,
                                                         size_t n, void* stream);
 
 /* A step boundary: sets the global step that later updates stamp on their rows and that the
-   next checkpoint is named by, and runs the checkpoint policy (see
-   embstore_checkpoint_set_policy). Steps need not be consecutive.
+   next checkpoint is named by, runs the tables' eviction rules when due (see "Eviction"), then
+   the checkpoint policy (see embstore_checkpoint_set_policy). Steps need not be consecutive.
    Returns OK; INVALID_ARGUMENT (NULL store); or, once, the outcome of a policy checkpoint that
    failed since the last call (IO_ERROR ...; the store stays usable and the step is set); or
    the error of starting a due policy checkpoint (the step is set all the same). */
@@ -221,6 +232,28 @@ typedef struct embstore_table_stats {
    pointer, struct_size too small); DEVICE_ERROR. */
 EMBSTORE_API embstore_status_t embstore_table_stats(embstore_table_t* table,
                                                     embstore_table_stats_t* out);
+
+/* Eviction. A row's last-touched step is the store's step when a training call last inserted,
+   updated or (on a table with an eviction rule) looked it up with EMBSTORE_LOOKUP_INSERT. A
+   table evicts a row
+   - when it is idle for more than evict_idle_steps steps: last-touched step < step - N;
+   - when it is idle for longer than evict_idle_seconds: its last-touched step began more than
+     that many seconds ago (the store notes the time of its steps, 64 times per such period);
+   - when an insert needs room at max_capacity (evict_when_full, or any idle rule): the least
+     recently used rows go first (ties: the lowest row), never a row the insert reads.
+   embstore_step runs the idle rules every ceil(evict_idle_steps / 8) steps and every
+   evict_idle_seconds / 8 seconds, so a row may stay up to 1/8 longer than its limit;
+   embstore_table_evict runs them at once. An evicted row's key leaves the table (a later
+   lookup inserts it anew, from the initializer), its memory is reused, and the next
+   incremental checkpoint records a tombstone for the key, unless the key was inserted again
+   before that checkpoint's capture (then the checkpoint holds the new row). A checkpoint in
+   flight still writes the row as it was at its capture. */
+
+/* Runs the table's idle rules now, at the store's current step and time; *evicted_out (may be
+   NULL) = the rows evicted. Returns OK; INVALID_ARGUMENT (NULL table);
+   DEVICE_ERROR. A table without idle rules evicts nothing. */
+EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table,
+                                                    uint64_t* evicted_out);
 
 /* ------------------------------------------------------------------------- checkpoints -- */
 /* A checkpoint directory holds one subdirectory per version, named by the global step at

@@ -574,9 +574,10 @@ int cmd_inspect(const std::string& dir, const std::string& version_text,
   fmt::print("initializer  {}, seed {}\n", init, c.seed);
   fmt::print("capacity     initial {}, max {}\n", c.initial_capacity,
              c.max_capacity == 0 ? std::string("unbounded") : std::to_string(c.max_capacity));
-  if (c.admit_after > 1 || c.evict_idle_steps > 0) {
-    fmt::print("admission    after {} occurrences; eviction after {} idle steps\n", c.admit_after,
-               c.evict_idle_steps);
+  if (c.admit_after > 1) fmt::print("admission    after {} occurrences\n", c.admit_after);
+  if (c.evict_idle_steps > 0 || c.evict_idle_seconds > 0 || c.evict_when_full != 0) {
+    fmt::print("eviction     after {} idle steps, {} idle seconds (0: never); when full: {}\n",
+               c.evict_idle_steps, c.evict_idle_seconds, c.evict_when_full != 0 ? "yes" : "no");
   }
 
   const uint64_t want = std::min<uint64_t>(max_rows, table->rows);

@@ -216,8 +216,22 @@ TEST_CASE("bad table configs", "[api]") {
   c.admit_after = 3;
   expect(c, EMBSTORE_UNSUPPORTED, "admission");
   c = good;
-  c.evict_idle_steps = 10;
-  expect(c, EMBSTORE_UNSUPPORTED, "eviction");
+  c.evict_idle_seconds = -1.0;
+  expect(c, EMBSTORE_INVALID_ARGUMENT, "evict_idle_seconds");
+  c = good;
+  c.evict_idle_seconds = std::numeric_limits<double>::quiet_NaN();
+  expect(c, EMBSTORE_INVALID_ARGUMENT, "evict_idle_seconds");
+  c = good;
+  c.evict_when_full = 2;
+  expect(c, EMBSTORE_INVALID_ARGUMENT, "evict_when_full");
+  c = good;
+  c.struct_size = offsetof(embstore_table_config_t, evict_idle_steps);
+  expect(c, EMBSTORE_INVALID_ARGUMENT, "struct_size");
+  if (embstore_store_backend(store) == EMBSTORE_BACKEND_CUDA) {
+    c = good;
+    c.evict_idle_steps = 10;
+    expect(c, EMBSTORE_UNSUPPORTED, "eviction");
+  }
 
   // Nothing above created a table.
   embstore_table_t* found = nullptr;

@@ -38,36 +38,8 @@ namespace fs = std::filesystem;
 namespace {
 
 using embstore_test::FaultGuard;
+using embstore_test::HeldWriter;
 using embstore_test::TempDir;
-
-// Holds the writer at its first write until release() (or 30 s), so that training meets rows
-// of the checkpoint that are not written yet.
-class HeldWriter {
- public:
-  HeldWriter()
-      : guard_([this](uint64_t, size_t) {
-          if (writes_.fetch_add(1) == 0) {
-            std::unique_lock lock(m_);
-            cv_.wait_for(lock, std::chrono::seconds(30), [&] { return released_; });
-          }
-          return 0;
-        }) {}
-  ~HeldWriter() { release(); }
-  void release() {
-    {
-      std::lock_guard lock(m_);
-      released_ = true;
-    }
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  bool released_ = false;
-  std::atomic<int> writes_{0};
-  FaultGuard guard_;
-};
 
 void require_status(embstore_status_t got, embstore_status_t want, const char* mentions = "") {
   INFO("last_error: " << embstore_last_error());

@@ -3,10 +3,14 @@
 
 #include <stdlib.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -46,6 +50,35 @@ struct FaultGuard {
   ~FaultGuard() { embstore::io::set_fault_injection(nullptr); }
   FaultGuard(const FaultGuard&) = delete;
   FaultGuard& operator=(const FaultGuard&) = delete;
+};
+
+// Holds the writer at its first write until release() (or 30 s), so that training meets rows
+// of the checkpoint that are not written yet.
+class HeldWriter {
+ public:
+  HeldWriter()
+      : guard_([this](uint64_t, size_t) {
+          if (writes_.fetch_add(1) == 0) {
+            std::unique_lock lock(m_);
+            cv_.wait_for(lock, std::chrono::seconds(30), [&] { return released_; });
+          }
+          return 0;
+        }) {}
+  ~HeldWriter() { release(); }
+  void release() {
+    {
+      std::lock_guard lock(m_);
+      released_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool released_ = false;
+  std::atomic<int> writes_{0};
+  FaultGuard guard_;
 };
 
 }  // namespace embstore_test
