@@ -74,11 +74,12 @@ class Table {
   // rows; clears the dirty bitmap. No row is copied. From here on a mutating call that meets a
   // captured row writes the row to sink first (copy-on-write, waiting for room), and flushes
   // the sink before it returns, so no staging chunk stays with a table between calls. Returns
-  // the rows captured, and the table's rows at the capture in *live_rows. An incremental
-  // capture also hands over, in *tombstones, the keys evicted since the last capture that have
-  // no row now (a full one drops them: it holds every live row).
-  virtual uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows,
-                           std::vector<int64_t>* tombstones) = 0;
+  // the rows captured, and the table's rows at the capture in *live_rows.
+  virtual uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows) = 0;
+  // The keys evicted between the previous capture and this one, repeats included, until
+  // end_snapshot: a delta's tombstones, less the keys that have a row again (those are dirty, so
+  // the delta holds them as rows).
+  virtual const std::vector<int64_t>& evicted_at_capture() const = 0;
   // Moves up to max_rows captured rows into sink (reserve without waiting: stops early when
   // staging is full), then flushes it. sink is the drain's own, not the copy-on-write one, so
   // a backend may drain while training calls run. Returns the rows still captured; 0 once the

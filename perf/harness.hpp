@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <ctime>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -132,13 +133,16 @@ class Store {
 };
 
 // A table of the scenario's dim and optimizer, everything else at its default.
-inline embstore_table_t* create_table(const Store& store, const char* name, uint32_t dim,
-                                      embstore_optimizer_t optimizer) {
+// configure: changes the rest of the config (eviction ...) before the table is created.
+inline embstore_table_t* create_table(
+    const Store& store, const char* name, uint32_t dim, embstore_optimizer_t optimizer,
+    const std::function<void(embstore_table_config_t&)>& configure = {}) {
   embstore_table_config_t config;
   embstore_table_config_init(&config);
   config.name = name;
   config.dim = dim;
   config.optimizer = optimizer;
+  if (configure) configure(config);
   embstore_table_t* table = nullptr;
   check(embstore_table_create(store.get(), &config, &table), "embstore_table_create");
   return table;

@@ -571,12 +571,13 @@ class CudaTable final : public Table {
     std::lock_guard lock(mutex_);
     dirty_tracking_ = on;
   }
-  uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows,
-                   std::vector<int64_t>* tombstones) override;
+  uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows) override;
+  const std::vector<int64_t>& evicted_at_capture() const override { return no_keys_; }
   uint64_t drain(SnapshotSink* sink, uint64_t max_rows) override;
   void end_snapshot(bool failed) override;
   // The store refuses eviction rules on this backend (host/store.cpp): nothing to evict.
   uint64_t evict_before(uint64_t) override { return 0; }
+  const std::vector<int64_t> no_keys_;
   void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
                  uint64_t step) override;
 
@@ -1086,9 +1087,7 @@ char* CudaTable::stage(size_t bytes, cudaStream_t stream) {
   return stage_.get<char>();
 }
 
-uint64_t CudaTable::capture(bool full, SnapshotSink* sink, uint64_t* live_rows,
-                           std::vector<int64_t>* tombstones) {
-  tombstones->clear();  // rows are never evicted on this backend yet
+uint64_t CudaTable::capture(bool full, SnapshotSink* sink, uint64_t* live_rows) {
   Call call(*this, own_stream_);
   const cudaStream_t stream = call.stream;
   if (snapshot_active_) {

@@ -164,30 +164,20 @@ class HostTable final : public Table {
     dirty_tracking_ = on;
   }
 
-  uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows,
-                   std::vector<int64_t>* tombstones) override {
+  uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows) override {
     std::lock_guard lock(mutex_);
     const uint64_t words = dirty_.size();
-    // Everything that allocates before the dirty bits are touched: a failure changes nothing.
+    // Both bitmaps before the dirty bits are touched: an allocation failure changes nothing.
     captured_.assign(words, 0);
     snapshot_set_.assign(words, 0);
-    tombstones->clear();
-    if (!full) {
-      // A key evicted and inserted again since the last capture has a dirty row instead.
-      std::sort(evicted_keys_.begin(), evicted_keys_.end());
-      evicted_keys_.erase(std::unique(evicted_keys_.begin(), evicted_keys_.end()),
-                          evicted_keys_.end());
-      for (const int64_t key : evicted_keys_) {
-        if (index_.find(key) == row::kNoRow) tombstones->push_back(key);
-      }
-    }
     uint64_t taken = 0;
     for (uint64_t w = 0; w < words; ++w) {
       taken += row::popcount64(row::capture_word(full, dirty_.data(), captured_.data(), w,
                                                  next_row_, freed_[w]));
     }
     std::copy(captured_.begin(), captured_.end(), snapshot_set_.begin());
-    // Kept until the snapshot ends: a failed one makes them pending again.
+    // The checkpoint's worker sorts out the tombstones (not this, the training thread); a
+    // failed snapshot makes them pending again.
     snapshot_evicted_keys_.swap(evicted_keys_);
     evicted_keys_.clear();
     sink_ = sink;
@@ -232,6 +222,10 @@ class HostTable final : public Table {
     }
     sink->flush();
     return captured_left_.load();
+  }
+
+  const std::vector<int64_t>& evicted_at_capture() const override {
+    return snapshot_evicted_keys_;
   }
 
   void end_snapshot(bool failed) override {

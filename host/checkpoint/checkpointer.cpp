@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <unordered_set>
 
 #include "cuda/row/snapshot.h"
 #include "host/checkpoint/staging.hpp"
@@ -61,7 +62,8 @@ struct TableJob {
   std::unique_ptr<io::RowFileWriter> writer;
   uint64_t captured = 0;
   uint64_t live_rows = 0;  // the table's rows at capture
-  std::vector<int64_t> tombstones;  // deltas: keys evicted since the parent
+  // Deltas: keys evicted since the parent; the writer drops those it meets as rows.
+  std::unordered_set<int64_t> tombstones;
   uint64_t remaining = 0;
   bool drained = false;
   bool capture_done = false;
@@ -223,7 +225,7 @@ uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy
     const auto capture_start = Clock::now();
     try {
       for (TableJob& t : job->tables) {
-        t.captured = t.impl->capture(full, t.sink.get(), &t.live_rows, &t.tombstones);
+        t.captured = t.impl->capture(full, t.sink.get(), &t.live_rows);
         t.remaining = t.captured;
         t.capture_done = true;
       }
@@ -322,7 +324,13 @@ void Checkpointer::run(Job& job) {
   };
   const std::string what = fmt::format("checkpoint {} into '{}'", job.version, job.dir);
   try {
-    for (TableJob& t : job.tables) open_writer(job, t);
+    for (TableJob& t : job.tables) {
+      if (!job.full) {
+        const std::vector<int64_t>& evicted = t.impl->evicted_at_capture();
+        t.tombstones.insert(evicted.begin(), evicted.end());
+      }
+      open_writer(job, t);
+    }
     // Two threads: this one drains captured rows into staging, a writer writes full chunks to
     // the row files and frees them. The writer never waits for a table, so a training call
     // that waits for staging room (holding its table) always gets it; and drain may block on a
@@ -351,6 +359,8 @@ void Checkpointer::run(Job& job) {
             const char* rec = chunk.data + k * record;
             int64_t key;
             std::memcpy(&key, rec, sizeof(key));
+            // Evicted, then inserted again before the capture: the row stands, no tombstone.
+            if (!t.tombstones.empty()) t.tombstones.erase(key);
             const float* value = reinterpret_cast<const float*>(rec + 8);
             if (int r = t.writer->add(key, value, value + dim); r < 0) {
               std::lock_guard lock(write_mutex);
@@ -424,9 +434,11 @@ void Checkpointer::run(Job& job) {
     // captured row was written once.
     for (TableJob& t : job.tables) {
       if (status != EMBSTORE_OK) break;
+      std::vector<int64_t> tombstones(t.tombstones.begin(), t.tombstones.end());
+      std::sort(tombstones.begin(), tombstones.end());  // the same file for the same state
       int r = 0;
-      for (size_t k = 0; k < t.tombstones.size() && r == 0; ++k) {
-        r = t.writer->add_tombstone(t.tombstones[k]);
+      for (size_t k = 0; k < tombstones.size() && r == 0; ++k) {
+        r = t.writer->add_tombstone(tombstones[k]);
       }
       if (r == 0) r = t.writer->finish();
       const uint64_t expected = t.captured + t.tombstones.size();

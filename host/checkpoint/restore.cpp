@@ -127,6 +127,8 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
     }
   }
   store_.step.store(m.version, std::memory_order_relaxed);
+  // Marks of the abandoned run would make the restored rows look idle since long ago.
+  store_.idle_clock.clear();
   std::lock_guard lock(mutex_);
   restored_attachments_ = std::move(attachments);
   // The schedules go on from the restored step, and the next delta in dir follows it.

@@ -32,6 +32,11 @@ void IdleClock::mark(uint64_t step, double now, double resolution, double horizo
   while (marks_.size() >= 2 && marks_[1].time <= now - horizon) marks_.pop_front();
 }
 
+void IdleClock::clear() {
+  std::lock_guard lock(mutex_);
+  marks_.clear();
+}
+
 uint64_t IdleClock::seconds_cutoff(double seconds, double now) const {
   std::lock_guard lock(mutex_);
   uint64_t cutoff = 0;

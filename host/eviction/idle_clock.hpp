@@ -26,6 +26,8 @@ class IdleClock {
   // Notes that `step` begins at `now`. resolution: the finest that a table needs (its idle
   // seconds / 64); horizon: the longest idle seconds of any table.
   void mark(uint64_t step, double now, double resolution, double horizon);
+  // Forgets every mark: after a restore, whose rows all count as touched at its version.
+  void clear();
   // Rows with a last-touched step below this have been idle for longer than `seconds`; 0 while
   // no mark is that old.
   uint64_t seconds_cutoff(double seconds, double now) const;

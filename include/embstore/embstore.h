@@ -240,10 +240,18 @@ EMBSTORE_API embstore_status_t embstore_table_stats(embstore_table_t* table,
    - when it is idle for longer than evict_idle_seconds: its last-touched step began more than
      that many seconds ago (the store notes the time of its steps, 64 times per such period);
    - when an insert needs room at max_capacity (evict_when_full, or any idle rule): the least
-     recently used rows go first (ties: the lowest row), never a row the insert reads.
+     recently used rows go first (ties: the lowest row). Rows touched in the current step
+     (those the insert reads among them) are never evicted for room: when too few others
+     exist, the insert fails with CAPACITY_EXCEEDED (also before the first embstore_step,
+     while every row has step 0). Finding the victims reads every row's stamp, so at
+     max_capacity each insert that needs room costs a pass over the table.
    embstore_step runs the idle rules every ceil(evict_idle_steps / 8) steps and every
-   evict_idle_seconds / 8 seconds, so a row may stay up to 1/8 longer than its limit;
-   embstore_table_evict runs them at once. An evicted row's key leaves the table (a later
+   evict_idle_seconds / 8 seconds; embstore_table_evict runs them at once. So a row may stay
+   up to 1/8 longer than evict_idle_steps; for the seconds rule add the rest of the step in
+   which the row was last touched and 1/64 of the limit (the marks' spacing). Without
+   embstore_step calls, time alone evicts nothing. Restored rows count as touched at the
+   restored version (the checkpoint does not hold rows' last-touched steps in this version),
+   and a restore forgets the times of earlier steps. An evicted row's key leaves the table (a later
    lookup inserts it anew, from the initializer), its memory is reused, and the next
    incremental checkpoint records a tombstone for the key, unless the key was inserted again
    before that checkpoint's capture (then the checkpoint holds the new row). A checkpoint in
@@ -386,7 +394,8 @@ EMBSTORE_API embstore_status_t embstore_checkpoint_info(embstore_store_t* store,
    if it had never stopped; an existing table must match in dim and optimizer, keeps its own
    hyperparameters and has its rows replaced. Tables of the store that the checkpoint lacks are
    left alone. The checkpoint's attachments become readable by embstore_restore_attachment.
-   Works across backends (a checkpoint of a HOST store restores into a CUDA one). Waits for a
+   Works across backends (a checkpoint of a HOST store restores into a CUDA one), except that
+   a table with eviction rules cannot be created on CUDA in this version (UNSUPPORTED). Waits for a
    checkpoint in flight. Not concurrently with calls on the store's tables. Needs memory for
    the restored tables beside the ones they replace.
    Returns OK; INVALID_ARGUMENT (NULL store or dir, dim or optimizer mismatch); NOT_FOUND (dir

@@ -7,6 +7,10 @@
 // N runs N of each, in the order off on, on off, off on, ..., so that a drift of the machine
 // over the run weighs on both; steps/s are over all runs of a kind.
 //
+// --evict-idle-steps N and --max-capacity R give the table an eviction rule (idle steps, and
+// least recently used at R rows), on both kinds of run: the table's rows, the rows evicted and
+// the deltas' sizes (with their tombstones) are reported.
+//
 // Reported: steps/s off and on and their ratio; per checkpoint, the training-thread stall
 // (the embstore_step call that captured it, plus the training calls' waits for staging room
 // while it was written: embstore_checkpoint_info's stall_seconds) with its p99 and max; each
@@ -36,6 +40,7 @@ struct Run {
   std::vector<embstore_checkpoint_info_t> checkpoints;
   embstore_checkpoint_stats_t stats{};
   uint64_t rows = 0;
+  uint64_t evicted = 0;
 };
 
 class TrainScenario final : public Scenario {
@@ -63,6 +68,12 @@ class TrainScenario final : public Scenario {
         ->capture_default_str();
     app.add_option("--repeat", repeat_, "runs of each kind, alternating which goes first")
         ->check(CLI::Range(1, 100))
+        ->capture_default_str();
+    app.add_option("--evict-idle-steps", evict_idle_steps_,
+                   "evict rows untouched for more steps (0: never)")
+        ->capture_default_str();
+    app.add_option("--max-capacity", max_capacity_,
+                   "rows at most; with an eviction rule the least recently used make room")
         ->capture_default_str();
     app.add_flag("--keep", keep_, "keep the checkpoint directory");
   }
@@ -103,6 +114,7 @@ class TrainScenario final : public Scenario {
       all.stats.copy_on_write_rows += r.stats.copy_on_write_rows;
       if (all.rows != 0 && all.rows != r.rows) all.rows = UINT64_MAX;  // flagged below
       if (all.rows == 0) all.rows = r.rows;
+      all.evicted += r.evicted;
     };
     for (unsigned i = 0; i < repeat_; ++i) {
       for (const bool checkpointing : {i % 2 == 1, i % 2 == 0}) {
@@ -141,6 +153,9 @@ class TrainScenario final : public Scenario {
     report.set("staging_bytes", size_t{staging_mib_} << 20);
     report.set("repeat", repeat_);
     report.set("rows", on.rows);
+    report.set("evict_idle_steps", evict_idle_steps_);
+    report.set("max_capacity", max_capacity_);
+    report.set("evicted", on.evicted / repeat_);
     report.set("steps_per_second_off", sps_off);
     report.set("steps_per_second_on", sps_on);
     report.set("steps_per_second_ratio", sps_on / sps_off);
@@ -160,8 +175,9 @@ class TrainScenario final : public Scenario {
                                                                    on.capture_call_seconds.end()));
     report.set("copy_on_write_rows", on.stats.copy_on_write_rows);
 
-    report.say("table: dim {} ({}), {} steps of {} keys, {} rows at the end, {} backend", o.dim,
-               optimizer_, o.steps, o.batch, on.rows, backend_name(backend_));
+    report.say("table: dim {} ({}), {} steps of {} keys, {} rows at the end, {} evicted, {} backend",
+               o.dim, optimizer_, o.steps, o.batch, on.rows, on.evicted / repeat_,
+               backend_name(backend_));
     for (size_t i = 0; i < on.checkpoints.size(); ++i) {
       const embstore_checkpoint_info_t& c = on.checkpoints[i];
       const double mb_s = c.write_seconds > 0 ? c.bytes_written / c.write_seconds : 0;
@@ -200,8 +216,14 @@ class TrainScenario final : public Scenario {
     config.staging_bytes = size_t{staging_mib_} << 20;
     Store store(o, config);
     backend_ = store.backend();
-    embstore_table_t* table =
-        create_table(store, "perf_train", o.dim, optimizer_from_name(optimizer_));
+    embstore_table_t* table = create_table(
+        store, "perf_train", o.dim, optimizer_from_name(optimizer_),
+        [&](embstore_table_config_t& c) {
+          c.evict_idle_steps = evict_idle_steps_;
+          c.max_capacity = max_capacity_;
+          if (max_capacity_ != 0) c.initial_capacity = std::min<uint64_t>(max_capacity_, 1 << 20);
+          c.evict_when_full = max_capacity_ != 0 ? 1 : 0;
+        });
     if (!dir.empty()) {
       embstore_checkpoint_policy_t policy;
       embstore_checkpoint_policy_init(&policy);
@@ -252,7 +274,9 @@ class TrainScenario final : public Scenario {
       }
     }
     if (!dir.empty()) run.stats = checkpoint_stats(store.get());
-    run.rows = table_stats(table).rows;
+    const embstore_table_stats_t ts = table_stats(table);
+    run.rows = ts.rows;
+    run.evicted = ts.evicted;
     return run;
   }
 
@@ -262,6 +286,8 @@ class TrainScenario final : public Scenario {
   std::string optimizer_ = "adagrad";
   unsigned staging_mib_ = 256;
   unsigned repeat_ = 2;
+  uint64_t evict_idle_steps_ = 0;
+  uint64_t max_capacity_ = 0;
   bool keep_ = false;
   embstore_backend_t backend_ = EMBSTORE_BACKEND_HOST;
 };

@@ -498,3 +498,32 @@ TEST_CASE("every version of a chain with evictions restores the state training h
   }
   CHECK(deltas_with_tombstones >= 3);
 }
+
+TEST_CASE("a restore forgets the step times of the abandoned run (injected clock)", "[eviction]") {
+  TempDir dir;
+  StoreGuard store(make_store());
+  if (embstore_store_backend(store) == EMBSTORE_BACKEND_CUDA) return;  // refused, tested above
+  FakeClock clock(store);
+  embstore_table_config_t c = config("t");
+  c.evict_idle_seconds = 64;
+  embstore_table_t* t = make_table(store, c);
+  for (uint64_t s = 1; s <= 5; ++s, clock.now += 10) touch(store, t, s, {1, 2});
+  uint64_t v = 0;
+  ok(embstore_checkpoint(store, dir.path().c_str(), EMBSTORE_CKPT_FULL, &v));
+  ok(embstore_checkpoint_wait(store, v));
+  REQUIRE(v == 5);
+  for (uint64_t s = 6; s <= 10; ++s, clock.now += 10) touch(store, t, s, {2});  // to 1100
+  ok(embstore_restore(store, dir.path().c_str(), v, nullptr));
+  REQUIRE(stats(t).rows == 2);
+  // The abandoned run noted step 6 at 1050: its marks would make the restored rows (step 5)
+  // idle by 1114. They must get the full 64 s from the restore instead.
+  for (uint64_t s = 6; s <= 10; ++s) {
+    clock.now += 10;  // 1110 ... 1150
+    ok(embstore_step(store, s));
+    INFO("step " << s);
+    CHECK(stats(t).rows == 2);
+  }
+  clock.now = 1175;  // step 6 began at 1110 after the restore: more than 64 s ago
+  ok(embstore_step(store, 11));
+  CHECK(stats(t).rows == 0);
+}
