@@ -30,6 +30,7 @@
 #include "io/fault.hpp"
 #include "io/row_file.hpp"
 #include "support/backend.hpp"
+#include "support/checkpoint_helpers.hpp"
 #include "tests/io/io_fixtures.hpp"
 
 using namespace embstore_test;
@@ -777,22 +778,6 @@ std::string delta_dir(const std::string& dir, uint64_t version) {
   char name[64];
   std::snprintf(name, sizeof(name), "%020llu.delta", static_cast<unsigned long long>(version));
   return dir + "/" + name;
-}
-
-// Small test tables make every delta large next to its full checkpoint: keep the chain.
-void no_rebaseline(embstore_store_t* store) {
-  embstore_checkpoint_policy_t p;
-  embstore_checkpoint_policy_init(&p);
-  p.max_chain_length = 0;
-  p.rebaseline_fraction = 0;
-  ok(embstore_checkpoint_set_policy(store, &p));
-}
-
-uint64_t incremental_ok(embstore_store_t* store, const std::string& dir) {
-  uint64_t version = 0;
-  ok(embstore_checkpoint(store, dir.c_str(), EMBSTORE_CKPT_INCREMENTAL, &version));
-  ok(embstore_checkpoint_wait(store, version));
-  return version;
 }
 
 }  // namespace

@@ -21,16 +21,14 @@
 #include "io/chain.hpp"
 #include "io/row_file.hpp"
 #include "support/backend.hpp"
+#include "support/checkpoint_helpers.hpp"
 #include "tests/io/io_fixtures.hpp"
 
 using namespace embstore_test;
 
 namespace {
 
-void ok(embstore_status_t s) {
-  INFO("last_error: " << embstore_last_error());
-  REQUIRE(std::string(embstore_status_name(s)) == "EMBSTORE_OK");
-}
+void ok(embstore_status_t s) { require_ok(s); }
 
 // Eviction is host-only in this version: on CUDA the table is refused, and the test ends.
 embstore_table_t* evicting_table(embstore_store_t* store, const embstore_table_config_t& c) {
@@ -277,21 +275,6 @@ DeltaFile newest_rows(const std::string& dir, const std::string& table) {
   return out;
 }
 
-void no_rebaseline(embstore_store_t* store) {
-  embstore_checkpoint_policy_t p;
-  embstore_checkpoint_policy_init(&p);
-  p.max_chain_length = 0;
-  p.rebaseline_fraction = 0;
-  ok(embstore_checkpoint_set_policy(store, &p));
-}
-
-uint64_t incremental(embstore_store_t* store, const std::string& dir) {
-  uint64_t v = 0;
-  ok(embstore_checkpoint(store, dir.c_str(), EMBSTORE_CKPT_INCREMENTAL, &v));
-  ok(embstore_checkpoint_wait(store, v));
-  return v;
-}
-
 }  // namespace
 
 TEST_CASE("a delta records evicted keys as tombstones, and restore drops them", "[eviction]") {
@@ -304,12 +287,12 @@ TEST_CASE("a delta records evicted keys as tombstones, and restore drops them", 
   no_rebaseline(store);  // these tiny deltas would otherwise be taken as full ones
 
   touch(store, t, 1, {1, 2, 3, 4});
-  incremental(store, dir.path());  // the first is full
+  incremental_ok(store, dir.path());  // the first is full
   touch(store, t, 4, {3, 4});
   touch(store, t, 6, {4});  // embstore_step(6) evicts keys 1 and 2 (cutoff 2)
   REQUIRE(stats(t).evicted == 2);
   lookup_ok(t, {2});  // key 2 comes back before the checkpoint: an upsert, no tombstone
-  const uint64_t v1 = incremental(store, dir.path());
+  const uint64_t v1 = incremental_ok(store, dir.path());
   DeltaFile d = newest_rows(dir.path(), "t");
   CHECK(d.upserts == std::vector<int64_t>{2, 3, 4});
   CHECK(d.tombstones == std::vector<int64_t>{1});
@@ -318,7 +301,7 @@ TEST_CASE("a delta records evicted keys as tombstones, and restore drops them", 
   touch(store, t, 8, {4, 2});
   ok(embstore_step(store, 9));  // cutoff 5: key 3 (step 4)
   REQUIRE(stats(t).evicted == 3);
-  const uint64_t v2 = incremental(store, dir.path());
+  const uint64_t v2 = incremental_ok(store, dir.path());
   d = newest_rows(dir.path(), "t");
   CHECK(d.upserts == std::vector<int64_t>{2, 4});
   CHECK(d.tombstones == std::vector<int64_t>{3});
@@ -347,7 +330,7 @@ TEST_CASE("a failed delta leaves its tombstones to the next one", "[eviction]") 
   if (t == nullptr) return;
   no_rebaseline(store);
   touch(store, t, 1, {1, 2});
-  incremental(store, dir.path());
+  incremental_ok(store, dir.path());
   touch(store, t, 5, {2});  // embstore_step(5) evicts both; key 2 comes back at once
   REQUIRE(stats(t).evicted == 2);
   REQUIRE(stats(t).rows == 1);
@@ -358,7 +341,7 @@ TEST_CASE("a failed delta leaves its tombstones to the next one", "[eviction]") 
     REQUIRE(embstore_checkpoint_wait(store, v) == EMBSTORE_IO_ERROR);
   }
   ok(embstore_step(store, 6));
-  incremental(store, dir.path());
+  incremental_ok(store, dir.path());
   const DeltaFile d = newest_rows(dir.path(), "t");
   CHECK(d.tombstones == std::vector<int64_t>{1});
   CHECK(d.upserts == std::vector<int64_t>{2});
