@@ -140,8 +140,8 @@ class HostTable final : public Table {
     group_by_row(rows, n, dirty_tracking_);
     if (captured_left_.load() > 0) {
       cow_rows_.clear();
-      for (const Group& g : groups_) cow_rows_.push_back(g.row);
-      copy_out_captured(cow_rows_);
+      for (const Group& g : groups_) take_for_copy(g.row);
+      copy_out_taken();
     }
     row::dispatch_opt(spec().opt.kind,
                       [&](auto kind) { update_groups<decltype(kind)::value>(grads, step); });
@@ -256,9 +256,8 @@ class HostTable final : public Table {
     const uint32_t dim = spec().dim;
     const uint32_t state_dim = spec().state_dim();
     for (size_t i = 0; i < n; ++i) {
-      const uint32_t r = find_or_add_row(keys[i], nullptr);
+      const uint32_t r = find_or_add_row(keys[i], nullptr);  // sets the row's key
       row::RowMeta* meta = arena_.row_meta(r);
-      meta->key = keys[i];
       meta->step = step;
       float* dst = arena_.row(r);
       std::memcpy(dst, values + i * dim, dim * sizeof(float));
@@ -268,17 +267,20 @@ class HostTable final : public Table {
   }
 
  private:
-  // Writes the captured rows among `rows` to the sink before they are changed (updated or
-  // evicted); `rows` keeps only those. Call only while a snapshot is in progress.
-  void copy_out_captured(std::vector<uint32_t>& rows) {
+  // Copy-on-write of rows about to change (updated or evicted) while a snapshot is in
+  // progress: take_for_copy each row (cow_rows_ cleared first) collects the captured ones,
+  // then copy_out_taken writes them to the sink.
+  void take_for_copy(uint32_t r) {
+    // Rows past the captured bitmap were never captured.
+    if (r < captured_.size() * 64 && row::take_captured<true>(captured_.data(), r)) {
+      cow_rows_.push_back(r);
+    }
+  }
+
+  void copy_out_taken() {
+    const std::vector<uint32_t>& rows = cow_rows_;
     const uint32_t stride = spec().stride();
     const uint64_t record = row::record_bytes(stride);
-    const uint64_t captured_rows = captured_.size() * 64;  // rows past it were never captured
-    size_t kept = 0;
-    for (const uint32_t r : rows) {
-      if (r < captured_rows && row::take_captured<true>(captured_.data(), r)) rows[kept++] = r;
-    }
-    rows.resize(kept);
     wait_for_drain_copy();
     size_t done = 0;
     while (done < rows.size()) {
@@ -340,8 +342,9 @@ class HostTable final : public Table {
   void evict_rows(std::vector<uint32_t>& victims) {
     if (victims.empty()) return;
     if (captured_left_.load() > 0) {
-      cow_rows_ = victims;
-      copy_out_captured(cow_rows_);
+      cow_rows_.clear();
+      for (const uint32_t r : victims) take_for_copy(r);
+      copy_out_taken();
     }
     for (const uint32_t r : victims) {
       const int64_t key = arena_.row_meta(r)->key;
@@ -359,29 +362,31 @@ class HostTable final : public Table {
   uint64_t evict_before(uint64_t cutoff_step) override {
     std::lock_guard lock(mutex_);
     victims_.clear();
-    for (uint64_t r = 0; r < next_row_; ++r) {
-      if (!row::bitmap_test(freed_.data(), r) && arena_.row_meta(r)->step < cutoff_step) {
-        victims_.push_back(static_cast<uint32_t>(r));
-      }
-    }
+    for_each_live_before(cutoff_step, [&](uint32_t r, uint64_t) { victims_.push_back(r); });
     evict_rows(victims_);
     return victims_.size();
   }
 
  private:
+  // f(row, its last-touched step) for every live row last touched before `step`.
+  template <typename F>
+  void for_each_live_before(uint64_t step, F&& f) const {
+    for (uint64_t r = 0; r < next_row_; ++r) {
+      const uint64_t s = arena_.row_meta(r)->step;
+      if (s < step && !row::bitmap_test(freed_.data(), r)) f(static_cast<uint32_t>(r), s);
+    }
+  }
+
   // Evicts the `need` least recently used rows touched before `step` (ties: the lowest row),
   // or throws CAPACITY_EXCEEDED, evicting nothing, when fewer are there. Two passes over the
   // rows' stamps and no sort of the table: a histogram of the stamps finds the step below
   // which every row goes, and only the rows of the boundary step range are ordered.
   void make_room(uint64_t need, uint64_t step) {
     uint64_t oldest = UINT64_MAX, candidates = 0;
-    for (uint64_t r = 0; r < next_row_; ++r) {
-      const uint64_t s = arena_.row_meta(r)->step;
-      if (!row::bitmap_test(freed_.data(), r) && s < step) {
-        oldest = std::min(oldest, s);
-        ++candidates;
-      }
-    }
+    for_each_live_before(step, [&](uint32_t, uint64_t s) {
+      oldest = std::min(oldest, s);
+      ++candidates;
+    });
     if (candidates < need) {
       fail(EMBSTORE_CAPACITY_EXCEEDED,
            "table '{}': {} rows must be evicted to stay within max_capacity {}, but only {} were "
@@ -390,25 +395,20 @@ class HostTable final : public Table {
     }
     constexpr uint64_t kBuckets = 4096;
     const uint64_t width = (step - oldest + kBuckets - 1) / kBuckets;
-    std::vector<uint64_t> histogram(kBuckets + 1, 0);
-    for (uint64_t r = 0; r < next_row_; ++r) {
-      const uint64_t s = arena_.row_meta(r)->step;
-      if (!row::bitmap_test(freed_.data(), r) && s < step) ++histogram[(s - oldest) / width];
-    }
+    std::vector<uint64_t> histogram(kBuckets, 0);
+    for_each_live_before(step, [&](uint32_t, uint64_t s) { ++histogram[(s - oldest) / width]; });
     uint64_t boundary = 0, below = 0;  // every row of the buckets below `boundary` goes
     while (below + histogram[boundary] < need) below += histogram[boundary++];
     const uint64_t lo = oldest + boundary * width, hi = lo + width;
     victims_.clear();
     std::vector<std::pair<uint64_t, uint32_t>> edge;  // (step, row) in [lo, hi)
-    for (uint64_t r = 0; r < next_row_; ++r) {
-      const uint64_t s = arena_.row_meta(r)->step;
-      if (row::bitmap_test(freed_.data(), r) || s >= step) continue;
+    for_each_live_before(step, [&](uint32_t r, uint64_t s) {
       if (s < lo) {
-        victims_.push_back(static_cast<uint32_t>(r));
+        victims_.push_back(r);
       } else if (s < hi) {
-        edge.emplace_back(s, static_cast<uint32_t>(r));
+        edge.emplace_back(s, r);
       }
-    }
+    });
     const size_t rest = need - victims_.size();
     std::nth_element(edge.begin(), edge.begin() + rest, edge.end());
     for (size_t i = 0; i < rest; ++i) victims_.push_back(edge[i].second);
