@@ -166,6 +166,7 @@ void embstore_table_config_init(embstore_table_config_t* c) {
   c->evict_idle_steps = 0;
   c->evict_idle_seconds = 0.0;
   c->evict_when_full = 0;
+  c->admit_bloom_bytes = 0;
 }
 
 embstore_status_t embstore_table_create(embstore_store_t* store,
@@ -241,11 +242,14 @@ embstore_status_t embstore_table_stats(embstore_table_t* table, embstore_table_s
   return guarded(__func__, [&] {
     require(table, "table");
     require(out, "out");
-    if (out->struct_size < sizeof(embstore_table_stats_t)) {
+    // Callers built against 0.2 lack the fields from `admitted` on.
+    constexpr size_t kBaseSize = offsetof(embstore_table_stats_t, admitted);
+    if (out->struct_size < kBaseSize) {
       fail(EMBSTORE_INVALID_ARGUMENT, "stats struct_size is {}, expected {}", out->struct_size,
            sizeof(embstore_table_stats_t));
     }
     const embstore::TableCounters c = table->impl->counters();
+    if (out->struct_size >= sizeof(embstore_table_stats_t)) out->admitted = c.admitted;
     out->rows = c.rows;
     out->capacity = c.capacity;
     out->dirty_rows = c.dirty_rows;

@@ -23,7 +23,8 @@ struct TableSpec {
   uint64_t max_capacity = 0;  // 0: unbounded
   row::OptParams opt{};
   row::InitParams init{};
-  uint32_t admit_after = 0;
+  uint32_t admit_after = 0;        // <= 1: every key at once
+  uint64_t admit_bloom_bytes = 0;  // 0: exact counting
   uint64_t evict_idle_steps = 0;  // 0: never
   double evict_idle_seconds = 0;  // 0: never
   bool evict_when_full = false;
@@ -32,6 +33,7 @@ struct TableSpec {
   bool idle_rules() const { return evict_idle_steps != 0 || evict_idle_seconds != 0; }
   // Whether rows are ever evicted (an insert at max_capacity makes room when any rule is set).
   bool evicts() const { return idle_rules() || evict_when_full; }
+  bool admits() const { return admit_after > 1; }
   uint32_t stride() const { return dim + state_dim(); }
 };
 
@@ -46,7 +48,7 @@ embstore_table_config_t to_config(const TableSpec& s);
 
 struct TableCounters {
   uint64_t rows = 0, capacity = 0, dirty_rows = 0, inserted = 0, evicted = 0, pending_admission = 0,
-           skipped_keys = 0;
+           skipped_keys = 0, admitted = 0;
 };
 
 class Table {
@@ -86,6 +88,9 @@ class Table {
   // snapshot is written out, copy-on-write included. May do nothing (and return the last
   // count) while a training call wants the table: training goes first.
   virtual uint64_t drain(SnapshotSink* sink, uint64_t max_rows) = 0;
+  // A full snapshot's admission counts, as copied at its capture (host/admission/); empty when
+  // the table has no admission or the snapshot is a delta. Valid until end_snapshot.
+  virtual const std::vector<char>& admission_at_capture() const = 0;
   // Detaches the sink. After a failed snapshot (failed = true) every row it captured that is
   // still live is marked dirty again, and its tombstones are pending again, so the next
   // checkpoint still writes them.
@@ -97,6 +102,11 @@ class Table {
   virtual uint64_t evict_before(uint64_t cutoff_step) = 0;
 
   // ---- restore ---------------------------------------------------------------------------
+  // Replaces the admission counts with saved ones (admission_at_capture's bytes), after the
+  // rows are loaded: keys that have a row drop their counts. Returns false, with the reason in
+  // *why, when the table cannot use them (no admission, another kind of counting); throws
+  // Error(CORRUPT) when they do not parse.
+  virtual bool load_admission(const std::string& bytes, std::string* why) = 0;
   // Inserts n rows with their values (n x dim) and optimizer state (n x state_dim) from host
   // memory, rows stamped with step, none dirty. For a new, empty table; keys distinct.
   // Throws Error(CAPACITY_EXCEEDED) past max_capacity.

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstring>
 
+#include "cuda/row/admission.h"
 #include "cuda/row/index.h"
 #include "host/error.hpp"
 #include "host/table.hpp"
@@ -48,7 +49,7 @@ void check_name(const char* what, const char* name) {
 }
 
 TableSpec make_table_spec(const embstore_table_config_t& config) {
-  // Callers built before the 0.2 fields get their defaults.
+  // Callers built before the 0.2 fields (or the 0.3 ones) get their defaults.
   constexpr size_t kBaseSize = offsetof(embstore_table_config_t, evict_idle_seconds);
   if (config.struct_size < kBaseSize) {
     fail(EMBSTORE_INVALID_ARGUMENT,
@@ -140,12 +141,25 @@ TableSpec make_table_spec(const embstore_table_config_t& config) {
   }
   s.init = row::InitParams{static_cast<row::InitKind>(init), c.init_a, c.init_b, c.seed};
 
-  if (c.admit_after > 1) {
-    fail(EMBSTORE_UNSUPPORTED,
-         "table '{}': feature admission (admit_after = {}) is not implemented in this version",
-         s.name, c.admit_after);
-  }
   s.admit_after = c.admit_after;
+  if (c.admit_bloom_bytes != 0) {
+    if (c.admit_after <= 1) {
+      fail(EMBSTORE_INVALID_ARGUMENT,
+           "table '{}': admit_bloom_bytes is set but admit_after is {}: nothing to count", s.name,
+           c.admit_after);
+    }
+    if (c.admit_bloom_bytes < row::kBloomMinCells) {
+      fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': admit_bloom_bytes must be at least {}, is {}",
+           s.name, row::kBloomMinCells, c.admit_bloom_bytes);
+    }
+    if (c.admit_after > row::kBloomMaxCount) {
+      fail(EMBSTORE_INVALID_ARGUMENT,
+           "table '{}': with admit_bloom_bytes, admit_after counts in one-byte counters and must "
+           "be at most {}, is {}",
+           s.name, row::kBloomMaxCount, c.admit_after);
+    }
+  }
+  s.admit_bloom_bytes = c.admit_bloom_bytes;
   s.evict_idle_steps = c.evict_idle_steps;
   if (!std::isfinite(c.evict_idle_seconds) || c.evict_idle_seconds < 0.0) {
     fail(EMBSTORE_INVALID_ARGUMENT,
@@ -183,6 +197,7 @@ embstore_table_config_t to_config(const TableSpec& s) {
   c.evict_idle_steps = s.evict_idle_steps;
   c.evict_idle_seconds = s.evict_idle_seconds;
   c.evict_when_full = s.evict_when_full ? 1 : 0;
+  c.admit_bloom_bytes = s.admit_bloom_bytes;
   return c;
 }
 

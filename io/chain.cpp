@@ -256,19 +256,19 @@ int read_chain_rows(const std::vector<ChainLink>& chain, const TableEntry& table
   return 0;
 }
 
-int read_attachment(const std::string& vdir, const AttachmentEntry& a, std::string* data,
-                    std::string* detail) {
-  const std::string path = vdir + "/" + a.file.path;
+int read_checked_file(const std::string& vdir, const FileEntry& f, std::string* data,
+                      std::string* detail) {
+  const std::string path = vdir + "/" + f.path;
   if (int r = read_whole_file(path, data); r < 0) {
     if (r == -ENOENT) return corrupt(detail, path + " is missing");
     return path_error(path, r, detail);
   }
-  if (data->size() != a.file.bytes) {
+  if (data->size() != f.bytes) {
     return corrupt(detail, fmt::format("{}: the file is {} bytes, the manifest says {} (offset {})",
-                                       path, data->size(), a.file.bytes,
-                                       std::min<uint64_t>(data->size(), a.file.bytes)));
+                                       path, data->size(), f.bytes,
+                                       std::min<uint64_t>(data->size(), f.bytes)));
   }
-  if (XXH3_64bits(data->data(), data->size()) != a.file.xxh3) {
+  if (XXH3_64bits(data->data(), data->size()) != f.xxh3) {
     return corrupt(detail,
                    fmt::format("{}: checksum mismatch over bytes [0, {})", path, data->size()));
   }

@@ -117,9 +117,10 @@ using RowSink = std::function<int(const RowBlock& block, std::string* detail)>;
 int read_chain_rows(const std::vector<ChainLink>& chain, const TableEntry& table,
                     const ChainReadOptions& options, const RowSink& sink, std::string* detail);
 
-// Reads the attachment a of the version directory vdir into *data and checks its size and
-// XXH3 against the manifest. -EBADMSG when it is missing or differs.
-int read_attachment(const std::string& vdir, const AttachmentEntry& a, std::string* data,
+// Reads the whole file f (an attachment, a table's admission counts) of the version directory
+// vdir into *data and checks its size and XXH3 against the manifest. -EBADMSG when it is
+// missing or differs.
+int read_checked_file(const std::string& vdir, const FileEntry& f, std::string* data,
                     std::string* detail);
 
 }  // namespace embstore::io

@@ -141,12 +141,14 @@ json manifest_json(const Manifest& m) {
                             {"admit_after", c.admit_after},
                             {"evict_idle_steps", c.evict_idle_steps},
                             {"evict_idle_seconds", c.evict_idle_seconds},
-                            {"evict_when_full", c.evict_when_full}}},
+                            {"evict_when_full", c.evict_when_full},
+                            {"admit_bloom_bytes", c.admit_bloom_bytes}}},
                           {"state_dim", t.state_dim},
                           {"state_layout", t.state_layout},
                           {"rows", t.rows},
                           {"table_rows", t.table_rows},
                           {"files", files}});
+    if (t.admission) tables.back()["admission"] = file_json(*t.admission);
   }
   json attachments = json::array();
   for (const AttachmentEntry& a : m.attachments) {
@@ -258,6 +260,7 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
       e.config.evict_idle_steps = get_u64(c, "evict_idle_steps");
       e.config.evict_idle_seconds = get_or(c, "evict_idle_seconds", 0.0, get_double);
       e.config.evict_when_full = get_or(c, "evict_when_full", uint32_t{0}, get_u32);
+      e.config.admit_bloom_bytes = get_or(c, "admit_bloom_bytes", uint64_t{0}, get_u64);
       e.state_dim = get_u32(t, "state_dim");
       e.state_layout = get_string(t, "state_layout");
       e.rows = get_u64(t, "rows");
@@ -270,6 +273,7 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
         rows += e.files.back().rows;
       }
       if (rows != e.rows) throw Bad("table '" + e.name + "': file rows do not add up to 'rows'");
+      if (t.contains("admission")) e.admission = file_from(member(t, "admission"));
       for (const TableEntry& other : m.tables) {
         if (other.name == e.name) throw Bad("table '" + e.name + "' is listed twice");
       }

@@ -572,16 +572,24 @@ class CudaTable final : public Table {
     dirty_tracking_ = on;
   }
   uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows) override;
+  // The store refuses eviction and admission on this backend (host/store.cpp): no
+  // tombstones, nothing to evict, no counts.
   const std::vector<int64_t>& evicted_at_capture() const override { return no_keys_; }
+  const std::vector<char>& admission_at_capture() const override { return no_counts_; }
   uint64_t drain(SnapshotSink* sink, uint64_t max_rows) override;
   void end_snapshot(bool failed) override;
-  // The store refuses eviction rules on this backend (host/store.cpp): nothing to evict.
   uint64_t evict_before(uint64_t) override { return 0; }
-  const std::vector<int64_t> no_keys_;
   void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
                  uint64_t step) override;
+  bool load_admission(const std::string&, std::string* why) override {
+    *why = "the CUDA backend has no feature admission in this version";
+    return false;
+  }
 
  private:
+  const std::vector<int64_t> no_keys_;
+  const std::vector<char> no_counts_;
+
   // Orders a call after the table's previous call and marks its end for the next one.
   class CallScope {
    public:

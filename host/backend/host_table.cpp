@@ -21,6 +21,7 @@
 #include "cuda/row/init.h"
 #include "cuda/row/optimizer.h"
 #include "cuda/row/snapshot.h"
+#include "host/admission/admission.hpp"
 #include "host/backend/backends.hpp"
 #include "host/error.hpp"
 #include "host/thread_pool.hpp"
@@ -110,7 +111,8 @@ void prefetch_row(const float* row, uint32_t floats) {
 
 class HostTable final : public Table {
  public:
-  HostTable(TableSpec spec, ThreadPool& pool) : Table(std::move(spec)), pool_(pool) {
+  HostTable(TableSpec spec, ThreadPool& pool)
+      : Table(std::move(spec)), pool_(pool), admission_(AdmissionCounter::make(this->spec())) {
     arena_.base_shift = row::base_shift_for(this->spec().initial_capacity);
     arena_.dim = this->spec().dim;
     arena_.stride = this->spec().stride();
@@ -124,11 +126,13 @@ class HostTable final : public Table {
     uint32_t* rows = rows_scratch_.data();
     find_rows(keys, n, rows);
     if (insert && spec().evicts()) touch_rows(rows, n, step);
+    pending_pos_.clear();
     if (insert) insert_missing(keys, n, rows, step);
     const uint32_t dim = spec().dim;
     const bool streaming = n * dim * sizeof(float) >= kStreamingOutputBytes && dim % 4 == 0 &&
                            reinterpret_cast<uintptr_t>(out) % 16 == 0;
     streaming ? copy_rows<true>(rows, n, out) : copy_rows<false>(rows, n, out);
+    if (!pending_pos_.empty()) read_pending(keys, out);
   }
 
   void apply_gradients(const int64_t* keys, const float* grads, size_t n, uint64_t step,
@@ -156,6 +160,8 @@ class HostTable final : public Table {
     c.inserted = inserted_;
     c.evicted = evicted_;
     c.skipped_keys = skipped_;
+    c.admitted = admitted_;
+    if (admission_) c.pending_admission = admission_->pending();
     return c;
   }
 
@@ -167,7 +173,8 @@ class HostTable final : public Table {
   uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows) override {
     std::lock_guard lock(mutex_);
     const uint64_t words = dirty_.size();
-    // Both bitmaps before the dirty bits are touched: an allocation failure changes nothing.
+    // Allocations before the dirty bits are touched: a failure changes nothing.
+    if (full && admission_) snapshot_admission_ = admission_->save();
     captured_.assign(words, 0);
     snapshot_set_.assign(words, 0);
     uint64_t taken = 0;
@@ -228,6 +235,8 @@ class HostTable final : public Table {
     return snapshot_evicted_keys_;
   }
 
+  const std::vector<char>& admission_at_capture() const override { return snapshot_admission_; }
+
   void end_snapshot(bool failed) override {
     std::lock_guard lock(mutex_);
     if (failed) {
@@ -239,6 +248,7 @@ class HostTable final : public Table {
     captured_.clear();
     snapshot_set_.clear();
     snapshot_evicted_keys_.clear();
+    std::vector<char>().swap(snapshot_admission_);  // may be large: give the memory back
     captured_left_.store(0);
     sink_ = nullptr;
   }
@@ -264,6 +274,18 @@ class HostTable final : public Table {
       if (state_dim > 0) std::memcpy(dst + dim, state + i * state_dim, state_dim * sizeof(float));
     }
     inserted_ += n;
+  }
+
+  bool load_admission(const std::string& bytes, std::string* why) override {
+    std::lock_guard lock(mutex_);
+    if (!admission_) {
+      *why = "the table has no admission (admit_after <= 1)";
+      return false;
+    }
+    if (!admission_->load(bytes, why)) return false;
+    const row::IndexRef index = index_;
+    admission_->drop_if([&](int64_t key) { return index.find(key) != row::kNoRow; });
+    return true;
   }
 
  private:
@@ -364,6 +386,8 @@ class HostTable final : public Table {
     victims_.clear();
     for_each_live_before(cutoff_step, [&](uint32_t r, uint64_t) { victims_.push_back(r); });
     evict_rows(victims_);
+    // Counts of keys idle as long go too: otherwise the side table only grows.
+    if (admission_) admission_->forget_before(cutoff_step);
     return victims_.size();
   }
 
@@ -454,12 +478,25 @@ class HostTable final : public Table {
     });
   }
 
-  // Gives each missing key one new row, in order of first appearance. Either every new row
-  // fits under the row limit or nothing is inserted.
+  // Gives each missing admitted key one new row, in order of first appearance; the positions
+  // of keys still pending go to pending_pos_. Either every new row fits under the row limit or
+  // nothing is inserted (the keys stay counted).
   void insert_missing(const int64_t* keys, size_t n, uint32_t* rows, uint64_t step) {
     missing_pos_.clear();
     for (size_t i = 0; i < n; ++i) {
       if (rows[i] == row::kNoRow) missing_pos_.push_back(static_cast<uint32_t>(i));
+    }
+    if (admission_) {
+      // Every occurrence counts, in batch order; the positions of admitted keys stay.
+      size_t kept = 0;
+      for (const uint32_t i : missing_pos_) {
+        if (admission_->count(keys[i], step)) {
+          missing_pos_[kept++] = i;
+        } else {
+          pending_pos_.push_back(i);
+        }
+      }
+      missing_pos_.resize(kept);
     }
     const uint64_t missing = missing_pos_.size();
     if (missing == 0) return;
@@ -468,9 +505,7 @@ class HostTable final : public Table {
       // Near the limit only: count distinct new keys exactly (duplicates share a row), and
       // make room for them when the table evicts.
       missing_keys_.clear();
-      for (size_t i = 0; i < n; ++i) {
-        if (rows[i] == row::kNoRow) missing_keys_.push_back(keys[i]);
-      }
+      for (const uint32_t i : missing_pos_) missing_keys_.push_back(keys[i]);
       std::sort(missing_keys_.begin(), missing_keys_.end());
       const uint64_t fresh =
           std::unique(missing_keys_.begin(), missing_keys_.end()) - missing_keys_.begin();
@@ -496,6 +531,10 @@ class HostTable final : public Table {
       if (added) new_rows_.push_back(rows[i]);
     }
     inserted_ += new_rows_.size();
+    admitted_ += new_rows_.size();
+    if (admission_) {
+      for (const uint32_t r : new_rows_) admission_->admitted(arena_.row_meta(r)->key);
+    }
 
     const TableSpec& s = spec();
     const row::ArenaRef arena = arena_;
@@ -512,6 +551,18 @@ class HostTable final : public Table {
         if (!zero_state || r < fresh_from) row::init_state(s.opt, s.dim, values + s.dim);
         meta->step = step;
         concurrent ? row::bitmap_set<true>(dirty, r) : row::bitmap_set<false>(dirty, r);
+      }
+    });
+  }
+
+  // Pending keys read the values their row would start with.
+  void read_pending(const int64_t* keys, float* out) {
+    const row::InitParams init = spec().init;
+    const uint32_t dim = spec().dim;
+    const uint32_t* pos = pending_pos_.data();
+    pool_.parallel_for(pending_pos_.size(), kGrain, [&](size_t begin, size_t end) {
+      for (size_t k = begin; k < end; ++k) {
+        row::init_row(init, keys[pos[k]], dim, out + size_t{pos[k]} * dim);
       }
     });
   }
@@ -634,11 +685,13 @@ class HostTable final : public Table {
   // set) for a new key. rows_: the live rows.
   std::vector<uint64_t> freed_;
   std::vector<uint32_t> free_rows_;
-  uint64_t next_row_ = 0, rows_ = 0, inserted_ = 0, evicted_ = 0, skipped_ = 0;
+  uint64_t next_row_ = 0, rows_ = 0, inserted_ = 0, evicted_ = 0, skipped_ = 0, admitted_ = 0;
+  std::unique_ptr<AdmissionCounter> admission_;  // null: every key is admitted at once
   uint64_t room_ = 0;  // next_row_ may reach this before the arena or the index must grow
   // Keys evicted since the last capture (tombstones of the next delta), and those that the
   // snapshot in progress took over.
   std::vector<int64_t> evicted_keys_, snapshot_evicted_keys_;
+  std::vector<char> snapshot_admission_;  // a full snapshot's admission counts
   bool dirty_tracking_ = true;
   // The snapshot in progress: the copy-on-write sink, the rows still to write, the rows it
   // captured, where drain resumes, and drain's copy counter (odd while it copies).
@@ -649,7 +702,8 @@ class HostTable final : public Table {
   std::atomic<uint64_t> drain_copying_{0};
   std::vector<uint32_t> cow_rows_;
   // Scratch kept between calls so the hot path does not allocate.
-  std::vector<uint32_t> rows_scratch_, group_map_, next_, missing_pos_, new_rows_, victims_;
+  std::vector<uint32_t> rows_scratch_, group_map_, next_, missing_pos_, pending_pos_, new_rows_,
+      victims_;
   std::vector<int64_t> missing_keys_;
   std::vector<Group> groups_;
 };

@@ -33,6 +33,7 @@ double seconds_since(Clock::time_point t) {
 using io::detail::errno_text;
 
 constexpr const char* kShardFile = "shard-00000-of-00001.rows";
+constexpr const char* kAdmissionFile = "admission.counts";
 // Row file staging buffers of all tables together stay near this.
 constexpr size_t kWriterBudget = size_t{64} << 20;
 
@@ -471,6 +472,16 @@ void Checkpointer::run(Job& job) {
         e.files.push_back({t.file, t.writer->bytes(), t.writer->rows(), t.writer->checksum()});
         rows_total += e.rows;
         bytes_total += t.writer->bytes();
+        if (const std::vector<char>& counts = t.impl->admission_at_capture(); !counts.empty()) {
+          const std::string rel = t.spec.name + "/" + kAdmissionFile;
+          if (int r = io::write_whole_file(job.staging + "/" + rel, counts.data(), counts.size());
+              r < 0) {
+            failed(EMBSTORE_IO_ERROR, fmt::format("{}: writing {}: {}", what, rel, errno_text(r)));
+          }
+          e.admission = io::FileEntry{rel, counts.size(), 0,
+                                      XXH3_64bits(counts.data(), counts.size())};
+          bytes_total += counts.size();
+        }
         m.tables.push_back(std::move(e));
       }
       if (!job.attachments.empty()) {

@@ -31,7 +31,7 @@ extern "C" {
 /* ---------------------------------------------------------------- version and status -- */
 
 #define EMBSTORE_VERSION_MAJOR 0
-#define EMBSTORE_VERSION_MINOR 2
+#define EMBSTORE_VERSION_MINOR 3
 #define EMBSTORE_VERSION_PATCH 0
 /* MAJOR*10000 + MINOR*100 + PATCH */
 #define EMBSTORE_VERSION_CODE \
@@ -141,8 +141,8 @@ typedef struct embstore_table_config {
   float init_a, init_b;           /* default -0.01, 0.01 */
   uint64_t seed;                  /* a row's initial value depends only on (seed, key,
                                      column); default 0 */
-  uint32_t admit_after;           /* a key gets a row at its N-th occurrence; 0 or 1 (default):
-                                     at once. N > 1 is UNSUPPORTED in this version */
+  uint32_t admit_after;           /* a key gets a row at its N-th occurrence in training
+                                     lookups (see "Admission" below); 0 or 1 (default): at once */
   uint64_t evict_idle_steps;      /* rows untouched for more than this many steps are evicted
                                      (see "Eviction" below); 0 (default): never */
   /* Fields below were added in 0.2; a caller built against an older header (a smaller
@@ -151,6 +151,10 @@ typedef struct embstore_table_config {
   uint32_t evict_when_full;       /* 1: at max_capacity, an insert evicts the least recently
                                      used rows to make room; 0 (default): it fails with
                                      CAPACITY_EXCEEDED unless an idle rule is set */
+  /* Fields below were added in 0.3. */
+  uint64_t admit_bloom_bytes;     /* admission counts in a counting Bloom filter of this many
+                                     one-byte counters instead of exactly (see "Admission");
+                                     0 (default): exact counting */
 } embstore_table_config_t;
 
 /* Fills config with the defaults above. NULL is a no-op. */
@@ -160,9 +164,10 @@ EMBSTORE_API void embstore_table_config_init(embstore_table_config_t* config);
    Returns OK; INVALID_ARGUMENT (NULL pointer, struct_size too small, bad name, dim out of
    range, max_capacity below initial_capacity, unknown optimizer or initializer, negative or
    non-finite hyperparameters, beta outside [0,1), NORMAL with negative deviation, UNIFORM with
-   init_b < init_a, negative or non-finite evict_idle_seconds, evict_when_full not 0 or 1);
-   ALREADY_EXISTS; UNSUPPORTED (admission, see above; eviction on the CUDA backend, in this
-   version); OUT_OF_MEMORY. */
+   init_b < init_a, negative or non-finite evict_idle_seconds, evict_when_full not 0 or 1,
+   admit_bloom_bytes set while admit_after <= 1, below 64 or with admit_after above 255);
+   ALREADY_EXISTS; UNSUPPORTED (admission or eviction on the CUDA backend, in this version);
+   OUT_OF_MEMORY. */
 EMBSTORE_API embstore_status_t embstore_table_create(embstore_store_t* store,
                                                      const embstore_table_config_t* config,
                                                      embstore_table_t** table_out);
@@ -184,15 +189,17 @@ EMBSTORE_API uint32_t embstore_table_dim(const embstore_table_t* table);
 #define EMBSTORE_LOOKUP_INSERT 1u /* training: admitted keys without a row get a new row */
 
 /* Reads n rows into values_out (n x dim floats, row-major). Without EMBSTORE_LOOKUP_INSERT
-   nothing is stored: keys without a row read as zeros. With it, a key without a row gets
-   one, filled by the table's initializer, and is marked dirty; duplicate keys in one call get
-   one row. The new rows' last-touched step is the store's current step; on a table with an
+   nothing is stored or counted: keys without a row read as zeros. With it, a key without a
+   row gets one, filled by the table's initializer, and is marked dirty; duplicate keys in one
+   call get one row. On a table with admission (admit_after > 1) only admitted keys get a row;
+   a key still pending reads as the values its row would start with, and no row is stored. The new rows' last-touched step is the store's current step; on a table with an
    eviction rule, so is that of every row the call finds (training touched it). When the new
    rows would pass max_capacity, a table with an eviction rule first evicts as many of its
    least recently used rows as it needs (see "Eviction"), never one this call reads.
    Returns OK; INVALID_ARGUMENT (NULL table, NULL keys or values_out with n > 0, unknown
    flags); CAPACITY_EXCEEDED (the new rows would pass max_capacity and too few rows can be
-   evicted: nothing was inserted or evicted, and values_out is unspecified); OUT_OF_MEMORY;
+   evicted: nothing was inserted or evicted, and values_out is unspecified; the call's keys
+   are still counted for admission); OUT_OF_MEMORY;
    DEVICE_ERROR. */
 EMBSTORE_API embstore_status_t embstore_lookup(embstore_table_t* table, const int64_t* keys,
                                                size_t n, float* values_out, uint32_t flags,
@@ -224,12 +231,17 @@ typedef struct embstore_table_stats {
   uint64_t dirty_rows;        /* rows inserted or updated since the last capture */
   uint64_t inserted;          /* rows ever inserted */
   uint64_t evicted;           /* rows ever evicted */
-  uint64_t pending_admission; /* keys seen but not yet admitted */
+  uint64_t pending_admission; /* keys counted but not yet admitted; with admit_bloom_bytes an
+                                 estimate of the distinct keys the filter has counted, those
+                                 admitted since included (see "Admission") */
   uint64_t skipped_keys;      /* gradient keys that had no row */
+  /* Fields below were added in 0.3; a smaller struct_size (0.2) gets the fields above. */
+  uint64_t admitted;          /* rows that training lookups inserted (restored rows are not
+                                 counted); without admission, every new key */
 } embstore_table_stats_t;
 
 /* Fills out. On CUDA it waits for the table's earlier work. Returns OK; INVALID_ARGUMENT (NULL
-   pointer, struct_size too small); DEVICE_ERROR. */
+   pointer, struct_size below the 0.2 size); DEVICE_ERROR. */
 EMBSTORE_API embstore_status_t embstore_table_stats(embstore_table_t* table,
                                                     embstore_table_stats_t* out);
 
@@ -256,6 +268,32 @@ EMBSTORE_API embstore_status_t embstore_table_stats(embstore_table_t* table,
    incremental checkpoint records a tombstone for the key, unless the key was inserted again
    before that checkpoint's capture (then the checkpoint holds the new row). A checkpoint in
    flight still writes the row as it was at its capture. */
+
+/* Admission (admit_after = N > 1). Each occurrence of a key without a row in a lookup with
+   EMBSTORE_LOOKUP_INSERT counts; the key gets its row at its N-th occurrence (duplicates in one
+   call count one by one, and the call that admits a key reads the new row at each of them).
+   Until then the key is pending: the lookup returns its initial values (those of the row it
+   will get), apply_gradients skips it (counted in skipped_keys), and nothing is checkpointed
+   for it but its count.
+   - Exact counting (default): pending keys live in a side table of (key, count, last step
+     seen), 24 bytes per slot, at most half full. An admitted key's count is dropped; evicted
+     later, it starts again from 0. With an idle rule, each eviction pass also forgets the
+     counts of keys not seen for as long as a row may stay idle. The side table otherwise
+     grows with the distinct pending keys.
+   - Counting Bloom filter (admit_bloom_bytes = m): memory stays m bytes. Each key counts in 4
+     of m one-byte counters (saturating at 255, so N <= 255), increasing only the smallest of
+     them (conservative update); its count is their minimum, never below the true count, so a
+     key is never admitted late. It may be admitted early: after n distinct keys have been
+     counted, a key seen fewer than N times is admitted with probability at most
+     (1 - exp(-4n/m))^4: 0.02% for n = m/32, 0.24% for n = m/16, 56% for n = m/2 (so give it
+     16 or more bytes per distinct key; exact counting takes 48 to 96). pending_admission
+     reports the estimate of n. Counts are never removed, so the rate only grows, and an
+     evicted key is admitted again at once.
+   Checkpoints: a full checkpoint saves the counts (the side table's live slots, or the
+   filter), and restore loads those of the chain's full checkpoint; counts from after that
+   full checkpoint are lost (a key then needs its occurrences again), and keys that have a row
+   at the restored version drop theirs. Saving copies the counts at capture: a pass over the
+   side table, or a copy of the filter. Admission alone evicts nothing. */
 
 /* Runs the table's idle rules now, at the store's current step and time; *evicted_out (may be
    NULL) = the rows evicted. Returns OK; INVALID_ARGUMENT (NULL table);

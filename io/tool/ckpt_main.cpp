@@ -439,6 +439,7 @@ int cmd_verify(const std::string& dir, const std::optional<std::string>& version
     if (mr.rc != 0) continue;
     for (const io::TableEntry& t : mr.m.tables) {
       for (const io::FileEntry& f : t.files) total += 2 * f.bytes;
+      if (t.admission) total += t.admission->bytes;
     }
     for (const io::AttachmentEntry& a : mr.m.attachments) total += a.file.bytes;
   }
@@ -457,6 +458,11 @@ int cmd_verify(const std::string& dir, const std::optional<std::string>& version
           verifier.file(vdir, f, &t, mr.m.full);
           ++files;
           bytes += f.bytes;
+        }
+        if (t.admission) {
+          verifier.file(vdir, *t.admission, nullptr, mr.m.full);
+          ++files;
+          bytes += t.admission->bytes;
         }
         rows += t.rows;
       }

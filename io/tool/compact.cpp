@@ -84,6 +84,19 @@ io::TableEntry write_table(const std::vector<io::ChainLink>& chain, const io::Ta
   io::TableEntry e = t;
   e.rows = writer->rows();
   e.files = {{rel, writer->bytes(), writer->rows(), writer->checksum()}};
+  // Restore takes the admission counts from a chain's full checkpoint: they carry over as is.
+  e.admission.reset();
+  const io::ChainLink& full = chain.back();
+  for (const io::TableEntry& f : full.manifest->tables) {
+    if (f.name != t.name || !f.admission) continue;
+    std::string data;
+    if (io::read_checked_file(full.path, *f.admission, &data, &detail) < 0) throw Problem(detail);
+    const std::string out = staging + "/" + f.admission->path;
+    if (int w = io::write_whole_file(out, data.data(), data.size()); w < 0) {
+      throw Problem(fmt::format("{}: cannot write: {}", out, errno_text(w)));
+    }
+    e.admission = f.admission;
+  }
   return e;
 }
 
@@ -133,6 +146,7 @@ int cmd_compact(const std::string& dir, const std::string& version_text, const s
     m.tables.push_back(write_table(chain, t, staging.path));
     rows += m.tables.back().rows;
     bytes += m.tables.back().files.front().bytes;
+    if (m.tables.back().admission) bytes += m.tables.back().admission->bytes;
   }
   if (!source.attachments.empty()) {
     const std::string adir = staging.path + "/attachments";
@@ -142,7 +156,7 @@ int cmd_compact(const std::string& dir, const std::string& version_text, const s
   }
   for (const io::AttachmentEntry& a : source.attachments) {
     std::string data;
-    if (io::read_attachment(chain.front().path, a, &data, &detail) < 0) throw Problem(detail);
+    if (io::read_checked_file(chain.front().path, a.file, &data, &detail) < 0) throw Problem(detail);
     const std::string path = staging.path + "/" + a.file.path;
     if (int r = io::write_whole_file(path, data.data(), data.size()); r < 0) {
       throw Problem(fmt::format("{}: cannot write: {}", path, errno_text(r)));

@@ -213,8 +213,14 @@ TEST_CASE("bad table configs", "[api]") {
   c.init_b = -1.0f;
   expect(c, EMBSTORE_INVALID_ARGUMENT, "deviation");
   c = good;
-  c.admit_after = 3;
-  expect(c, EMBSTORE_UNSUPPORTED, "admission");
+  c.admit_bloom_bytes = 1 << 16;  // a filter with nothing to count
+  expect(c, EMBSTORE_INVALID_ARGUMENT, "admit_bloom_bytes");
+  c.admit_after = 2;
+  c.admit_bloom_bytes = 63;
+  expect(c, EMBSTORE_INVALID_ARGUMENT, "at least 64");
+  c.admit_bloom_bytes = 64;
+  c.admit_after = 256;  // one-byte counters
+  expect(c, EMBSTORE_INVALID_ARGUMENT, "at most 255");
   c = good;
   c.evict_idle_seconds = -1.0;
   expect(c, EMBSTORE_INVALID_ARGUMENT, "evict_idle_seconds");
@@ -231,6 +237,9 @@ TEST_CASE("bad table configs", "[api]") {
     c = good;
     c.evict_idle_steps = 10;
     expect(c, EMBSTORE_UNSUPPORTED, "eviction");
+    c = good;
+    c.admit_after = 3;
+    expect(c, EMBSTORE_UNSUPPORTED, "admission");
   }
 
   // Nothing above created a table.
@@ -273,6 +282,13 @@ TEST_CASE("bad data path arguments", "[api]") {
   embstore_table_stats_t s;
   s.struct_size = 4;
   require_failed(embstore_table_stats(t, &s), EMBSTORE_INVALID_ARGUMENT, "struct_size");
+  s.struct_size = offsetof(embstore_table_stats_t, admitted) - 1;
+  require_failed(embstore_table_stats(t, &s), EMBSTORE_INVALID_ARGUMENT, "struct_size");
+  // A caller built against 0.2 gets the fields it knows; the newer ones are left alone.
+  s.struct_size = offsetof(embstore_table_stats_t, admitted);
+  s.admitted = 12345;
+  REQUIRE(embstore_table_stats(t, &s) == EMBSTORE_OK);
+  REQUIRE(s.admitted == 12345);
   require_failed(embstore_table_stats(t, nullptr), EMBSTORE_INVALID_ARGUMENT, "out");
   require_failed(embstore_table_stats(nullptr, &s), EMBSTORE_INVALID_ARGUMENT, "table");
 }

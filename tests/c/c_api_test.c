@@ -61,7 +61,8 @@ int main(void) {
   memset(&stats, 0, sizeof(stats));
   stats.struct_size = sizeof(stats);
   CHECK(embstore_table_stats(table, &stats) == EMBSTORE_OK);
-  CHECK(stats.rows == 3 && stats.inserted == 3 && stats.dirty_rows == 3);
+  CHECK(stats.rows == 3 && stats.inserted == 3 && stats.dirty_rows == 3 && stats.admitted == 3);
+  CHECK(stats.pending_admission == 0);
 
   CHECK(embstore_lookup(NULL, keys, 4, values, 0, NULL) == EMBSTORE_INVALID_ARGUMENT);
   CHECK(strlen(embstore_last_error()) > 0);

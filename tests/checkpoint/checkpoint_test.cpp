@@ -978,6 +978,71 @@ TEST_CASE("a delta taken while training goes on holds the rows at its step",
   REQUIRE(stats(get_table(b, "emb")).rows == static_cast<uint64_t>(keys));
 }
 
+TEST_CASE("a table that doubles twice under a full and a delta in flight restores bit-exactly",
+          "[checkpoint][incremental]") {
+  TempDir dir;
+  embstore_store_config_t config;
+  embstore_store_config_init(&config);
+  config.staging_bytes = size_t{1} << 20;
+  StoreGuard store(make_store(config));
+  embstore_table_config_t c = config_for("emb", 16, EMBSTORE_OPT_ADAGRAD);
+  c.initial_capacity = 16384;
+  embstore_table_t* t = make_table(store, c);
+  no_rebaseline(store);
+  // Rows of each snapshot are still captured while its writer is held (see the test above),
+  // and each growth round inserts three times the rows there were: the table doubles twice.
+  int64_t keys = 16000;
+  auto grow_and_train = [&](int64_t from, int64_t to, uint64_t step) {
+    const uint64_t capacity = stats(t).capacity;
+    std::vector<int64_t> fresh(static_cast<size_t>(to - from));
+    for (size_t i = 0; i < fresh.size(); ++i) fresh[i] = from + static_cast<int64_t>(i);
+    lookup_ok(t, fresh);
+    REQUIRE(stats(t).capacity >= 4 * capacity);
+    // Captured rows change too: they are copied out before they are updated.
+    train_step(store, t, step, 2 * keys, 2000);
+  };
+
+  lookup_ok(t, key_range(keys));
+  ok(embstore_step(store, 1));
+  const std::vector<float> at_full = lookup_ok(t, key_range(keys), 0);
+  {
+    HeldWriter held;
+    uint64_t version = 0;
+    ok(embstore_checkpoint(store, dir.path().c_str(), EMBSTORE_CKPT_FULL, &version));
+    REQUIRE(version == 1);
+    grow_and_train(keys, 4 * keys, 2);
+    held.release();
+    ok(embstore_checkpoint_wait(store, version));
+  }
+  keys *= 4;
+  train_step(store, t, 3, keys, 4000);
+  const uint64_t rows_at_delta = stats(t).rows;
+  const std::vector<int64_t> all = key_range(keys);
+  const std::vector<float> at_delta = lookup_ok(t, all, 0);
+  {
+    HeldWriter held;
+    uint64_t version = 0;
+    ok(embstore_checkpoint(store, dir.path().c_str(), EMBSTORE_CKPT_INCREMENTAL, &version));
+    REQUIRE(version == 3);
+    grow_and_train(keys, 4 * keys, 4);
+    held.release();
+    ok(embstore_checkpoint_wait(store, version));
+  }
+  embstore_checkpoint_stats_t cs;
+  cs.struct_size = sizeof(cs);
+  ok(embstore_checkpoint_stats(store, &cs));
+  REQUIRE(cs.copy_on_write_rows > 0);
+  REQUIRE(fs::exists(delta_dir(dir.path(), 3)));
+
+  StoreGuard b(make_store());
+  REQUIRE(restore_ok(b, dir.path(), 1) == 1);
+  REQUIRE(same_bits(lookup_ok(get_table(b, "emb"), key_range(keys / 4), 0), at_full));
+  REQUIRE(stats(get_table(b, "emb")).rows == static_cast<uint64_t>(keys / 4));
+  REQUIRE(restore_ok(b, dir.path(), 3) == 3);
+  REQUIRE(same_bits(lookup_ok(get_table(b, "emb"), all, 0), at_delta));
+  REQUIRE(stats(get_table(b, "emb")).rows == rows_at_delta);
+}
+
 namespace {
 
 // What the child of the kill test tells its parent through a pipe.

@@ -37,11 +37,14 @@ Manifest sample() {
   t.config.init_b = FLT_MAX;
   t.config.seed = std::numeric_limits<uint64_t>::max();
   t.config.max_capacity = (uint64_t{1} << 60) + 1;
+  t.config.admit_after = 4;
+  t.config.admit_bloom_bytes = (uint64_t{1} << 40) + 3;
   t.state_dim = 28;
   t.state_layout = state_layout(EMBSTORE_OPT_ADAM);
   t.rows = 7;
   t.table_rows = 9;
   t.files.push_back({"emb.v2-x/shard-00000-of-00001.rows", 8192, 7, 0xfedcba9876543210ull});
+  t.admission = FileEntry{"emb.v2-x/admission.counts", 1048, 0, 0x123456789abcdefull};
   m.tables.push_back(t);
   m.attachments.push_back({"rng", {"attachments/rng", 3, 0, 0x1ull}});
   return m;
@@ -99,6 +102,18 @@ TEST_CASE("manifest: every field round-trips exactly", "[io][manifest]") {
   REQUIRE(t.files[0].xxh3 == 0xfedcba9876543210ull);
   REQUIRE(t.rows == 7);
   REQUIRE(t.table_rows == 9);
+  REQUIRE(t.config.admit_after == 4);
+  REQUIRE(t.config.admit_bloom_bytes == (uint64_t{1} << 40) + 3);
+  REQUIRE(t.admission.has_value());
+  REQUIRE(t.admission->path == "emb.v2-x/admission.counts");
+  REQUIRE(t.admission->bytes == 1048);
+  REQUIRE(t.admission->xxh3 == 0x123456789abcdefull);
+  // Tables without admission list no file, and read back without one.
+  Manifest plain = m;
+  plain.tables[0].admission.reset();
+  REQUIRE(format_manifest(plain).find("admission.counts") == std::string::npos);
+  REQUIRE(parse_manifest(format_manifest(plain), &back, &detail) == 0);
+  REQUIRE_FALSE(back.tables[0].admission.has_value());
   REQUIRE(back.attachments.size() == 1);
   REQUIRE(back.attachments[0].file.path == "attachments/rng");
 }
@@ -121,6 +136,10 @@ TEST_CASE("manifest: a changed byte, a torn file or a bad field is refused", "[i
   SECTION("a path out of the version directory") {
     REQUIRE(parse_error(edit(m, "\"attachments/rng\"", "\"../rng\"")).find("relative path") !=
             std::string::npos);
+  }
+  SECTION("an admission file out of the version directory") {
+    REQUIRE(parse_error(edit(m, "\"emb.v2-x/admission.counts\"", "\"/etc/passwd\""))
+                .find("relative path") != std::string::npos);
   }
   SECTION("a table listed twice") {
     Manifest twice = m;

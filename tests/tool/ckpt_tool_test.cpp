@@ -1245,6 +1245,83 @@ TEST_CASE("compact merges a chain with tombstones into one full checkpoint that 
   CHECK(columns(line_starting(ls.out, version_dir_name(60, true))).back() == "yes");
 }
 
+TEST_CASE("compact carries the full checkpoint's admission counts; verify checks them") {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/ckpt", out = tmp.path() + "/compacted";
+  embstore_store_config_t sc;
+  embstore_store_config_init(&sc);
+  sc.backend = EMBSTORE_BACKEND_HOST;
+  embstore_store_t* store = nullptr;
+  ok(embstore_store_create(&sc, &store));
+  embstore_checkpoint_policy_t policy;
+  embstore_checkpoint_policy_init(&policy);
+  policy.max_chain_length = 0;
+  policy.rebaseline_fraction = 0;
+  ok(embstore_checkpoint_set_policy(store, &policy));
+  embstore_table_config_t tc;
+  embstore_table_config_init(&tc);
+  tc.name = "ids";
+  tc.dim = 2;
+  tc.admit_after = 3;
+  embstore_table_t* t = nullptr;
+  ok(embstore_table_create(store, &tc, &t));
+  float values[2 * 4];
+  const int64_t seen_twice[4] = {5, 5, 6, 6};
+  ok(embstore_lookup(t, seen_twice, 4, values, EMBSTORE_LOOKUP_INSERT, nullptr));
+  ok(embstore_step(store, 10));
+  uint64_t v = 0;
+  ok(embstore_checkpoint(store, dir.c_str(), EMBSTORE_CKPT_FULL, &v));
+  ok(embstore_checkpoint_wait(store, v));
+  const int64_t third[1] = {5};
+  ok(embstore_lookup(t, third, 1, values, EMBSTORE_LOOKUP_INSERT, nullptr));
+  ok(embstore_step(store, 20));
+  ok(embstore_checkpoint(store, dir.c_str(), EMBSTORE_CKPT_INCREMENTAL, &v));
+  ok(embstore_checkpoint_wait(store, v));
+  embstore_store_destroy(store);
+  const std::string counts = "ids/admission.counts";
+  const std::string full_counts = dir + "/" + version_dir_name(10, true) + "/" + counts;
+  REQUIRE(fs::exists(full_counts));
+  REQUIRE_FALSE(fs::exists(dir + "/" + version_dir_name(20, false) + "/" + counts));
+
+  const Result r = run_tool({"compact", dir, "--version", "latest", "--out", out});
+  INFO(describe(r));
+  REQUIRE(r.status == 0);
+  const std::string vdir = out + "/" + version_dir_name(20, true);
+  CHECK(read_file(vdir + "/" + counts) == read_file(full_counts));
+  const Result verified = run_tool({"verify", out});
+  INFO(describe(verified));
+  CHECK(verified.status == 0);
+  CHECK(contains(verified.out, "2 files"));
+  // Restored from the compacted version: 5 has its row and drops its count, 6 keeps its 2.
+  embstore_store_t* restored = nullptr;
+  ok(embstore_store_create(&sc, &restored));
+  uint64_t got = 0;
+  ok(embstore_restore(restored, out.c_str(), EMBSTORE_LATEST, &got));
+  embstore_table_t* r_ids = nullptr;
+  ok(embstore_table_get(restored, "ids", &r_ids));
+  embstore_table_stats_t st;
+  st.struct_size = sizeof(st);
+  ok(embstore_table_stats(r_ids, &st));
+  CHECK(st.rows == 1);
+  CHECK(st.pending_admission == 1);
+  const int64_t six[1] = {6};
+  ok(embstore_lookup(r_ids, six, 1, values, EMBSTORE_LOOKUP_INSERT, nullptr));
+  ok(embstore_table_stats(r_ids, &st));
+  CHECK(st.rows == 2);
+  embstore_store_destroy(restored);
+
+  // A damaged counts file fails verify, named.
+  {
+    std::fstream f(vdir + "/" + counts, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(28);
+    f.put('\x7f');
+  }
+  const Result bad = run_tool({"verify", out});
+  INFO(describe(bad));
+  CHECK(bad.status != 0);
+  CHECK(contains(bad.out + bad.err, counts));
+}
+
 TEST_CASE("compact of a full-only version rewrites it") {
   Checkpoints c(Checkpoints::kChain);
   const Rows source = rows_of(c.vdir(10));

@@ -1,0 +1,51 @@
+// Counting Bloom filter cells for feature admission: which counters a key counts in, and the
+// conservative update. Portable, so a device filter would count in the same cells.
+#pragma once
+
+#include "cuda/row/hash.h"
+
+namespace embstore::row {
+
+inline constexpr uint32_t kBloomHashes = 4;       // counters per key
+inline constexpr uint32_t kBloomMaxCount = 255;   // one-byte counters saturate here
+inline constexpr uint64_t kBloomMinCells = 64;
+
+// Multiply-shift range reduction: uniform over [0, n) without a division.
+EMBSTORE_HD uint64_t reduce_range(uint64_t h, uint64_t n) {
+#if defined(__CUDA_ARCH__)
+  return __umul64hi(h, n);
+#else
+  return static_cast<uint64_t>((static_cast<unsigned __int128>(h) * n) >> 64);
+#endif
+}
+
+// The key's kBloomHashes cells, by double hashing of two independent 64-bit hashes. Two
+// cells of a key may coincide (then that cell counts once per update).
+EMBSTORE_HD void bloom_cells(int64_t key, uint64_t cells, uint64_t out[kBloomHashes]) {
+  const uint64_t h1 = hash_key(key);
+  const uint64_t h2 = mix64(h1 ^ 0x5851f42d4c957f2dull) | 1;
+  for (uint32_t i = 0; i < kBloomHashes; ++i) out[i] = reduce_range(h1 + i * h2, cells);
+}
+
+// Counts one occurrence of key (serial): raises only the key's smallest counters, which keeps
+// every key's minimum at least its true count while others grow less. Returns the key's count
+// (the minimum after the update), and in *filled the counters that left 0.
+EMBSTORE_HD uint32_t bloom_count(uint8_t* counters, uint64_t cells, int64_t key,
+                                 uint64_t* filled) {
+  uint64_t at[kBloomHashes];
+  bloom_cells(key, cells, at);
+  uint32_t least = kBloomMaxCount;
+  for (uint32_t i = 0; i < kBloomHashes; ++i) {
+    least = counters[at[i]] < least ? counters[at[i]] : least;
+  }
+  if (least == kBloomMaxCount) return least;
+  for (uint32_t i = 0; i < kBloomHashes; ++i) {
+    if (counters[at[i]] == least) {
+      if (least == 0) ++*filled;
+      counters[at[i]] = static_cast<uint8_t>(least + 1);
+    }
+  }
+  return least + 1;
+}
+
+}  // namespace embstore::row

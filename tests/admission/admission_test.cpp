@@ -1,0 +1,463 @@
+// Feature admission through the C API: thresholds 1, 2 and 5, duplicates in one call, pending
+// keys read their initial values and skip their gradients, lookups without insert count
+// nothing, a refused insert keeps the counts, idle counts are forgotten; the counting Bloom
+// filter against its documented false-admission bound; counts saved in full checkpoints and
+// restored (and a restore that continues training equals a replay). Also the admission file's
+// parser on bad bytes (host/admission/, white-box: links embstore_static). On the CUDA backend,
+// admission is refused at table creation in this version (tested here too).
+#include <embstore/embstore.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "host/admission/admission.hpp"
+#include "host/error.hpp"
+#include "host/table.hpp"
+#include "support/backend.hpp"
+#include "support/checkpoint_helpers.hpp"
+#include "tests/io/io_fixtures.hpp"
+
+using namespace embstore_test;
+namespace fs = std::filesystem;
+
+namespace {
+
+void ok(embstore_status_t s) { require_ok(s); }
+
+// Admission is host-only in this version: on CUDA the table is refused, and the test ends.
+embstore_table_t* admitting_table(embstore_store_t* store, const embstore_table_config_t& c) {
+  if (embstore_store_backend(store) == EMBSTORE_BACKEND_CUDA) {
+    embstore_table_t* t = nullptr;
+    REQUIRE(embstore_table_create(store, &c, &t) == EMBSTORE_UNSUPPORTED);
+    REQUIRE(std::string(embstore_last_error()).find("admission") != std::string::npos);
+    return nullptr;
+  }
+  return make_table(store, c);
+}
+
+embstore_table_config_t config(const char* name, uint32_t admit_after, uint64_t bloom = 0) {
+  embstore_table_config_t c = table_config(name, 4);
+  c.init = EMBSTORE_INIT_UNIFORM;
+  c.init_a = -0.5f;
+  c.init_b = 0.5f;
+  c.learning_rate = 0.1f;
+  c.initial_capacity = 64;
+  c.seed = 7;
+  c.admit_after = admit_after;
+  c.admit_bloom_bytes = bloom;
+  return c;
+}
+
+// Whether key has a row: a lookup without insert reads zeros only for a key without one (these
+// tables' values are uniform in [-0.5, 0.5), never all zero).
+bool has_row(embstore_table_t* t, int64_t key) {
+  const std::vector<float> v = lookup_ok(t, {key}, 0);
+  return std::any_of(v.begin(), v.end(), [](float x) { return x != 0; });
+}
+
+std::vector<int64_t> keys_from(int64_t first, size_t n) {
+  std::vector<int64_t> k(n);
+  for (size_t i = 0; i < n; ++i) k[i] = first + static_cast<int64_t>(i);
+  return k;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+uint64_t full_ok(embstore_store_t* store, const std::string& dir) {
+  uint64_t version = 0;
+  ok(embstore_checkpoint(store, dir.c_str(), EMBSTORE_CKPT_FULL, &version));
+  ok(embstore_checkpoint_wait(store, version));
+  return version;
+}
+
+embstore_table_t* get_table(embstore_store_t* store, const char* name) {
+  embstore_table_t* t = nullptr;
+  ok(embstore_table_get(store, name, &t));
+  return t;
+}
+
+std::string admission_file(const std::string& dir, uint64_t version, const char* table) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "%020llu.full", static_cast<unsigned long long>(version));
+  return dir + "/" + name + "/" + table + "/admission.counts";
+}
+
+}  // namespace
+
+TEST_CASE("a key gets its row at its N-th occurrence", "[admission]") {
+  const uint32_t n = GENERATE(1u, 2u, 5u);
+  INFO("admit_after " << n);
+  StoreGuard store(make_store());
+  embstore_table_t* t = admitting_table(store, config("t", n));
+  if (t == nullptr) return;
+  const int64_t key = 42;
+  std::vector<float> pending_value;
+  for (uint32_t i = 1; i < n; ++i) {
+    ok(embstore_step(store, i));
+    const std::vector<float> v = lookup_ok(t, {key});
+    if (i > 1) REQUIRE(same_bits(v, pending_value));  // the same initial values each time
+    pending_value = v;
+    REQUIRE_FALSE(has_row(t, key));
+    const embstore_table_stats_t s = stats(t);
+    REQUIRE(s.rows == 0);
+    REQUIRE(s.pending_admission == 1);
+    REQUIRE(s.admitted == 0);
+    REQUIRE(s.dirty_rows == 0);
+  }
+  ok(embstore_step(store, n));
+  const std::vector<float> admitted = lookup_ok(t, {key});
+  REQUIRE(has_row(t, key));
+  // A pending key read what its row starts with.
+  if (n > 1) REQUIRE(same_bits(admitted, pending_value));
+  REQUIRE(std::any_of(admitted.begin(), admitted.end(), [](float x) { return x != 0; }));
+  const embstore_table_stats_t s = stats(t);
+  REQUIRE(s.rows == 1);
+  REQUIRE(s.admitted == 1);
+  REQUIRE(s.inserted == 1);
+  REQUIRE(s.pending_admission == 0);
+  REQUIRE(s.dirty_rows == 1);
+}
+
+TEST_CASE("occurrences in one call count one by one", "[admission]") {
+  StoreGuard store(make_store());
+  embstore_table_t* t = admitting_table(store, config("t", 3));
+  if (t == nullptr) return;
+  // 7 three times: admitted at the third, and every position reads the new row.
+  const std::vector<float> v = lookup_ok(t, {7, 8, 7, 7, 8});
+  REQUIRE(has_row(t, 7));
+  REQUIRE_FALSE(has_row(t, 8));
+  const std::vector<float> row = lookup_ok(t, {7}, 0);
+  for (size_t pos : {0u, 2u, 3u}) {
+    REQUIRE(std::memcmp(&v[pos * 4], row.data(), 4 * sizeof(float)) == 0);
+  }
+  // 8 was seen twice: once more admits it.
+  REQUIRE(stats(t).pending_admission == 1);
+  const std::vector<float> eight = lookup_ok(t, {8});
+  REQUIRE(has_row(t, 8));
+  REQUIRE(std::memcmp(&v[4 * 4], eight.data(), 4 * sizeof(float)) == 0);
+  REQUIRE(stats(t).rows == 2);
+  REQUIRE(stats(t).admitted == 2);
+}
+
+TEST_CASE("gradients of pending keys are skipped and counted", "[admission]") {
+  StoreGuard store(make_store());
+  embstore_table_t* t = admitting_table(store, config("t", 2));
+  if (t == nullptr) return;
+  const std::vector<float> before = lookup_ok(t, {1, 2});  // both pending
+  apply_ok(t, {1, 2, 1}, std::vector<float>(12, 1.0f));
+  REQUIRE(stats(t).skipped_keys == 3);
+  REQUIRE(stats(t).rows == 0);
+  // Admitted, key 1 starts from its initial values: the skipped gradients left no trace.
+  REQUIRE(same_bits(lookup_ok(t, {1}), std::vector<float>(before.begin(), before.begin() + 4)));
+  apply_ok(t, {1}, std::vector<float>(4, 1.0f));
+  REQUIRE(stats(t).skipped_keys == 3);
+  REQUIRE_FALSE(same_bits(lookup_ok(t, {1}, 0), std::vector<float>(before.begin(), before.begin() + 4)));
+}
+
+TEST_CASE("lookups without insert count nothing", "[admission]") {
+  StoreGuard store(make_store());
+  embstore_table_t* t = admitting_table(store, config("t", 2));
+  if (t == nullptr) return;
+  for (int i = 0; i < 5; ++i) REQUIRE(lookup_ok(t, {5}, 0) == std::vector<float>(4, 0.0f));
+  REQUIRE(stats(t).pending_admission == 0);
+  lookup_ok(t, {5});
+  REQUIRE_FALSE(has_row(t, 5));
+  lookup_ok(t, {5});
+  REQUIRE(has_row(t, 5));
+}
+
+TEST_CASE("an insert refused at max_capacity keeps the table and the counts", "[admission]") {
+  StoreGuard store(make_store());
+  embstore_table_config_t c = config("t", 2);
+  c.initial_capacity = 4;
+  c.max_capacity = 4;
+  embstore_table_t* t = admitting_table(store, c);
+  if (t == nullptr) return;
+  const std::vector<int64_t> full = {1, 2, 3, 4};
+  lookup_ok(t, full);
+  lookup_ok(t, full);
+  const std::vector<float> rows = lookup_ok(t, full, 0);
+  REQUIRE(stats(t).rows == 4);
+  lookup_ok(t, {9});  // pending, no row needed: fine at the limit
+  REQUIRE(stats(t).pending_admission == 1);
+  std::vector<float> out;
+  REQUIRE(lookup(t, {9}, EMBSTORE_LOOKUP_INSERT, &out) == EMBSTORE_CAPACITY_EXCEEDED);
+  REQUIRE(stats(t).rows == 4);
+  REQUIRE(same_bits(lookup_ok(t, full, 0), rows));
+  // Still counted: the key is admitted as soon as there is room.
+  REQUIRE(stats(t).pending_admission == 1);
+  REQUIRE(lookup(t, {9}, EMBSTORE_LOOKUP_INSERT, &out) == EMBSTORE_CAPACITY_EXCEEDED);
+}
+
+TEST_CASE("an idle rule forgets the counts of keys not seen for as long", "[admission]") {
+  StoreGuard store(make_store());
+  embstore_table_config_t c = config("t", 3);
+  c.evict_idle_steps = 8;
+  embstore_table_t* t = admitting_table(store, c);
+  if (t == nullptr) return;
+  ok(embstore_step(store, 1));
+  lookup_ok(t, {10, 10});  // count 2 of 3
+  ok(embstore_step(store, 5));
+  lookup_ok(t, {11});  // seen later
+  REQUIRE(stats(t).pending_admission == 2);
+  ok(embstore_step(store, 12));  // an idle pass (due every step): cutoff 12 - 8 = 4
+  REQUIRE(stats(t).pending_admission == 1);  // 10 forgotten, 11 kept
+  lookup_ok(t, {10});
+  REQUIRE_FALSE(has_row(t, 10));  // counts from 0 again
+  lookup_ok(t, {11, 11});
+  REQUIRE(has_row(t, 11));
+}
+
+TEST_CASE("counting Bloom filter: never late, early within its documented bound",
+          "[admission]") {
+  constexpr uint64_t kCells = 1 << 16;
+  StoreGuard store(make_store());
+  embstore_table_config_t c = config("t", 2, kCells);
+  c.dim = 1;
+  embstore_table_t* t = admitting_table(store, c);
+  if (t == nullptr) return;
+  uint64_t counted = 0;
+  // Two loads: n = m/16 and n = m/2 distinct keys seen once each, then probes of fresh keys,
+  // seen once: those admitted are admitted early.
+  for (const uint64_t load : {kCells / 16, kCells / 2}) {
+    const std::vector<int64_t> noise = keys_from(static_cast<int64_t>(counted) * 3 + 1000000,
+                                                 load - counted);
+    const uint64_t rows_before = stats(t).rows;
+    lookup_ok(t, noise);
+    counted = load;
+    const uint64_t early_noise = stats(t).rows - rows_before;
+
+    const size_t probes = 4000;
+    const std::vector<int64_t> probe = keys_from(-static_cast<int64_t>(counted) * 100, probes);
+    const uint64_t before = stats(t).rows;
+    lookup_ok(t, probe);
+    const uint64_t early = stats(t).rows - before;
+    counted += probes;
+    const double n = static_cast<double>(counted);
+    const double bound = std::pow(1.0 - std::exp(-4.0 * n / kCells), 4.0);
+    const double rate = static_cast<double>(early) / probes;
+    INFO("n " << n << ": " << early << " of " << probes << " admitted early (rate " << rate
+              << "), bound " << bound << "; noise admitted early: " << early_noise);
+    // Three standard deviations of the probe sample above the bound.
+    REQUIRE(rate <= bound + 3 * std::sqrt(bound * (1 - bound) / probes));
+    if (load == kCells / 2) REQUIRE(early > 0);  // a filter this full does admit early
+    // pending_admission estimates the distinct keys counted.
+    const double estimate = static_cast<double>(stats(t).pending_admission);
+    REQUIRE(std::abs(estimate - n) < 0.05 * n);
+
+    // Never late: the second occurrence admits every probe.
+    lookup_ok(t, probe);
+    REQUIRE(stats(t).rows == before + probes);
+  }
+}
+
+TEST_CASE("admission counts are saved in full checkpoints and restored", "[admission]") {
+  const uint64_t bloom = GENERATE(uint64_t{0}, uint64_t{4096});
+  INFO((bloom ? "Bloom filter" : "exact counting"));
+  TempDir dir;
+  StoreGuard store(make_store());
+  embstore_table_t* t = admitting_table(store, config("t", 3, bloom));
+  if (t == nullptr) return;
+  ok(embstore_step(store, 1));
+  lookup_ok(t, {1, 1, 2, 3, 3, 3});  // 1: count 2, 2: count 1, 3: admitted
+  const uint64_t pending = stats(t).pending_admission;
+  if (bloom == 0) REQUIRE(pending == 2);
+  const uint64_t v = full_ok(store, dir.path());
+  REQUIRE(fs::exists(admission_file(dir.path(), v, "t")));
+
+  StoreGuard fresh(make_store());
+  embstore_table_t* r = nullptr;
+  {
+    // The table as configured in the checkpoint; counts restored.
+    uint64_t restored = 0;
+    ok(embstore_restore(fresh, dir.path().c_str(), EMBSTORE_LATEST, &restored));
+    r = get_table(fresh, "t");
+  }
+  REQUIRE(stats(r).rows == 1);
+  REQUIRE(stats(r).pending_admission == pending);
+  lookup_ok(r, {1});  // its third occurrence
+  REQUIRE(has_row(r, 1));
+  lookup_ok(r, {2});
+  REQUIRE_FALSE(has_row(r, 2));
+  lookup_ok(r, {2});
+  REQUIRE(has_row(r, 2));
+}
+
+TEST_CASE("a restore takes the counts of the chain's full checkpoint", "[admission]") {
+  TempDir dir;
+  StoreGuard store(make_store());
+  no_rebaseline(store);
+  embstore_table_t* t = admitting_table(store, config("t", 3));
+  if (t == nullptr) return;
+  ok(embstore_step(store, 1));
+  lookup_ok(t, {1, 1, 2, 2});  // both at 2 of 3
+  full_ok(store, dir.path());
+  ok(embstore_step(store, 2));
+  lookup_ok(t, {1, 4});  // 1 admitted; 4 counted after the full checkpoint
+  const uint64_t delta = incremental_ok(store, dir.path());
+  REQUIRE(delta == 2);
+
+  StoreGuard fresh(make_store());
+  uint64_t restored = 0;
+  ok(embstore_restore(fresh, dir.path().c_str(), EMBSTORE_LATEST, &restored));
+  REQUIRE(restored == 2);
+  embstore_table_t* r = get_table(fresh, "t");
+  REQUIRE(has_row(r, 1));
+  // 1 has a row, so its saved count is dropped; 4's count came after the full: lost.
+  REQUIRE(stats(r).pending_admission == 1);
+  lookup_ok(r, {2});
+  REQUIRE(has_row(r, 2));
+}
+
+TEST_CASE("a damaged admission file fails the restore", "[admission]") {
+  TempDir dir;
+  StoreGuard store(make_store());
+  embstore_table_t* t = admitting_table(store, config("t", 3));
+  if (t == nullptr) return;
+  lookup_ok(t, {1, 2, 3});
+  const uint64_t v = full_ok(store, dir.path());
+  const std::string path = admission_file(dir.path(), v, "t");
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(30);
+    f.put('\x55');
+  }
+  StoreGuard fresh(make_store());
+  uint64_t restored = 0;
+  REQUIRE(embstore_restore(fresh, dir.path().c_str(), EMBSTORE_LATEST, &restored) ==
+          EMBSTORE_CORRUPT);
+  REQUIRE(std::string(embstore_last_error()).find("admission.counts") != std::string::npos);
+  embstore_table_t* none = nullptr;
+  REQUIRE(embstore_table_get(fresh, "t", &none) == EMBSTORE_NOT_FOUND);
+  fs::remove(path);
+  REQUIRE(embstore_restore(fresh, dir.path().c_str(), EMBSTORE_LATEST, &restored) ==
+          EMBSTORE_CORRUPT);
+  REQUIRE(std::string(embstore_last_error()).find("missing") != std::string::npos);
+}
+
+TEST_CASE("counts of another kind of counting are left out of a restore", "[admission]") {
+  TempDir dir;
+  StoreGuard store(make_store());
+  embstore_table_t* t = admitting_table(store, config("t", 2));
+  if (t == nullptr) return;
+  lookup_ok(t, {1, 2, 2});
+  full_ok(store, dir.path());
+
+  StoreGuard other(make_store());
+  embstore_table_t* bloom = make_table(other, config("t", 2, 4096));
+  uint64_t restored = 0;
+  ok(embstore_restore(other, dir.path().c_str(), EMBSTORE_LATEST, &restored));
+  REQUIRE(get_table(other, "t") == bloom);
+  REQUIRE(has_row(bloom, 2));
+  REQUIRE(stats(bloom).pending_admission == 0);  // the exact counts did not fill the filter
+  lookup_ok(bloom, {1});
+  REQUIRE_FALSE(has_row(bloom, 1));
+}
+
+TEST_CASE("training restored from a full checkpoint goes on as if uninterrupted",
+          "[admission]") {
+  const uint64_t bloom = GENERATE(uint64_t{0}, uint64_t{1024});
+  INFO((bloom ? "Bloom filter" : "exact counting"));
+  TempDir dir;
+  // Zipf-like keys: a few frequent, many rare, so some are admitted and some stay pending.
+  auto batch = [](uint64_t step) {
+    std::vector<int64_t> k(64);
+    uint64_t x = step * 0x9E3779B97F4A7C15ull;
+    for (auto& key : k) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      const double u = static_cast<double>(x >> 11) / 9007199254740992.0;
+      key = static_cast<int64_t>(std::pow(400.0, u));
+    }
+    return k;
+  };
+  auto train = [&](embstore_store_t* s, embstore_table_t* t, uint64_t from, uint64_t to) {
+    for (uint64_t step = from; step <= to; ++step) {
+      ok(embstore_step(s, step));
+      const std::vector<int64_t> k = batch(step);
+      lookup_ok(t, k);
+      std::vector<float> g(k.size() * 4);
+      for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>((i * 37 + step) % 17) - 8;
+      apply_ok(t, k, g);
+    }
+  };
+  const std::vector<int64_t> all = keys_from(0, 401);
+  StoreGuard a(make_store());
+  embstore_table_t* ta = admitting_table(a, config("t", 4, bloom));
+  if (ta == nullptr) return;
+  train(a, ta, 1, 20);
+  full_ok(a, dir.path());
+  train(a, ta, 21, 40);
+
+  StoreGuard b(make_store());
+  uint64_t restored = 0;
+  ok(embstore_restore(b, dir.path().c_str(), EMBSTORE_LATEST, &restored));
+  REQUIRE(restored == 20);
+  embstore_table_t* tb = get_table(b, "t");
+  train(b, tb, 21, 40);
+  const embstore_table_stats_t sa = stats(ta), sb = stats(tb);
+  REQUIRE(sa.pending_admission > 0);
+  REQUIRE(sa.skipped_keys > 0);
+  REQUIRE(sb.rows == sa.rows);
+  REQUIRE(sb.pending_admission == sa.pending_admission);
+  REQUIRE(same_bits(lookup_ok(tb, all, 0), lookup_ok(ta, all, 0)));
+}
+
+std::unique_ptr<embstore::AdmissionCounter> counter(uint32_t admit_after, uint64_t bloom = 0) {
+  embstore::TableSpec spec;
+  spec.name = "t";
+  spec.admit_after = admit_after;
+  spec.admit_bloom_bytes = bloom;
+  return embstore::AdmissionCounter::make(spec);
+}
+
+TEST_CASE("the admission file's parser refuses bad bytes", "[admission]") {
+  auto exact = counter(3);
+  auto bloom = counter(3, 256);
+  REQUIRE(counter(1) == nullptr);
+
+  for (int64_t k = 0; k < 100; ++k) exact->count(k * 1000003, 1);
+  const std::vector<char> saved = exact->save();
+  auto corrupt = [&](embstore::AdmissionCounter& c, const std::string& bytes, const char* why) {
+    std::string reason;
+    try {
+      c.load(bytes, &reason);
+      FAIL("loaded");
+    } catch (const embstore::Error& e) {
+      REQUIRE(e.status() == EMBSTORE_CORRUPT);
+      REQUIRE(std::string(e.what()).find(why) != std::string::npos);
+    }
+  };
+  const std::string good(saved.begin(), saved.end());
+  corrupt(*exact, "", "header");
+  corrupt(*exact, good.substr(0, good.size() - 1), "entries need");
+  std::string twice = good;
+  std::memcpy(&twice[24 + 24], &twice[24], 8);  // the second entry's key = the first's
+  corrupt(*exact, twice, "twice");
+  std::string format = good;
+  format[12] = 9;
+  corrupt(*exact, format, "format");
+
+  // A good load replaces the counts; the other kind is left with a reason.
+  auto copy = counter(3);
+  std::string reason;
+  REQUIRE(copy->load(good, &reason));
+  REQUIRE(copy->pending() == 100);
+  REQUIRE(copy->save() == saved);
+  REQUIRE_FALSE(bloom->load(good, &reason));
+  REQUIRE(reason.find("exactly") != std::string::npos);
+  const std::vector<char> filter = bloom->save();
+  REQUIRE_FALSE(exact->load(std::string(filter.begin(), filter.end()), &reason));
+  REQUIRE(reason.find("Bloom") != std::string::npos);
+  auto smaller = counter(3, 128);
+  REQUIRE_FALSE(smaller->load(std::string(filter.begin(), filter.end()), &reason));
+  REQUIRE(reason.find("256") != std::string::npos);
+  corrupt(*bloom, std::string(filter.begin(), filter.end() - 1), "counters needs");
+}
