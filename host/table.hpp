@@ -88,9 +88,11 @@ class Table {
   // snapshot is written out, copy-on-write included. May do nothing (and return the last
   // count) while a training call wants the table: training goes first.
   virtual uint64_t drain(SnapshotSink* sink, uint64_t max_rows) = 0;
-  // A full snapshot's admission counts, as copied at its capture (host/admission/); empty when
-  // the table has no admission or the snapshot is a delta. Valid until end_snapshot.
-  virtual const std::vector<char>& admission_at_capture() const = 0;
+  // A full snapshot's admission counts as they were at its capture, as the bytes of its
+  // admission file (host/admission/); empty when the table has no admission or the snapshot is
+  // a delta. Capture only shares the counts: the caller (the checkpoint's worker) pays for the
+  // bytes. Until end_snapshot.
+  virtual std::vector<char> admission_at_capture() const = 0;
   // Detaches the sink. After a failed snapshot (failed = true) every row it captured that is
   // still live is marked dirty again, and its tombstones are pending again, so the next
   // checkpoint still writes them.

@@ -575,7 +575,7 @@ class CudaTable final : public Table {
   // The store refuses eviction and admission on this backend (host/store.cpp): no
   // tombstones, nothing to evict, no counts.
   const std::vector<int64_t>& evicted_at_capture() const override { return no_keys_; }
-  const std::vector<char>& admission_at_capture() const override { return no_counts_; }
+  std::vector<char> admission_at_capture() const override { return {}; }
   uint64_t drain(SnapshotSink* sink, uint64_t max_rows) override;
   void end_snapshot(bool failed) override;
   uint64_t evict_before(uint64_t) override { return 0; }
@@ -588,7 +588,6 @@ class CudaTable final : public Table {
 
  private:
   const std::vector<int64_t> no_keys_;
-  const std::vector<char> no_counts_;
 
   // Orders a call after the table's previous call and marks its end for the next one.
   class CallScope {

@@ -29,14 +29,16 @@ EMBSTORE_HD void bloom_cells(int64_t key, uint64_t cells, uint64_t out[kBloomHas
 
 // Counts one occurrence of key (serial): raises only the key's smallest counters, which keeps
 // every key's minimum at least its true count while others grow less. Returns the key's count
-// (the minimum after the update), and in *filled the counters that left 0.
-EMBSTORE_HD uint32_t bloom_count(uint8_t* counters, uint64_t cells, int64_t key,
-                                 uint64_t* filled) {
+// (the minimum after the update), and in *filled the counters that left 0. Cells is a pointer
+// to the counters, or anything indexable that returns an assignable reference.
+template <typename Cells>
+EMBSTORE_HD uint32_t bloom_count(Cells&& counters, uint64_t cells, int64_t key, uint64_t* filled) {
   uint64_t at[kBloomHashes];
   bloom_cells(key, cells, at);
   uint32_t least = kBloomMaxCount;
   for (uint32_t i = 0; i < kBloomHashes; ++i) {
-    least = counters[at[i]] < least ? counters[at[i]] : least;
+    const uint32_t c = counters[at[i]];
+    least = c < least ? c : least;
   }
   if (least == kBloomMaxCount) return least;
   for (uint32_t i = 0; i < kBloomHashes; ++i) {

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <memory>
 
 #include "cuda/row/admission.h"
 #include "cuda/row/hash.h"
@@ -22,8 +23,9 @@ struct Header {
   uint64_t n = 0;
 };
 
-void put_header(std::vector<char>* out, uint32_t kind, uint64_t n) {
-  out->resize(kHeaderBytes);
+// The header, followed by payload_bytes for the caller to fill.
+void put_header(std::vector<char>* out, uint32_t kind, uint64_t n, size_t payload_bytes) {
+  out->resize(kHeaderBytes + payload_bytes);
   std::memcpy(out->data(), kMagic, 8);
   std::memcpy(out->data() + 8, &kind, 4);
   std::memcpy(out->data() + 12, &kFormat, 4);
@@ -51,15 +53,52 @@ Header get_header(const std::string& bytes) {
 
 const char* kind_name(uint32_t kind) { return kind == kExact ? "exact" : "Bloom filter"; }
 
+// An array in pieces of about 64 KiB that a checkpoint can share: share() hands out the
+// pieces, and a later write to a shared piece copies that piece first. The pieces' reference
+// counts are atomic, so the checkpoint's worker may drop its share while training writes.
+template <typename T>
+class CowArray {
+ public:
+  using Piece = std::vector<T>;
+  using Shared = std::vector<std::shared_ptr<const Piece>>;
+  static constexpr size_t kPiece = std::max<size_t>(1, (size_t{64} << 10) / sizeof(T));
+
+  void assign(size_t n, const T& value) {
+    pieces_.clear();
+    for (size_t at = 0; at < n; at += kPiece) {
+      pieces_.push_back(std::make_shared<Piece>(std::min(kPiece, n - at), value));
+    }
+    size_ = n;
+  }
+  size_t size() const { return size_; }
+  const T& operator[](size_t i) const { return (*pieces_[i / kPiece])[i % kPiece]; }
+  T& mut(size_t i) {
+    std::shared_ptr<Piece>& p = pieces_[i / kPiece];
+    if (p.use_count() > 1) p = std::make_shared<Piece>(*p);  // a checkpoint holds it
+    return (*p)[i % kPiece];
+  }
+  Shared share() const { return Shared(pieces_.begin(), pieces_.end()); }
+  template <typename F>
+  static void for_each(const Shared& pieces, F&& f) {
+    for (const auto& p : pieces) {
+      for (const T& x : *p) f(x);
+    }
+  }
+
+ private:
+  std::vector<std::shared_ptr<Piece>> pieces_;
+  size_t size_ = 0;
+};
+
 // Pending keys in an open-addressing table (linear probing, at most half full, backward-shift
 // deletion). A count of 0 marks an empty slot, so every key is valid.
 class ExactCounter final : public AdmissionCounter {
  public:
-  explicit ExactCounter(uint32_t admit_after) : admit_after_(admit_after) { slots_.resize(16); }
+  explicit ExactCounter(uint32_t admit_after) : admit_after_(admit_after) { slots_.assign(16, {}); }
 
   bool count(int64_t key, uint64_t step) override {
     if (2 * (size_ + 1) > slots_.size()) rehash(2 * slots_.size());
-    Entry& e = slots_[probe(key)];
+    Entry& e = slots_.mut(probe(key));
     if (e.count == 0) {
       e.key = key;
       ++size_;
@@ -84,17 +123,8 @@ class ExactCounter final : public AdmissionCounter {
 
   uint64_t pending() const override { return size_; }
 
-  std::vector<char> save() const override {
-    std::vector<char> out;
-    put_header(&out, kExact, size_);
-    out.resize(kHeaderBytes + size_ * sizeof(Entry));
-    char* p = out.data() + kHeaderBytes;
-    for (const Entry& e : slots_) {
-      if (e.count == 0) continue;
-      std::memcpy(p, &e, sizeof(Entry));
-      p += sizeof(Entry);
-    }
-    return out;
+  std::unique_ptr<const Frozen> freeze() const override {
+    return std::make_unique<FrozenSlots>(slots_.share(), size_);
   }
 
   bool load(const std::string& bytes, std::string* why) override {
@@ -114,7 +144,7 @@ class ExactCounter final : public AdmissionCounter {
       Entry e;
       std::memcpy(&e, bytes.data() + kHeaderBytes + i * sizeof(Entry), sizeof(Entry));
       if (e.count == 0) fail(EMBSTORE_CORRUPT, "the admission file has key {} with count 0", e.key);
-      Entry& slot = loaded.slots_[loaded.probe(e.key)];
+      Entry& slot = loaded.slots_.mut(loaded.probe(e.key));
       if (slot.count != 0) fail(EMBSTORE_CORRUPT, "the admission file lists key {} twice", e.key);
       slot = e;
       slot.unused = 0;
@@ -134,6 +164,27 @@ class ExactCounter final : public AdmissionCounter {
   };
   static_assert(sizeof(Entry) == 24);
 
+  class FrozenSlots final : public Frozen {
+   public:
+    FrozenSlots(CowArray<Entry>::Shared slots, uint64_t size)
+        : slots_(std::move(slots)), size_(size) {}
+    std::vector<char> bytes() const override {
+      std::vector<char> out;
+      put_header(&out, kExact, size_, size_ * sizeof(Entry));
+      char* p = out.data() + kHeaderBytes;
+      CowArray<Entry>::for_each(slots_, [&](const Entry& e) {
+        if (e.count == 0) return;
+        std::memcpy(p, &e, sizeof(Entry));
+        p += sizeof(Entry);
+      });
+      return out;
+    }
+
+   private:
+    CowArray<Entry>::Shared slots_;
+    uint64_t size_;
+  };
+
   size_t mask() const { return slots_.size() - 1; }
   size_t home(int64_t key) const { return row::hash_key(key) & mask(); }
 
@@ -152,54 +203,49 @@ class ExactCounter final : public AdmissionCounter {
       // The entry at s may fill the hole unless its home lies cyclically in (hole, s].
       const bool stays = hole <= s ? (hole < h && h <= s) : (hole < h || h <= s);
       if (stays) continue;
-      slots_[hole] = slots_[s];
+      slots_.mut(hole) = slots_[s];
       hole = s;
     }
-    slots_[hole] = Entry{};
+    slots_.mut(hole) = Entry{};
     --size_;
   }
 
+  // Rebuilds the table without the entries pred picks (a pass over the slots either way),
+  // at a size that fits the rest; returns how many went.
   template <typename Pred>
   uint64_t erase_where(Pred&& pred) {
-    // Rebuilding is simpler than erasing in place while scanning, and a pass over the slots
-    // costs as much either way.
-    uint64_t erased = 0;
-    std::vector<Entry> old = std::move(slots_);
-    slots_.assign(old.size(), Entry{});
-    size_ = 0;
-    for (const Entry& e : old) {
-      if (e.count == 0) continue;
-      if (pred(e)) {
-        ++erased;
-        continue;
-      }
-      slots_[probe(e.key)] = e;
-      ++size_;
+    std::vector<Entry> kept;
+    for (size_t s = 0; s < slots_.size(); ++s) {
+      if (slots_[s].count != 0 && !pred(slots_[s])) kept.push_back(slots_[s]);
     }
-    while (slots_.size() > 16 && 8 * size_ < slots_.size()) rehash(slots_.size() / 2);
+    const uint64_t erased = size_ - kept.size();
+    slots_.assign(std::max<size_t>(16, std::bit_ceil(2 * kept.size() + 2)), Entry{});
+    for (const Entry& e : kept) slots_.mut(probe(e.key)) = e;
+    size_ = kept.size();
     return erased;
   }
 
   void rehash(size_t slots) {
-    std::vector<Entry> old = std::move(slots_);
+    CowArray<Entry> old = std::move(slots_);
     slots_.assign(slots, Entry{});
-    for (const Entry& e : old) {
-      if (e.count != 0) slots_[probe(e.key)] = e;
+    for (size_t s = 0; s < old.size(); ++s) {
+      if (old[s].count != 0) slots_.mut(probe(old[s].key)) = old[s];
     }
   }
 
   uint32_t admit_after_;
-  std::vector<Entry> slots_;
+  CowArray<Entry> slots_;
   uint64_t size_ = 0;
 };
 
 class BloomCounter final : public AdmissionCounter {
  public:
-  BloomCounter(uint32_t admit_after, uint64_t cells)
-      : admit_after_(admit_after), counters_(cells, 0) {}
+  BloomCounter(uint32_t admit_after, uint64_t cells) : admit_after_(admit_after) {
+    counters_.assign(cells, 0);
+  }
 
   bool count(int64_t key, uint64_t) override {
-    return row::bloom_count(counters_.data(), counters_.size(), key, &filled_) >= admit_after_;
+    return row::bloom_count(Cells{counters_}, counters_.size(), key, &filled_) >= admit_after_;
   }
   void admitted(int64_t) override {}
   uint64_t forget_before(uint64_t) override { return 0; }
@@ -214,11 +260,8 @@ class BloomCounter final : public AdmissionCounter {
     return static_cast<uint64_t>(-m / row::kBloomHashes * std::log(empty / m) + 0.5);
   }
 
-  std::vector<char> save() const override {
-    std::vector<char> out;
-    put_header(&out, kBloom, counters_.size());
-    out.insert(out.end(), counters_.begin(), counters_.end());
-    return out;
+  std::unique_ptr<const Frozen> freeze() const override {
+    return std::make_unique<FrozenCounters>(counters_.share(), counters_.size());
   }
 
   bool load(const std::string& bytes, std::string* why) override {
@@ -236,15 +279,53 @@ class BloomCounter final : public AdmissionCounter {
                          counters_.size());
       return false;
     }
-    std::memcpy(counters_.data(), bytes.data() + kHeaderBytes, h.n);
-    filled_ = static_cast<uint64_t>(
-        std::count_if(counters_.begin(), counters_.end(), [](uint8_t c) { return c != 0; }));
+    filled_ = 0;
+    for (uint64_t i = 0; i < h.n; ++i) {
+      const auto c = static_cast<uint8_t>(bytes[kHeaderBytes + i]);
+      if (c != counters_[i]) counters_.mut(i) = c;
+      filled_ += c != 0;
+    }
     return true;
   }
 
  private:
+  // bloom_count's view of the counters: reads through, writes copy a shared piece first.
+  struct Cells {
+    CowArray<uint8_t>& a;
+    struct Ref {
+      CowArray<uint8_t>& a;
+      size_t i;
+      operator uint32_t() const { return a[i]; }
+      Ref& operator=(uint8_t v) {
+        a.mut(i) = v;
+        return *this;
+      }
+    };
+    Ref operator[](size_t i) const { return {a, i}; }
+  };
+
+  class FrozenCounters final : public Frozen {
+   public:
+    FrozenCounters(CowArray<uint8_t>::Shared counters, uint64_t n)
+        : counters_(std::move(counters)), n_(n) {}
+    std::vector<char> bytes() const override {
+      std::vector<char> out;
+      put_header(&out, kBloom, n_, n_);
+      char* p = out.data() + kHeaderBytes;
+      for (const auto& piece : counters_) {
+        std::memcpy(p, piece->data(), piece->size());
+        p += piece->size();
+      }
+      return out;
+    }
+
+   private:
+    CowArray<uint8_t>::Shared counters_;
+    uint64_t n_;
+  };
+
   uint32_t admit_after_;
-  std::vector<uint8_t> counters_;
+  CowArray<uint8_t> counters_;
   uint64_t filled_ = 0;  // counters above 0
 };
 

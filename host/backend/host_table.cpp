@@ -174,7 +174,7 @@ class HostTable final : public Table {
     std::lock_guard lock(mutex_);
     const uint64_t words = dirty_.size();
     // Allocations before the dirty bits are touched: a failure changes nothing.
-    if (full && admission_) snapshot_admission_ = admission_->save();
+    if (full && admission_) snapshot_admission_ = admission_->freeze();
     captured_.assign(words, 0);
     snapshot_set_.assign(words, 0);
     uint64_t taken = 0;
@@ -235,7 +235,9 @@ class HostTable final : public Table {
     return snapshot_evicted_keys_;
   }
 
-  const std::vector<char>& admission_at_capture() const override { return snapshot_admission_; }
+  std::vector<char> admission_at_capture() const override {
+    return snapshot_admission_ ? snapshot_admission_->bytes() : std::vector<char>{};
+  }
 
   void end_snapshot(bool failed) override {
     std::lock_guard lock(mutex_);
@@ -248,7 +250,7 @@ class HostTable final : public Table {
     captured_.clear();
     snapshot_set_.clear();
     snapshot_evicted_keys_.clear();
-    std::vector<char>().swap(snapshot_admission_);  // may be large: give the memory back
+    snapshot_admission_.reset();  // later counting stops copying what it changes
     captured_left_.store(0);
     sink_ = nullptr;
   }
@@ -691,7 +693,8 @@ class HostTable final : public Table {
   // Keys evicted since the last capture (tombstones of the next delta), and those that the
   // snapshot in progress took over.
   std::vector<int64_t> evicted_keys_, snapshot_evicted_keys_;
-  std::vector<char> snapshot_admission_;  // a full snapshot's admission counts
+  // A full snapshot's admission counts, shared with the live ones until they change.
+  std::unique_ptr<const AdmissionCounter::Frozen> snapshot_admission_;
   bool dirty_tracking_ = true;
   // The snapshot in progress: the copy-on-write sink, the rows still to write, the rows it
   // captured, where drain resumes, and drain's copy counter (odd while it copies).

@@ -472,7 +472,7 @@ void Checkpointer::run(Job& job) {
         e.files.push_back({t.file, t.writer->bytes(), t.writer->rows(), t.writer->checksum()});
         rows_total += e.rows;
         bytes_total += t.writer->bytes();
-        if (const std::vector<char>& counts = t.impl->admission_at_capture(); !counts.empty()) {
+        if (const std::vector<char> counts = t.impl->admission_at_capture(); !counts.empty()) {
           const std::string rel = t.spec.name + "/" + kAdmissionFile;
           if (int r = io::write_whole_file(job.staging + "/" + rel, counts.data(), counts.size());
               r < 0) {

@@ -9,7 +9,9 @@
 //
 // --evict-idle-steps N and --max-capacity R give the table an eviction rule (idle steps, and
 // least recently used at R rows), on both kinds of run: the table's rows, the rows evicted and
-// the deltas' sizes (with their tombstones) are reported.
+// the deltas' sizes (with their tombstones) are reported. --admit-after N gives it feature
+// admission (exact counting, or a counting Bloom filter of --admit-bloom-mib MiB): the keys
+// admitted, those still pending and the gradient keys skipped are reported too.
 //
 // Reported: steps/s off and on and their ratio; per checkpoint, the training-thread stall
 // (the embstore_step call that captured it, plus the training calls' waits for staging room
@@ -41,6 +43,7 @@ struct Run {
   embstore_checkpoint_stats_t stats{};
   uint64_t rows = 0;
   uint64_t evicted = 0;
+  uint64_t admitted = 0, pending = 0, skipped = 0;
 };
 
 class TrainScenario final : public Scenario {
@@ -74,6 +77,12 @@ class TrainScenario final : public Scenario {
         ->capture_default_str();
     app.add_option("--max-capacity", max_capacity_,
                    "rows at most; with an eviction rule the least recently used make room")
+        ->capture_default_str();
+    app.add_option("--admit-after", admit_after_,
+                   "a key gets its row at its N-th occurrence (0 or 1: at once)")
+        ->capture_default_str();
+    app.add_option("--admit-bloom-mib", admit_bloom_mib_,
+                   "count admission in a counting Bloom filter of this many MiB (0: exactly)")
         ->capture_default_str();
     app.add_flag("--keep", keep_, "keep the checkpoint directory");
   }
@@ -115,6 +124,9 @@ class TrainScenario final : public Scenario {
       if (all.rows != 0 && all.rows != r.rows) all.rows = UINT64_MAX;  // flagged below
       if (all.rows == 0) all.rows = r.rows;
       all.evicted += r.evicted;
+      all.admitted += r.admitted;
+      all.pending += r.pending;
+      all.skipped += r.skipped;
     };
     for (unsigned i = 0; i < repeat_; ++i) {
       for (const bool checkpointing : {i % 2 == 1, i % 2 == 0}) {
@@ -156,6 +168,11 @@ class TrainScenario final : public Scenario {
     report.set("evict_idle_steps", evict_idle_steps_);
     report.set("max_capacity", max_capacity_);
     report.set("evicted", on.evicted / repeat_);
+    report.set("admit_after", admit_after_);
+    report.set("admit_bloom_bytes", uint64_t{admit_bloom_mib_} << 20);
+    report.set("admitted", on.admitted / repeat_);
+    report.set("pending_admission", on.pending / repeat_);
+    report.set("skipped_keys", on.skipped / repeat_);
     report.set("steps_per_second_off", sps_off);
     report.set("steps_per_second_on", sps_on);
     report.set("steps_per_second_ratio", sps_on / sps_off);
@@ -178,6 +195,16 @@ class TrainScenario final : public Scenario {
     report.say("table: dim {} ({}), {} steps of {} keys, {} rows at the end, {} evicted, {} backend",
                o.dim, optimizer_, o.steps, o.batch, on.rows, on.evicted / repeat_,
                backend_name(backend_));
+    if (admit_after_ > 1) {
+      report.say("admission after {} occurrences ({}): {} keys admitted, {} pending{}, {} gradient "
+                 "keys skipped",
+                 admit_after_,
+                 admit_bloom_mib_ ? fmt::format("Bloom filter of {} MiB", admit_bloom_mib_)
+                                  : std::string("exact"),
+                 on.admitted / repeat_, on.pending / repeat_,
+                 admit_bloom_mib_ ? " (estimate: distinct keys counted)" : "",
+                 on.skipped / repeat_);
+    }
     for (size_t i = 0; i < on.checkpoints.size(); ++i) {
       const embstore_checkpoint_info_t& c = on.checkpoints[i];
       const double mb_s = c.write_seconds > 0 ? c.bytes_written / c.write_seconds : 0;
@@ -223,6 +250,8 @@ class TrainScenario final : public Scenario {
           c.max_capacity = max_capacity_;
           if (max_capacity_ != 0) c.initial_capacity = std::min<uint64_t>(max_capacity_, 1 << 20);
           c.evict_when_full = max_capacity_ != 0 ? 1 : 0;
+          c.admit_after = admit_after_;
+          c.admit_bloom_bytes = uint64_t{admit_bloom_mib_} << 20;
         });
     if (!dir.empty()) {
       embstore_checkpoint_policy_t policy;
@@ -277,6 +306,9 @@ class TrainScenario final : public Scenario {
     const embstore_table_stats_t ts = table_stats(table);
     run.rows = ts.rows;
     run.evicted = ts.evicted;
+    run.admitted = ts.admitted;
+    run.pending = ts.pending_admission;
+    run.skipped = ts.skipped_keys;
     return run;
   }
 
@@ -288,6 +320,8 @@ class TrainScenario final : public Scenario {
   unsigned repeat_ = 2;
   uint64_t evict_idle_steps_ = 0;
   uint64_t max_capacity_ = 0;
+  uint32_t admit_after_ = 1;
+  uint32_t admit_bloom_mib_ = 0;
   bool keep_ = false;
   embstore_backend_t backend_ = EMBSTORE_BACKEND_HOST;
 };

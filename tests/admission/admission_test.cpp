@@ -461,3 +461,30 @@ TEST_CASE("the admission file's parser refuses bad bytes", "[admission]") {
   REQUIRE(reason.find("256") != std::string::npos);
   corrupt(*bloom, std::string(filter.begin(), filter.end() - 1), "counters needs");
 }
+
+TEST_CASE("frozen counts stay as they were while counting goes on", "[admission]") {
+  for (const uint64_t bloom : {uint64_t{0}, uint64_t{1} << 20}) {
+    INFO((bloom ? "Bloom filter" : "exact counting"));
+    auto c = counter(3, bloom);
+    for (int64_t k = 0; k < 20000; ++k) c->count(k * 7919, 1);  // many pieces
+    const std::vector<char> before = c->save();
+    auto frozen = c->freeze();
+    // Counting that changes most pieces, admissions (erases) and growth (a rehash).
+    for (int64_t k = 0; k < 20000; k += 2) c->count(k * 7919, 2);
+    for (int64_t k = 0; k < 2000; ++k) c->admitted(k * 7919);
+    for (int64_t k = 0; k < 40000; ++k) c->count(-k - 1, 3);
+    REQUIRE(frozen->bytes() == before);
+    REQUIRE(c->save() != before);
+    // And the live counts are right: a frozen piece was copied, not shared, when it changed.
+    auto copy = counter(3, bloom);
+    std::string why;
+    const std::vector<char> now = c->save();
+    REQUIRE(copy->load(std::string(now.begin(), now.end()), &why));
+    REQUIRE(copy->count(2004 * 7919, 4));  // seen twice (+1): admitted
+    if (bloom == 0) {
+      REQUIRE(c->pending() == 20000 - 2000 + 40000);
+      REQUIRE_FALSE(copy->count(2003 * 7919, 4));  // seen once (+1): 2 of 3
+      REQUIRE_FALSE(copy->count(4 * 7919, 4));     // admitted, then counted anew
+    }
+  }
+}
