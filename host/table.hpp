@@ -25,8 +25,8 @@ struct TableSpec {
   row::InitParams init{};
   uint32_t admit_after = 0;        // <= 1: every key at once
   uint64_t admit_bloom_bytes = 0;  // 0: exact counting
-  uint64_t evict_idle_steps = 0;  // 0: never
-  double evict_idle_seconds = 0;  // 0: never
+  uint64_t evict_idle_steps = 0;   // 0: never
+  double evict_idle_seconds = 0;   // 0: never
   bool evict_when_full = false;
 
   uint32_t state_dim() const { return row::state_dim(opt.kind, dim); }

@@ -264,9 +264,9 @@ int read_checked_file(const std::string& vdir, const FileEntry& f, std::string* 
     return path_error(path, r, detail);
   }
   if (data->size() != f.bytes) {
-    return corrupt(detail, fmt::format("{}: the file is {} bytes, the manifest says {} (offset {})",
-                                       path, data->size(), f.bytes,
-                                       std::min<uint64_t>(data->size(), f.bytes)));
+    return corrupt(detail,
+                   fmt::format("{}: the file is {} bytes, the manifest says {} (offset {})", path,
+                               data->size(), f.bytes, std::min<uint64_t>(data->size(), f.bytes)));
   }
   if (XXH3_64bits(data->data(), data->size()) != f.xxh3) {
     return corrupt(detail,

@@ -121,6 +121,6 @@ int read_chain_rows(const std::vector<ChainLink>& chain, const TableEntry& table
 // vdir into *data and checks its size and XXH3 against the manifest. -EBADMSG when it is
 // missing or differs.
 int read_checked_file(const std::string& vdir, const FileEntry& f, std::string* data,
-                    std::string* detail);
+                      std::string* detail);
 
 }  // namespace embstore::io

@@ -34,9 +34,9 @@ struct TableEntry {
   // at `name` after read_manifest).
   embstore_table_config_t config{};
   uint32_t state_dim = 0;
-  std::string state_layout;  // e.g. "m[dim] v[dim] beta1_power beta2_power"
-  uint64_t rows = 0;         // rows in this version's files
-  uint64_t table_rows = 0;   // the table's rows at capture (after a delta is applied)
+  std::string state_layout;      // e.g. "m[dim] v[dim] beta1_power beta2_power"
+  uint64_t rows = 0;             // rows in this version's files
+  uint64_t table_rows = 0;       // the table's rows at capture (after a delta is applied)
   std::vector<FileEntry> files;  // row files
   // Full checkpoints of tables with admission: the counts (host/admission/admission.hpp).
   std::optional<FileEntry> admission;

@@ -6,8 +6,8 @@
 
 namespace embstore::row {
 
-inline constexpr uint32_t kBloomHashes = 4;       // counters per key
-inline constexpr uint32_t kBloomMaxCount = 255;   // one-byte counters saturate here
+inline constexpr uint32_t kBloomHashes = 4;      // counters per key
+inline constexpr uint32_t kBloomMaxCount = 255;  // one-byte counters saturate here
 inline constexpr uint64_t kBloomMinCells = 64;
 
 // Multiply-shift range reduction: uniform over [0, n) without a division.

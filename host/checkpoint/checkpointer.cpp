@@ -478,8 +478,8 @@ void Checkpointer::run(Job& job) {
               r < 0) {
             failed(EMBSTORE_IO_ERROR, fmt::format("{}: writing {}: {}", what, rel, errno_text(r)));
           }
-          e.admission = io::FileEntry{rel, counts.size(), 0,
-                                      XXH3_64bits(counts.data(), counts.size())};
+          e.admission =
+              io::FileEntry{rel, counts.size(), 0, XXH3_64bits(counts.data(), counts.size())};
           bytes_total += counts.size();
         }
         m.tables.push_back(std::move(e));

@@ -37,7 +37,8 @@ void load_admission(const io::ChainLink& full, const std::string& table, Table& 
   std::string why;
   try {
     if (!impl.load_admission(data, &why)) {
-      std::fprintf(stderr, "embstore: restore leaves the admission counts of table '%s' in %s: %s\n",
+      std::fprintf(stderr,
+                   "embstore: restore leaves the admission counts of table '%s' in %s: %s\n",
                    table.c_str(), full.path.c_str(), why.c_str());
     }
   } catch (const Error& e) {

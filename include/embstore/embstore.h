@@ -192,8 +192,9 @@ EMBSTORE_API uint32_t embstore_table_dim(const embstore_table_t* table);
    nothing is stored or counted: keys without a row read as zeros. With it, a key without a
    row gets one, filled by the table's initializer, and is marked dirty; duplicate keys in one
    call get one row. On a table with admission (admit_after > 1) only admitted keys get a row;
-   a key still pending reads as the values its row would start with, and no row is stored. The new rows' last-touched step is the store's current step; on a table with an
-   eviction rule, so is that of every row the call finds (training touched it). When the new
+   a key still pending reads as the values its row would start with, and no row is stored.
+   The new rows' last-touched step is the store's current step; on a table with an eviction
+   rule, so is that of every row the call finds (training touched it). When the new
    rows would pass max_capacity, a table with an eviction rule first evicts as many of its
    least recently used rows as it needs (see "Eviction"), never one this call reads.
    Returns OK; INVALID_ARGUMENT (NULL table, NULL keys or values_out with n > 0, unknown

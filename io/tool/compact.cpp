@@ -156,7 +156,8 @@ int cmd_compact(const std::string& dir, const std::string& version_text, const s
   }
   for (const io::AttachmentEntry& a : source.attachments) {
     std::string data;
-    if (io::read_checked_file(chain.front().path, a.file, &data, &detail) < 0) throw Problem(detail);
+    if (io::read_checked_file(chain.front().path, a.file, &data, &detail) < 0)
+      throw Problem(detail);
     const std::string path = staging.path + "/" + a.file.path;
     if (int r = io::write_whole_file(path, data.data(), data.size()); r < 0) {
       throw Problem(fmt::format("{}: cannot write: {}", path, errno_text(r)));

@@ -192,18 +192,18 @@ class TrainScenario final : public Scenario {
                                                                    on.capture_call_seconds.end()));
     report.set("copy_on_write_rows", on.stats.copy_on_write_rows);
 
-    report.say("table: dim {} ({}), {} steps of {} keys, {} rows at the end, {} evicted, {} backend",
-               o.dim, optimizer_, o.steps, o.batch, on.rows, on.evicted / repeat_,
-               backend_name(backend_));
+    report.say(
+        "table: dim {} ({}), {} steps of {} keys, {} rows at the end, {} evicted, {} backend",
+        o.dim, optimizer_, o.steps, o.batch, on.rows, on.evicted / repeat_, backend_name(backend_));
     if (admit_after_ > 1) {
-      report.say("admission after {} occurrences ({}): {} keys admitted, {} pending{}, {} gradient "
-                 "keys skipped",
-                 admit_after_,
-                 admit_bloom_mib_ ? fmt::format("Bloom filter of {} MiB", admit_bloom_mib_)
-                                  : std::string("exact"),
-                 on.admitted / repeat_, on.pending / repeat_,
-                 admit_bloom_mib_ ? " (estimate: distinct keys counted)" : "",
-                 on.skipped / repeat_);
+      report.say(
+          "admission after {} occurrences ({}): {} keys admitted, {} pending{}, {} gradient "
+          "keys skipped",
+          admit_after_,
+          admit_bloom_mib_ ? fmt::format("Bloom filter of {} MiB", admit_bloom_mib_)
+                           : std::string("exact"),
+          on.admitted / repeat_, on.pending / repeat_,
+          admit_bloom_mib_ ? " (estimate: distinct keys counted)" : "", on.skipped / repeat_);
     }
     for (size_t i = 0; i < on.checkpoints.size(); ++i) {
       const embstore_checkpoint_info_t& c = on.checkpoints[i];
@@ -243,16 +243,17 @@ class TrainScenario final : public Scenario {
     config.staging_bytes = size_t{staging_mib_} << 20;
     Store store(o, config);
     backend_ = store.backend();
-    embstore_table_t* table = create_table(
-        store, "perf_train", o.dim, optimizer_from_name(optimizer_),
-        [&](embstore_table_config_t& c) {
-          c.evict_idle_steps = evict_idle_steps_;
-          c.max_capacity = max_capacity_;
-          if (max_capacity_ != 0) c.initial_capacity = std::min<uint64_t>(max_capacity_, 1 << 20);
-          c.evict_when_full = max_capacity_ != 0 ? 1 : 0;
-          c.admit_after = admit_after_;
-          c.admit_bloom_bytes = uint64_t{admit_bloom_mib_} << 20;
-        });
+    embstore_table_t* table =
+        create_table(store, "perf_train", o.dim, optimizer_from_name(optimizer_),
+                     [&](embstore_table_config_t& c) {
+                       c.evict_idle_steps = evict_idle_steps_;
+                       c.max_capacity = max_capacity_;
+                       if (max_capacity_ != 0)
+                         c.initial_capacity = std::min<uint64_t>(max_capacity_, 1 << 20);
+                       c.evict_when_full = max_capacity_ != 0 ? 1 : 0;
+                       c.admit_after = admit_after_;
+                       c.admit_bloom_bytes = uint64_t{admit_bloom_mib_} << 20;
+                     });
     if (!dir.empty()) {
       embstore_checkpoint_policy_t policy;
       embstore_checkpoint_policy_init(&policy);

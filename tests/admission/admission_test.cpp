@@ -5,6 +5,8 @@
 // restored (and a restore that continues training equals a replay). Also the admission file's
 // parser on bad bytes (host/admission/, white-box: links embstore_static). On the CUDA backend,
 // admission is refused at table creation in this version (tested here too).
+#include "host/admission/admission.hpp"
+
 #include <embstore/embstore.h>
 
 #include <algorithm>
@@ -16,7 +18,6 @@
 #include <string>
 #include <vector>
 
-#include "host/admission/admission.hpp"
 #include "host/error.hpp"
 #include "host/table.hpp"
 #include "support/backend.hpp"
@@ -159,7 +160,8 @@ TEST_CASE("gradients of pending keys are skipped and counted", "[admission]") {
   REQUIRE(same_bits(lookup_ok(t, {1}), std::vector<float>(before.begin(), before.begin() + 4)));
   apply_ok(t, {1}, std::vector<float>(4, 1.0f));
   REQUIRE(stats(t).skipped_keys == 3);
-  REQUIRE_FALSE(same_bits(lookup_ok(t, {1}, 0), std::vector<float>(before.begin(), before.begin() + 4)));
+  REQUIRE_FALSE(
+      same_bits(lookup_ok(t, {1}, 0), std::vector<float>(before.begin(), before.begin() + 4)));
 }
 
 TEST_CASE("lookups without insert count nothing", "[admission]") {
@@ -208,7 +210,7 @@ TEST_CASE("an idle rule forgets the counts of keys not seen for as long", "[admi
   ok(embstore_step(store, 5));
   lookup_ok(t, {11});  // seen later
   REQUIRE(stats(t).pending_admission == 2);
-  ok(embstore_step(store, 12));  // an idle pass (due every step): cutoff 12 - 8 = 4
+  ok(embstore_step(store, 12));              // an idle pass (due every step): cutoff 12 - 8 = 4
   REQUIRE(stats(t).pending_admission == 1);  // 10 forgotten, 11 kept
   lookup_ok(t, {10});
   REQUIRE_FALSE(has_row(t, 10));  // counts from 0 again
@@ -216,8 +218,7 @@ TEST_CASE("an idle rule forgets the counts of keys not seen for as long", "[admi
   REQUIRE(has_row(t, 11));
 }
 
-TEST_CASE("counting Bloom filter: never late, early within its documented bound",
-          "[admission]") {
+TEST_CASE("counting Bloom filter: never late, early within its documented bound", "[admission]") {
   constexpr uint64_t kCells = 1 << 16;
   StoreGuard store(make_store());
   embstore_table_config_t c = config("t", 2, kCells);
@@ -228,8 +229,8 @@ TEST_CASE("counting Bloom filter: never late, early within its documented bound"
   // Two loads: n = m/16 and n = m/2 distinct keys seen once each, then probes of fresh keys,
   // seen once: those admitted are admitted early.
   for (const uint64_t load : {kCells / 16, kCells / 2}) {
-    const std::vector<int64_t> noise = keys_from(static_cast<int64_t>(counted) * 3 + 1000000,
-                                                 load - counted);
+    const std::vector<int64_t> noise =
+        keys_from(static_cast<int64_t>(counted) * 3 + 1000000, load - counted);
     const uint64_t rows_before = stats(t).rows;
     lookup_ok(t, noise);
     counted = load;
@@ -362,8 +363,7 @@ TEST_CASE("counts of another kind of counting are left out of a restore", "[admi
   REQUIRE_FALSE(has_row(bloom, 1));
 }
 
-TEST_CASE("training restored from a full checkpoint goes on as if uninterrupted",
-          "[admission]") {
+TEST_CASE("training restored from a full checkpoint goes on as if uninterrupted", "[admission]") {
   const uint64_t bloom = GENERATE(uint64_t{0}, uint64_t{1024});
   INFO((bloom ? "Bloom filter" : "exact counting"));
   TempDir dir;

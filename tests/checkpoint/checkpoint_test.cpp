@@ -1001,33 +1001,27 @@ TEST_CASE("a table that doubles twice under a full and a delta in flight restore
     // Captured rows change too: they are copied out before they are updated.
     train_step(store, t, step, 2 * keys, 2000);
   };
+  // A checkpoint of `kind` at the current step `version`, held in flight while the table grows.
+  auto checkpoint_while_growing = [&](embstore_ckpt_kind_t kind, uint64_t version) {
+    HeldWriter held;
+    uint64_t got = 0;
+    ok(embstore_checkpoint(store, dir.path().c_str(), kind, &got));
+    REQUIRE(got == version);
+    grow_and_train(keys, 4 * keys, version + 1);
+    held.release();
+    ok(embstore_checkpoint_wait(store, version));
+  };
 
   lookup_ok(t, key_range(keys));
   ok(embstore_step(store, 1));
   const std::vector<float> at_full = lookup_ok(t, key_range(keys), 0);
-  {
-    HeldWriter held;
-    uint64_t version = 0;
-    ok(embstore_checkpoint(store, dir.path().c_str(), EMBSTORE_CKPT_FULL, &version));
-    REQUIRE(version == 1);
-    grow_and_train(keys, 4 * keys, 2);
-    held.release();
-    ok(embstore_checkpoint_wait(store, version));
-  }
+  checkpoint_while_growing(EMBSTORE_CKPT_FULL, 1);
   keys *= 4;
   train_step(store, t, 3, keys, 4000);
   const uint64_t rows_at_delta = stats(t).rows;
   const std::vector<int64_t> all = key_range(keys);
   const std::vector<float> at_delta = lookup_ok(t, all, 0);
-  {
-    HeldWriter held;
-    uint64_t version = 0;
-    ok(embstore_checkpoint(store, dir.path().c_str(), EMBSTORE_CKPT_INCREMENTAL, &version));
-    REQUIRE(version == 3);
-    grow_and_train(keys, 4 * keys, 4);
-    held.release();
-    ok(embstore_checkpoint_wait(store, version));
-  }
+  checkpoint_while_growing(EMBSTORE_CKPT_INCREMENTAL, 3);
   embstore_checkpoint_stats_t cs;
   cs.struct_size = sizeof(cs);
   ok(embstore_checkpoint_stats(store, &cs));
