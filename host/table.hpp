@@ -88,10 +88,10 @@ class Table {
   // snapshot is written out, copy-on-write included. May do nothing (and return the last
   // count) while a training call wants the table: training goes first.
   virtual uint64_t drain(SnapshotSink* sink, uint64_t max_rows) = 0;
-  // A full snapshot's admission counts as they were at its capture, as the bytes of its
-  // admission file (host/admission/); empty when the table has no admission or the snapshot is
-  // a delta. Capture only shares the counts: the caller (the checkpoint's worker) pays for the
-  // bytes. Until end_snapshot.
+  // The snapshot's admission counts as they were at its capture (all of them, or a delta's
+  // changes), as the bytes of its admission file (io/admission_file.hpp); empty when the table
+  // has no admission. Capture only shares the counts: the caller (the checkpoint's worker)
+  // pays for the bytes. Until end_snapshot.
   virtual std::vector<char> admission_at_capture() const = 0;
   // Detaches the sink. After a failed snapshot (failed = true) every row it captured that is
   // still live is marked dirty again, and its tombstones are pending again, so the next
@@ -104,10 +104,10 @@ class Table {
   virtual uint64_t evict_before(uint64_t cutoff_step) = 0;
 
   // ---- restore ---------------------------------------------------------------------------
-  // Replaces the admission counts with saved ones (admission_at_capture's bytes), after the
-  // rows are loaded: keys that have a row drop their counts. Returns false, with the reason in
-  // *why, when the table cannot use them (no admission, another kind of counting); throws
-  // Error(CORRUPT) when they do not parse.
+  // Loads saved admission counts (admission_at_capture's bytes; a chain's files oldest first),
+  // after the rows are loaded: keys that have a row drop their counts. Returns false, with the
+  // reason in *why, when the table cannot use them (no admission, another kind of counting);
+  // throws Error(CORRUPT) when they do not parse.
   virtual bool load_admission(const std::string& bytes, std::string* why) = 0;
   // Inserts n rows with their values (n x dim) and optimizer state (n x state_dim) from host
   // memory, rows stamped with step, none dirty. For a new, empty table; keys distinct.

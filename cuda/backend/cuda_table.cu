@@ -691,6 +691,7 @@ class CudaTable final : public Table {
   // enqueued since may have created. The insert path synchronizes only when this bound says
   // the table might have to grow or pass its limit (about every capacity/n insert calls).
   uint64_t rows_bound_ = 0;
+  uint64_t loaded_rows_ = 0;  // by load_rows: inserted, but not admitted by training
   bool dirty_tracking_ = true;
 
   // Snapshots. captured_ and snapshot_set_ (the captured bitmap as capture left it, for
@@ -1072,6 +1073,7 @@ TableCounters CudaTable::counters() {
   c.capacity = capacity_rows();
   c.dirty_rows = d.dirty_rows;
   c.inserted = d.inserted;
+  c.admitted = d.inserted - loaded_rows_;  // no admission on this backend: every new key
   c.evicted = 0;
   c.pending_admission = 0;
   c.skipped_keys = d.skipped_keys;
@@ -1389,6 +1391,7 @@ void CudaTable::load_rows(const int64_t* keys, const float* values, const float*
     check_launch("add_loaded_rows_kernel");
     rows += c;
     rows_bound_ = rows;
+    loaded_rows_ += c;
     done += c;
   }
   // The host buffers may go once this returns.

@@ -9,49 +9,23 @@
 #include "cuda/row/admission.h"
 #include "cuda/row/hash.h"
 #include "host/error.hpp"
+#include "io/admission_file.hpp"
 
 namespace embstore {
 namespace {
 
-constexpr char kMagic[8] = {'E', 'M', 'B', 'A', 'D', 'M', 'I', 'T'};
-constexpr uint32_t kFormat = 1;
-constexpr uint32_t kExact = 0, kBloom = 1;
-constexpr size_t kHeaderBytes = 24;
+using io::AdmissionEntry;
+using io::AdmissionKind;
 
-struct Header {
-  uint32_t kind = 0;
-  uint64_t n = 0;
-};
-
-// The header, followed by payload_bytes for the caller to fill.
-void put_header(std::vector<char>* out, uint32_t kind, uint64_t n, size_t payload_bytes) {
-  out->resize(kHeaderBytes + payload_bytes);
-  std::memcpy(out->data(), kMagic, 8);
-  std::memcpy(out->data() + 8, &kind, 4);
-  std::memcpy(out->data() + 12, &kFormat, 4);
-  std::memcpy(out->data() + 16, &n, 8);
+// The bytes as a file, or Error(CORRUPT).
+io::AdmissionFile parse(const std::string& bytes) {
+  io::AdmissionFile f;
+  std::string detail;
+  if (io::parse_admission_file(bytes, &f, &detail) < 0) {
+    fail(EMBSTORE_CORRUPT, "the admission file does not parse: {}", detail);
+  }
+  return f;
 }
-
-Header get_header(const std::string& bytes) {
-  if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, 8) != 0) {
-    fail(EMBSTORE_CORRUPT, "the admission file has no EMBADMIT header");
-  }
-  Header h;
-  uint32_t format = 0;
-  std::memcpy(&h.kind, bytes.data() + 8, 4);
-  std::memcpy(&format, bytes.data() + 12, 4);
-  std::memcpy(&h.n, bytes.data() + 16, 8);
-  if (format != kFormat) {
-    fail(EMBSTORE_CORRUPT, "the admission file has format {}, this version reads {}", format,
-         kFormat);
-  }
-  if (h.kind != kExact && h.kind != kBloom) {
-    fail(EMBSTORE_CORRUPT, "the admission file has counting kind {}", h.kind);
-  }
-  return h;
-}
-
-const char* kind_name(uint32_t kind) { return kind == kExact ? "exact" : "Bloom filter"; }
 
 // An array in pieces of about 64 KiB that a checkpoint can share: share() hands out the
 // pieces, and a later write to a shared piece copies that piece first. The pieces' reference
@@ -91,7 +65,9 @@ class CowArray {
 };
 
 // Pending keys in an open-addressing table (linear probing, at most half full, backward-shift
-// deletion). A count of 0 marks an empty slot, so every key is valid.
+// deletion). A count of 0 marks an empty slot, so every key is valid. For deltas, each entry
+// holds the generation of its last change (in AdmissionEntry::reserved, 0 in files), and the
+// keys removed since the base are listed.
 class ExactCounter final : public AdmissionCounter {
  public:
   explicit ExactCounter(uint32_t admit_after) : admit_after_(admit_after) { slots_.assign(16, {}); }
@@ -105,6 +81,7 @@ class ExactCounter final : public AdmissionCounter {
     }
     if (e.count < UINT32_MAX) ++e.count;
     e.step = step;
+    e.reserved = generation_;
     return e.count >= admit_after_;
   }
 
@@ -123,66 +100,104 @@ class ExactCounter final : public AdmissionCounter {
 
   uint64_t pending() const override { return size_; }
 
-  std::unique_ptr<const Frozen> freeze() const override {
-    return std::make_unique<FrozenSlots>(slots_.share(), size_);
+  std::unique_ptr<const Frozen> freeze(bool full) override {
+    auto frozen =
+        std::make_unique<FrozenSlots>(slots_.share(), size_, full, base_generation_, removed_);
+    frozen_generation_ = generation_++;  // later changes are newer than the frozen view
+    frozen_removed_ = std::move(removed_);
+    removed_.clear();
+    return frozen;
+  }
+
+  void end_freeze(bool committed) override {
+    if (committed) {
+      base_generation_ = frozen_generation_;
+    } else {
+      removed_.insert(removed_.end(), frozen_removed_.begin(), frozen_removed_.end());
+    }
+    frozen_removed_.clear();
   }
 
   bool load(const std::string& bytes, std::string* why) override {
-    const Header h = get_header(bytes);
-    if (h.kind != kExact) {
-      *why = fmt::format("they were counted by a {}, this table counts exactly", kind_name(h.kind));
+    io::AdmissionFile f = parse(bytes);
+    if (f.kind == AdmissionKind::kBloom) {
+      *why = "they were counted by a Bloom filter, this table counts exactly";
       return false;
     }
-    if (h.n > (bytes.size() - kHeaderBytes) / sizeof(Entry) ||
-        bytes.size() != kHeaderBytes + h.n * sizeof(Entry)) {
-      fail(EMBSTORE_CORRUPT, "the admission file is {} bytes, {} entries need {}", bytes.size(),
-           h.n, kHeaderBytes + h.n * sizeof(Entry));
+    if (f.kind == AdmissionKind::kExact) {
+      slots_.assign(std::max<size_t>(16, std::bit_ceil(2 * f.entries.size() + 2)), Entry{});
+      size_ = 0;
     }
-    ExactCounter loaded(admit_after_);
-    loaded.rehash(std::max<size_t>(16, std::bit_ceil(2 * h.n + 2)));
-    for (uint64_t i = 0; i < h.n; ++i) {
-      Entry e;
-      std::memcpy(&e, bytes.data() + kHeaderBytes + i * sizeof(Entry), sizeof(Entry));
-      if (e.count == 0) fail(EMBSTORE_CORRUPT, "the admission file has key {} with count 0", e.key);
-      Entry& slot = loaded.slots_.mut(loaded.probe(e.key));
-      if (slot.count != 0) fail(EMBSTORE_CORRUPT, "the admission file lists key {} twice", e.key);
+    for (const int64_t key : f.removed) admitted(key);
+    for (Entry e : f.entries) {
+      if (2 * (size_ + 1) > slots_.size()) rehash(2 * slots_.size());
+      e.reserved = 0;  // loaded counts are the base of the next delta
+      Entry& slot = slots_.mut(probe(e.key));
+      if (slot.count == 0) ++size_;
       slot = e;
-      slot.unused = 0;
-      ++loaded.size_;
     }
-    slots_ = std::move(loaded.slots_);
-    size_ = loaded.size_;
+    removed_.clear();
+    frozen_removed_.clear();
+    base_generation_ = 0;
+    generation_ = frozen_generation_ = 1;
     return true;
   }
 
  private:
-  struct Entry {
-    int64_t key = 0;
-    uint32_t count = 0;  // 0: empty slot
-    uint32_t unused = 0;
-    uint64_t step = 0;  // last seen
-  };
-  static_assert(sizeof(Entry) == 24);
+  using Entry = AdmissionEntry;  // reserved: generation of the last change
 
   class FrozenSlots final : public Frozen {
    public:
-    FrozenSlots(CowArray<Entry>::Shared slots, uint64_t size)
-        : slots_(std::move(slots)), size_(size) {}
+    FrozenSlots(CowArray<Entry>::Shared slots, uint64_t size, bool full, uint32_t base,
+                std::vector<int64_t> removed)
+        : slots_(std::move(slots)),
+          size_(size),
+          full_(full),
+          base_(base),
+          removed_(std::move(removed)) {}
+
     std::vector<char> bytes() const override {
       std::vector<char> out;
-      put_header(&out, kExact, size_, size_ * sizeof(Entry));
-      char* p = out.data() + kHeaderBytes;
-      CowArray<Entry>::for_each(slots_, [&](const Entry& e) {
-        if (e.count == 0) return;
-        std::memcpy(p, &e, sizeof(Entry));
-        p += sizeof(Entry);
-      });
+      if (full_) {
+        io::start_admission_file(&out, AdmissionKind::kExact, size_, size_ * sizeof(Entry));
+        write_entries(out.data() + io::kAdmissionHeaderBytes, [](const Entry&) { return true; });
+        return out;
+      }
+      // Removals first, then the counts changed since the base (a removed key counted again
+      // is among them).
+      std::vector<int64_t> removed = removed_;
+      std::sort(removed.begin(), removed.end());
+      removed.erase(std::unique(removed.begin(), removed.end()), removed.end());
+      auto changed = [&](const Entry& e) { return e.reserved > base_; };
+      uint64_t n = 0;
+      CowArray<Entry>::for_each(slots_, [&](const Entry& e) { n += e.count != 0 && changed(e); });
+      const size_t list = 8 + removed.size() * sizeof(int64_t);
+      io::start_admission_file(&out, AdmissionKind::kExactDelta, n, list + n * sizeof(Entry));
+      char* p = out.data() + io::kAdmissionHeaderBytes;
+      const uint64_t r = removed.size();
+      std::memcpy(p, &r, 8);
+      std::memcpy(p + 8, removed.data(), r * sizeof(int64_t));
+      write_entries(p + list, changed);
       return out;
     }
 
    private:
+    template <typename Pick>
+    void write_entries(char* p, Pick&& pick) const {
+      CowArray<Entry>::for_each(slots_, [&](const Entry& e) {
+        if (e.count == 0 || !pick(e)) return;
+        Entry c = e;
+        c.reserved = 0;
+        std::memcpy(p, &c, sizeof(Entry));
+        p += sizeof(Entry);
+      });
+    }
+
     CowArray<Entry>::Shared slots_;
     uint64_t size_;
+    bool full_;
+    uint32_t base_;
+    std::vector<int64_t> removed_;
   };
 
   size_t mask() const { return slots_.size() - 1; }
@@ -196,6 +211,7 @@ class ExactCounter final : public AdmissionCounter {
   }
 
   void erase_at(size_t hole) {
+    removed_.push_back(slots_[hole].key);
     // Backward shift: pull later entries of the probe run into the hole, so probes never
     // stop early at it.
     for (size_t s = (hole + 1) & mask(); slots_[s].count != 0; s = (s + 1) & mask()) {
@@ -216,7 +232,12 @@ class ExactCounter final : public AdmissionCounter {
   uint64_t erase_where(Pred&& pred) {
     std::vector<Entry> kept;
     for (size_t s = 0; s < slots_.size(); ++s) {
-      if (slots_[s].count != 0 && !pred(slots_[s])) kept.push_back(slots_[s]);
+      if (slots_[s].count == 0) continue;
+      if (pred(slots_[s])) {
+        removed_.push_back(slots_[s].key);
+      } else {
+        kept.push_back(slots_[s]);
+      }
     }
     const uint64_t erased = size_ - kept.size();
     slots_.assign(std::max<size_t>(16, std::bit_ceil(2 * kept.size() + 2)), Entry{});
@@ -236,6 +257,10 @@ class ExactCounter final : public AdmissionCounter {
   uint32_t admit_after_;
   CowArray<Entry> slots_;
   uint64_t size_ = 0;
+  // Changes are stamped with generation_; the last committed checkpoint froze
+  // base_generation_, the one in flight frozen_generation_ (and took frozen_removed_).
+  uint32_t generation_ = 1, base_generation_ = 0, frozen_generation_ = 0;
+  std::vector<int64_t> removed_, frozen_removed_;  // keys removed since the base
 };
 
 class BloomCounter final : public AdmissionCounter {
@@ -260,28 +285,26 @@ class BloomCounter final : public AdmissionCounter {
     return static_cast<uint64_t>(-m / row::kBloomHashes * std::log(empty / m) + 0.5);
   }
 
-  std::unique_ptr<const Frozen> freeze() const override {
+  // A filter changes all over at once: every checkpoint takes it whole.
+  std::unique_ptr<const Frozen> freeze(bool) override {
     return std::make_unique<FrozenCounters>(counters_.share(), counters_.size());
   }
+  void end_freeze(bool) override {}
 
   bool load(const std::string& bytes, std::string* why) override {
-    const Header h = get_header(bytes);
-    if (h.kind != kBloom) {
-      *why = fmt::format("they were counted exactly, this table counts in a Bloom filter");
+    const io::AdmissionFile f = parse(bytes);
+    if (f.kind != AdmissionKind::kBloom) {
+      *why = "they were counted exactly, this table counts in a Bloom filter";
       return false;
     }
-    if (bytes.size() - kHeaderBytes != h.n) {
-      fail(EMBSTORE_CORRUPT, "the admission file is {} bytes, a filter of {} counters needs {}",
-           bytes.size(), h.n, kHeaderBytes + h.n);
-    }
-    if (h.n != counters_.size()) {
-      *why = fmt::format("they fill a Bloom filter of {} bytes, this table's has {}", h.n,
-                         counters_.size());
+    if (f.counters.size() != counters_.size()) {
+      *why = fmt::format("they fill a Bloom filter of {} bytes, this table's has {}",
+                         f.counters.size(), counters_.size());
       return false;
     }
     filled_ = 0;
-    for (uint64_t i = 0; i < h.n; ++i) {
-      const auto c = static_cast<uint8_t>(bytes[kHeaderBytes + i]);
+    for (uint64_t i = 0; i < f.counters.size(); ++i) {
+      const uint8_t c = f.counters[i];
       if (c != counters_[i]) counters_.mut(i) = c;
       filled_ += c != 0;
     }
@@ -310,8 +333,8 @@ class BloomCounter final : public AdmissionCounter {
         : counters_(std::move(counters)), n_(n) {}
     std::vector<char> bytes() const override {
       std::vector<char> out;
-      put_header(&out, kBloom, n_, n_);
-      char* p = out.data() + kHeaderBytes;
+      io::start_admission_file(&out, AdmissionKind::kBloom, n_, n_);
+      char* p = out.data() + io::kAdmissionHeaderBytes;
       for (const auto& piece : counters_) {
         std::memcpy(p, piece->data(), piece->size());
         p += piece->size();

@@ -32,21 +32,31 @@ class AdmissionCounter {
   // stats' pending_admission.
   virtual uint64_t pending() const = 0;
 
-  // The counts as they are now, for a checkpoint: shares the counters' memory instead of
-  // copying it (counting later copies the pieces it changes), so it costs the training thread
-  // a pointer per 64 KiB. Its bytes() are the checkpoint's admission file:
-  //   header: "EMBADMIT", u32 kind (0 exact, 1 Bloom), u32 format 1, u64 n
-  //   exact:  n entries of {i64 key, u32 count, u32 zero, u64 last step seen}
-  //   Bloom:  n one-byte counters
+  // The counts for a checkpoint, as they are now: every count (full), or what changed since
+  // the last checkpoint that committed (delta: removed keys and changed counts; a Bloom
+  // filter always goes whole). Shares the counters' memory instead of copying it (counting
+  // later copies the 64 KiB pieces it changes), so it costs the training thread a pointer per
+  // piece; bytes() (io/admission_file.hpp) is the checkpoint worker's to pay. One at a time:
+  // end_freeze() tells its outcome.
   class Frozen {
    public:
     virtual ~Frozen() = default;
     virtual std::vector<char> bytes() const = 0;
   };
-  virtual std::unique_ptr<const Frozen> freeze() const = 0;
-  std::vector<char> save() const { return freeze()->bytes(); }
-  // Replaces the counts with saved ones. Returns false, loading nothing, with the reason in
-  // *why, when they were saved by the other kind of counting or a filter of another size;
+  virtual std::unique_ptr<const Frozen> freeze(bool full) = 0;
+  // Committed: the frozen counts are the base of the next delta. Failed: the next checkpoint
+  // carries their changes again.
+  virtual void end_freeze(bool committed) = 0;
+  // Every count now, as a file's bytes (tests, tools).
+  std::vector<char> save() {
+    const std::unique_ptr<const Frozen> frozen = freeze(true);
+    end_freeze(false);
+    return frozen->bytes();
+  }
+
+  // Loads a checkpoint's counts: a full kind replaces the counts, an exact delta applies on
+  // them (restore loads a chain's files oldest first). Returns false, loading nothing, with
+  // the reason in *why, when they were counted the other way or by a filter of another size;
   // throws Error(CORRUPT) when the bytes do not parse.
   virtual bool load(const std::string& bytes, std::string* why) = 0;
 };

@@ -174,7 +174,7 @@ class HostTable final : public Table {
     std::lock_guard lock(mutex_);
     const uint64_t words = dirty_.size();
     // Allocations before the dirty bits are touched: a failure changes nothing.
-    if (full && admission_) snapshot_admission_ = admission_->freeze();
+    if (admission_) snapshot_admission_ = admission_->freeze(full);
     captured_.assign(words, 0);
     snapshot_set_.assign(words, 0);
     uint64_t taken = 0;
@@ -250,7 +250,10 @@ class HostTable final : public Table {
     captured_.clear();
     snapshot_set_.clear();
     snapshot_evicted_keys_.clear();
-    snapshot_admission_.reset();  // later counting stops copying what it changes
+    if (snapshot_admission_) {
+      admission_->end_freeze(!failed);
+      snapshot_admission_.reset();  // later counting stops copying what it changes
+    }
     captured_left_.store(0);
     sink_ = nullptr;
   }
@@ -693,7 +696,7 @@ class HostTable final : public Table {
   // Keys evicted since the last capture (tombstones of the next delta), and those that the
   // snapshot in progress took over.
   std::vector<int64_t> evicted_keys_, snapshot_evicted_keys_;
-  // A full snapshot's admission counts, shared with the live ones until they change.
+  // The snapshot's admission counts, shared with the live ones until they change.
   std::unique_ptr<const AdmissionCounter::Frozen> snapshot_admission_;
   bool dirty_tracking_ = true;
   // The snapshot in progress: the copy-on-write sink, the rows still to write, the rows it

@@ -23,26 +23,30 @@ namespace {
   fail(err == -EBADMSG ? EMBSTORE_CORRUPT : EMBSTORE_IO_ERROR, "{}", detail);
 }
 
-// Loads the admission counts that the chain's full checkpoint saved for the table, if any.
-void load_admission(const io::ChainLink& full, const std::string& table, Table& impl) {
-  const io::TableEntry* saved = nullptr;
-  for (const io::TableEntry& e : full.manifest->tables) {
-    if (e.name == table) saved = &e;
-  }
-  if (saved == nullptr || !saved->admission) return;
-  std::string data, detail;
-  if (int e = io::read_checked_file(full.path, *saved->admission, &data, &detail); e < 0) {
-    fail_chain(e, detail);
-  }
-  std::string why;
-  try {
-    if (!impl.load_admission(data, &why)) {
-      std::fprintf(stderr,
-                   "embstore: restore leaves the admission counts of table '%s' in %s: %s\n",
-                   table.c_str(), full.path.c_str(), why.c_str());
+// Loads the table's admission counts from the chain's files, the full checkpoint's first.
+void load_admission(const std::vector<io::ChainLink>& chain, const std::string& table,
+                    Table& impl) {
+  for (auto link = chain.rbegin(); link != chain.rend(); ++link) {
+    const io::TableEntry* saved = nullptr;
+    for (const io::TableEntry& e : link->manifest->tables) {
+      if (e.name == table) saved = &e;
     }
-  } catch (const Error& e) {
-    fail(e.status(), "{}/{}: {}", full.path, saved->admission->path, e.what());
+    if (saved == nullptr || !saved->admission) continue;
+    std::string data, detail;
+    if (int e = io::read_checked_file(link->path, *saved->admission, &data, &detail); e < 0) {
+      fail_chain(e, detail);
+    }
+    std::string why;
+    try {
+      if (!impl.load_admission(data, &why)) {
+        std::fprintf(stderr,
+                     "embstore: restore leaves the admission counts of table '%s' in %s: %s\n",
+                     table.c_str(), link->path.c_str(), why.c_str());
+        return;
+      }
+    } catch (const Error& e) {
+      fail(e.status(), "{}/{}: {}", link->path, saved->admission->path, e.what());
+    }
   }
 }
 
@@ -132,7 +136,7 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
       fail(EMBSTORE_CORRUPT, "{}: table '{}' has {} rows after loading, the manifest says {}", vdir,
            t.name, rows, t.table_rows);
     }
-    load_admission(chain.back(), t.name, *impl);
+    load_admission(chain, t.name, *impl);
     loaded.push_back({existing, std::move(impl)});
   }
   std::map<std::string, std::vector<char>> attachments;

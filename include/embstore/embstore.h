@@ -290,11 +290,12 @@ EMBSTORE_API embstore_status_t embstore_table_stats(embstore_table_t* table,
      16 or more bytes per distinct key; exact counting takes 48 to 96). pending_admission
      reports the estimate of n. Counts are never removed, so the rate only grows, and an
      evicted key is admitted again at once.
-   Checkpoints: a full checkpoint saves the counts (the side table's live slots, or the
-   filter), and restore loads those of the chain's full checkpoint; counts from after that
-   full checkpoint are lost (a key then needs its occurrences again), and keys that have a row
-   at the restored version drop theirs. Saving copies the counts at capture: a pass over the
-   side table, or a copy of the filter. Admission alone evicts nothing. */
+   Checkpoints: a full checkpoint saves every count, a delta the changes since its parent (the
+   keys whose counts were dropped, and the counts that changed); a Bloom filter goes whole into
+   both. Restore loads them along the chain, so the restored counts are those at the restored
+   version, and training restored from any version goes on as it would have. A capture does not
+   copy the counts: it shares them in 64 KiB pieces, and counting copies a piece that a
+   checkpoint in flight still holds before it changes it. Admission alone evicts nothing. */
 
 /* Runs the table's idle rules now, at the store's current step and time; *evicted_out (may be
    NULL) = the rows evicted. Returns OK; INVALID_ARGUMENT (NULL table);

@@ -6,6 +6,7 @@
 // io/commit's protocol, so an interrupted or failed compact leaves no version in OUT.
 #include <fmt/core.h>
 #include <sys/stat.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "io/admission_file.hpp"
 #include "io/chain.hpp"
 #include "io/commit.hpp"
 #include "io/manifest.hpp"
@@ -84,18 +86,33 @@ io::TableEntry write_table(const std::vector<io::ChainLink>& chain, const io::Ta
   io::TableEntry e = t;
   e.rows = writer->rows();
   e.files = {{rel, writer->bytes(), writer->rows(), writer->checksum()}};
-  // Restore takes the admission counts from a chain's full checkpoint: they carry over as is.
+  // The admission counts of the chain's files, merged into the counts at this version.
   e.admission.reset();
-  const io::ChainLink& full = chain.back();
-  for (const io::TableEntry& f : full.manifest->tables) {
-    if (f.name != t.name || !f.admission) continue;
-    std::string data;
-    if (io::read_checked_file(full.path, *f.admission, &data, &detail) < 0) throw Problem(detail);
-    const std::string out = staging + "/" + f.admission->path;
-    if (int w = io::write_whole_file(out, data.data(), data.size()); w < 0) {
+  std::vector<std::string> counts;  // oldest first
+  std::string counts_path;
+  for (auto link = chain.rbegin(); link != chain.rend(); ++link) {
+    for (const io::TableEntry& f : link->manifest->tables) {
+      if (f.name != t.name || !f.admission) continue;
+      std::string data;
+      if (io::read_checked_file(link->path, *f.admission, &data, &detail) < 0) {
+        throw Problem(detail);
+      }
+      counts.push_back(std::move(data));
+      counts_path = f.admission->path;
+    }
+  }
+  if (!counts.empty()) {
+    std::vector<char> merged;
+    if (io::merge_admission_files(counts, &merged, &detail) < 0) {
+      throw Problem(
+          fmt::format("{}: table '{}': admission counts: {}", chain.front().path, t.name, detail));
+    }
+    const std::string out = staging + "/" + counts_path;
+    if (int w = io::write_whole_file(out, merged.data(), merged.size()); w < 0) {
       throw Problem(fmt::format("{}: cannot write: {}", out, errno_text(w)));
     }
-    e.admission = f.admission;
+    e.admission =
+        io::FileEntry{counts_path, merged.size(), 0, XXH3_64bits(merged.data(), merged.size())};
   }
   return e;
 }

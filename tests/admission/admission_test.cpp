@@ -10,6 +10,7 @@
 #include <embstore/embstore.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -20,11 +21,13 @@
 
 #include "host/error.hpp"
 #include "host/table.hpp"
+#include "io/admission_file.hpp"
 #include "support/backend.hpp"
 #include "support/checkpoint_helpers.hpp"
 #include "tests/io/io_fixtures.hpp"
 
 using namespace embstore_test;
+using embstore_test::FaultGuard;
 namespace fs = std::filesystem;
 
 namespace {
@@ -292,30 +295,50 @@ TEST_CASE("admission counts are saved in full checkpoints and restored", "[admis
   REQUIRE(has_row(r, 2));
 }
 
-TEST_CASE("a restore takes the counts of the chain's full checkpoint", "[admission]") {
+TEST_CASE("deltas carry the counts' changes, and a failed delta leaves them to the next",
+          "[admission]") {
   TempDir dir;
   StoreGuard store(make_store());
   no_rebaseline(store);
   embstore_table_t* t = admitting_table(store, config("t", 3));
   if (t == nullptr) return;
   ok(embstore_step(store, 1));
-  lookup_ok(t, {1, 1, 2, 2});  // both at 2 of 3
+  lookup_ok(t, {1, 1, 2, 2, 3});  // 1, 2 at 2 of 3; 3 at 1
   full_ok(store, dir.path());
   ok(embstore_step(store, 2));
-  lookup_ok(t, {1, 4});  // 1 admitted; 4 counted after the full checkpoint
-  const uint64_t delta = incremental_ok(store, dir.path());
-  REQUIRE(delta == 2);
+  lookup_ok(t, {1, 4});  // 1 admitted (its count removed); 4 counted after the full
+  {
+    FaultGuard enospc([](uint64_t, size_t) { return -ENOSPC; });
+    uint64_t v = 0;
+    ok(embstore_checkpoint(store, dir.path().c_str(), EMBSTORE_CKPT_INCREMENTAL, &v));
+    REQUIRE(embstore_checkpoint_wait(store, v) == EMBSTORE_IO_ERROR);
+  }
+  ok(embstore_step(store, 3));
+  lookup_ok(t, {5, 3});  // 3 at 2 of 3, 5 at 1
+  REQUIRE(incremental_ok(store, dir.path()) == 3);
+  ok(embstore_step(store, 4));
+  lookup_ok(t, {6});
+  REQUIRE(incremental_ok(store, dir.path()) == 4);
 
-  StoreGuard fresh(make_store());
-  uint64_t restored = 0;
-  ok(embstore_restore(fresh, dir.path().c_str(), EMBSTORE_LATEST, &restored));
-  REQUIRE(restored == 2);
-  embstore_table_t* r = get_table(fresh, "t");
-  REQUIRE(has_row(r, 1));
-  // 1 has a row, so its saved count is dropped; 4's count came after the full: lost.
-  REQUIRE(stats(r).pending_admission == 1);
-  lookup_ok(r, {2});
-  REQUIRE(has_row(r, 2));
+  for (const uint64_t version : {uint64_t{3}, uint64_t{4}}) {
+    INFO("restored version " << version);
+    StoreGuard fresh(make_store());
+    uint64_t restored = 0;
+    ok(embstore_restore(fresh, dir.path().c_str(), version, &restored));
+    embstore_table_t* r = get_table(fresh, "t");
+    REQUIRE(has_row(r, 1));
+    // Pending at version 3: 2 (2 of 3), 3 (2 of 3), 4 (1), 5 (1); and 6 (1) at 4.
+    REQUIRE(stats(r).pending_admission == (version == 3 ? 4u : 5u));
+    lookup_ok(r, {2, 3, 4, 5});
+    REQUIRE(has_row(r, 2));
+    REQUIRE(has_row(r, 3));
+    REQUIRE_FALSE(has_row(r, 4));
+    REQUIRE_FALSE(has_row(r, 5));
+    lookup_ok(r, {4, 6});
+    REQUIRE(has_row(r, 4));
+    REQUIRE_FALSE(has_row(r, 6));
+    REQUIRE(stats(r).pending_admission == 2);  // 5 and 6
+  }
 }
 
 TEST_CASE("a damaged admission file fails the restore", "[admission]") {
@@ -363,7 +386,7 @@ TEST_CASE("counts of another kind of counting are left out of a restore", "[admi
   REQUIRE_FALSE(has_row(bloom, 1));
 }
 
-TEST_CASE("training restored from a full checkpoint goes on as if uninterrupted", "[admission]") {
+TEST_CASE("training restored from a chain goes on as if uninterrupted", "[admission]") {
   const uint64_t bloom = GENERATE(uint64_t{0}, uint64_t{1024});
   INFO((bloom ? "Bloom filter" : "exact counting"));
   TempDir dir;
@@ -392,8 +415,13 @@ TEST_CASE("training restored from a full checkpoint goes on as if uninterrupted"
   StoreGuard a(make_store());
   embstore_table_t* ta = admitting_table(a, config("t", 4, bloom));
   if (ta == nullptr) return;
-  train(a, ta, 1, 20);
+  no_rebaseline(a);
+  train(a, ta, 1, 10);
   full_ok(a, dir.path());
+  train(a, ta, 11, 15);
+  incremental_ok(a, dir.path());
+  train(a, ta, 16, 20);
+  incremental_ok(a, dir.path());
   train(a, ta, 21, 40);
 
   StoreGuard b(make_store());
@@ -468,7 +496,7 @@ TEST_CASE("frozen counts stay as they were while counting goes on", "[admission]
     auto c = counter(3, bloom);
     for (int64_t k = 0; k < 20000; ++k) c->count(k * 7919, 1);  // many pieces
     const std::vector<char> before = c->save();
-    auto frozen = c->freeze();
+    auto frozen = c->freeze(true);
     // Counting that changes most pieces, admissions (erases) and growth (a rehash).
     for (int64_t k = 0; k < 20000; k += 2) c->count(k * 7919, 2);
     for (int64_t k = 0; k < 2000; ++k) c->admitted(k * 7919);
@@ -487,4 +515,49 @@ TEST_CASE("frozen counts stay as they were while counting goes on", "[admission]
       REQUIRE_FALSE(copy->count(4 * 7919, 4));     // admitted, then counted anew
     }
   }
+}
+
+TEST_CASE("admission files of a chain merge into the counts at its newest version",
+          "[admission]") {
+  auto c = counter(3);
+  c->count(1, 1);
+  c->count(2, 1);
+  auto as_string = [](const std::vector<char>& v) { return std::string(v.begin(), v.end()); };
+  const std::string full = as_string(c->freeze(true)->bytes());
+  c->end_freeze(true);
+  c->admitted(1);
+  c->count(2, 5);
+  c->count(3, 5);
+  auto frozen = c->freeze(false);
+  const std::string delta = as_string(frozen->bytes());
+  c->end_freeze(true);
+  c->count(4, 6);  // after the delta's capture: not in it
+
+  std::vector<char> merged;
+  std::string why;
+  REQUIRE(embstore::io::merge_admission_files({full, delta}, &merged, &why) == 0);
+  embstore::io::AdmissionFile f;
+  REQUIRE(embstore::io::parse_admission_file(as_string(merged), &f, &why) == 0);
+  REQUIRE(f.kind == embstore::io::AdmissionKind::kExact);
+  REQUIRE(f.entries.size() == 2);
+  REQUIRE(f.entries[0].key == 2);
+  REQUIRE(f.entries[0].count == 2);
+  REQUIRE(f.entries[0].step == 5);
+  REQUIRE(f.entries[1].key == 3);
+  REQUIRE(f.entries[1].count == 1);
+  // Loading full then delta gives the same counts.
+  auto loaded = counter(3);
+  REQUIRE(loaded->load(full, &why));
+  REQUIRE(loaded->load(delta, &why));
+  std::vector<char> sorted;  // merge lists keys in order, the table in its slot order
+  REQUIRE(embstore::io::merge_admission_files({as_string(loaded->save())}, &sorted, &why) == 0);
+  REQUIRE(sorted == merged);
+
+  const std::string bloom = as_string(counter(3, 64)->save());
+  REQUIRE(embstore::io::merge_admission_files({delta}, &merged, &why) == -EBADMSG);
+  REQUIRE(why.find("start with a delta") != std::string::npos);
+  REQUIRE(embstore::io::merge_admission_files({full, bloom}, &merged, &why) == -EBADMSG);
+  REQUIRE(embstore::io::merge_admission_files({full, full}, &merged, &why) == -EBADMSG);
+  REQUIRE(embstore::io::merge_admission_files({bloom, bloom}, &merged, &why) == 0);
+  REQUIRE(merged.size() == 24 + 64);
 }

@@ -291,6 +291,23 @@ TEST_CASE("attachments are saved with the next checkpoint and restored", "[check
                  "rng");
 }
 
+TEST_CASE("restored rows count as inserted, not as admitted by training", "[checkpoint]") {
+  TempDir dir;
+  StoreGuard store(make_store());
+  embstore_table_t* t = make_table(store, config_for("emb", 4, EMBSTORE_OPT_SGD));
+  lookup_ok(t, key_range(100));
+  REQUIRE(stats(t).admitted == 100);
+  checkpoint_ok(store, dir.path());
+  StoreGuard b(make_store());
+  restore_ok(b, dir.path(), EMBSTORE_LATEST);
+  embstore_table_t* r = get_table(b, "emb");
+  REQUIRE(stats(r).inserted == 100);
+  REQUIRE(stats(r).admitted == 0);
+  lookup_ok(r, {1000, 1001, 1000});
+  REQUIRE(stats(r).inserted == 102);
+  REQUIRE(stats(r).admitted == 2);
+}
+
 TEST_CASE("restore picks the latest or an exact version", "[checkpoint]") {
   TempDir dir;
   const std::string nested = dir.file("a/b/c");  // created with its parents

@@ -1,0 +1,143 @@
+#include "io/admission_file.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+
+namespace embstore::io {
+namespace {
+
+constexpr char kMagic[8] = {'E', 'M', 'B', 'A', 'D', 'M', 'I', 'T'};
+constexpr uint32_t kFormat = 1;
+
+int bad(std::string* detail, std::string why) {
+  if (detail) *detail = std::move(why);
+  return -EBADMSG;
+}
+
+}  // namespace
+
+const char* admission_kind_name(AdmissionKind kind) {
+  switch (kind) {
+    case AdmissionKind::kExact:
+      return "exact";
+    case AdmissionKind::kBloom:
+      return "Bloom filter";
+    case AdmissionKind::kExactDelta:
+      return "exact delta";
+  }
+  return "unknown";
+}
+
+void start_admission_file(std::vector<char>* out, AdmissionKind kind, uint64_t n,
+                          size_t payload_bytes) {
+  out->resize(kAdmissionHeaderBytes + payload_bytes);
+  const auto k = static_cast<uint32_t>(kind);
+  std::memcpy(out->data(), kMagic, 8);
+  std::memcpy(out->data() + 8, &k, 4);
+  std::memcpy(out->data() + 12, &kFormat, 4);
+  std::memcpy(out->data() + 16, &n, 8);
+}
+
+int parse_admission_file(const std::string& bytes, AdmissionFile* out, std::string* detail) {
+  if (bytes.size() < kAdmissionHeaderBytes || std::memcmp(bytes.data(), kMagic, 8) != 0) {
+    return bad(detail, "no EMBADMIT header");
+  }
+  uint32_t kind = 0, format = 0;
+  uint64_t n = 0;
+  std::memcpy(&kind, bytes.data() + 8, 4);
+  std::memcpy(&format, bytes.data() + 12, 4);
+  std::memcpy(&n, bytes.data() + 16, 8);
+  if (format != kFormat) {
+    return bad(detail, fmt::format("format {}, this version reads {}", format, kFormat));
+  }
+  if (kind > 2) return bad(detail, fmt::format("counting kind {}", kind));
+  AdmissionFile f;
+  f.kind = static_cast<AdmissionKind>(kind);
+  const char* p = bytes.data() + kAdmissionHeaderBytes;
+  uint64_t left = bytes.size() - kAdmissionHeaderBytes;
+  if (f.kind == AdmissionKind::kBloom) {
+    if (left != n) {
+      return bad(detail, fmt::format("{} bytes, a filter of {} counters needs {}", bytes.size(), n,
+                                     kAdmissionHeaderBytes + n));
+    }
+    f.counters.assign(p, p + n);
+    *out = std::move(f);
+    return 0;
+  }
+  if (f.kind == AdmissionKind::kExactDelta) {
+    uint64_t r = 0;
+    if (left < 8) return bad(detail, "the removed-key count is cut off");
+    std::memcpy(&r, p, 8);
+    p += 8;
+    left -= 8;
+    if (r > left / 8) return bad(detail, fmt::format("{} removed keys do not fit", r));
+    f.removed.resize(r);
+    std::memcpy(f.removed.data(), p, r * 8);
+    p += r * 8;
+    left -= r * 8;
+  }
+  if (n > left / sizeof(AdmissionEntry) || left != n * sizeof(AdmissionEntry)) {
+    return bad(detail, fmt::format("{} bytes of entries, {} entries need {}", left, n,
+                                   n * sizeof(AdmissionEntry)));
+  }
+  f.entries.resize(n);
+  std::memcpy(f.entries.data(), p, n * sizeof(AdmissionEntry));
+  for (const AdmissionEntry& e : f.entries) {
+    if (e.count == 0) return bad(detail, fmt::format("key {} has count 0", e.key));
+  }
+  std::vector<int64_t> keys(n);
+  for (uint64_t i = 0; i < n; ++i) keys[i] = f.entries[i].key;
+  std::sort(keys.begin(), keys.end());
+  if (auto d = std::adjacent_find(keys.begin(), keys.end()); d != keys.end()) {
+    return bad(detail, fmt::format("key {} is listed twice", *d));
+  }
+  *out = std::move(f);
+  return 0;
+}
+
+int merge_admission_files(const std::vector<std::string>& oldest_first, std::vector<char>* out,
+                          std::string* detail) {
+  std::map<int64_t, AdmissionEntry> counts;
+  std::vector<uint8_t> filter;
+  bool exact = false, bloom = false;
+  for (size_t i = 0; i < oldest_first.size(); ++i) {
+    AdmissionFile f;
+    if (int r = parse_admission_file(oldest_first[i], &f, detail); r < 0) return r;
+    const bool first = i == 0;
+    if (f.kind == AdmissionKind::kBloom) {
+      if (exact) return bad(detail, "a Bloom filter follows exact counts");
+      bloom = true;
+      filter = std::move(f.counters);
+      continue;
+    }
+    if (bloom) return bad(detail, "exact counts follow a Bloom filter");
+    if (first != (f.kind == AdmissionKind::kExact)) {
+      return bad(detail, first ? "the chain's counts start with a delta"
+                               : "full counts in the middle of a chain");
+    }
+    exact = true;
+    for (int64_t k : f.removed) counts.erase(k);
+    for (const AdmissionEntry& e : f.entries) counts[e.key] = e;
+  }
+  if (bloom) {
+    start_admission_file(out, AdmissionKind::kBloom, filter.size(), filter.size());
+    std::memcpy(out->data() + kAdmissionHeaderBytes, filter.data(), filter.size());
+    return 0;
+  }
+  start_admission_file(out, AdmissionKind::kExact, counts.size(),
+                       counts.size() * sizeof(AdmissionEntry));
+  char* p = out->data() + kAdmissionHeaderBytes;
+  for (const auto& [key, e] : counts) {
+    AdmissionEntry c = e;
+    c.reserved = 0;
+    std::memcpy(p, &c, sizeof(c));
+    p += sizeof(c);
+  }
+  return 0;
+}
+
+}  // namespace embstore::io

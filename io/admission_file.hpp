@@ -1,0 +1,53 @@
+// A table's admission counts in a checkpoint (<table>/admission.counts; the counting is in
+// host/admission/). Little-endian, checksummed by the manifest:
+//   header (24 bytes): "EMBADMIT", u32 kind, u32 format (1), u64 n
+//   kind 0, exact:       n entries
+//   kind 1, Bloom:       n one-byte counters (the whole filter)
+//   kind 2, exact delta: u64 r, r removed keys (i64, ascending), then n entries: the changes
+//                        since the parent version (removals first, then upserts)
+//   entry (24 bytes):    i64 key, u32 count (>= 1), u32 0, u64 step last seen
+// liburing style: 0 or -errno; -EBADMSG for bytes that do not parse, the reason in *detail.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace embstore::io {
+
+enum class AdmissionKind : uint32_t { kExact = 0, kBloom = 1, kExactDelta = 2 };
+
+struct AdmissionEntry {
+  int64_t key = 0;
+  uint32_t count = 0;
+  uint32_t reserved = 0;  // 0 in files
+  uint64_t step = 0;
+};
+static_assert(sizeof(AdmissionEntry) == 24);
+
+inline constexpr size_t kAdmissionHeaderBytes = 24;
+
+struct AdmissionFile {
+  AdmissionKind kind = AdmissionKind::kExact;
+  std::vector<AdmissionEntry> entries;  // exact kinds
+  std::vector<int64_t> removed;         // exact delta
+  std::vector<uint8_t> counters;        // Bloom
+};
+
+const char* admission_kind_name(AdmissionKind kind);
+
+// The header and the payload's size: the caller fills out->data() + kAdmissionHeaderBytes on.
+// For kExactDelta, payload_bytes includes the removed-key list.
+void start_admission_file(std::vector<char>* out, AdmissionKind kind, uint64_t n,
+                          size_t payload_bytes);
+
+// Parses and checks the bytes: header, sizes, counts >= 1, keys listed once.
+int parse_admission_file(const std::string& bytes, AdmissionFile* out, std::string* detail);
+
+// Applies files of one chain, oldest first (a full kind, then deltas), into the counts they
+// make at the newest: an exact file, or the newest Bloom filter. -EBADMSG when a file does
+// not parse or the kinds do not follow.
+int merge_admission_files(const std::vector<std::string>& oldest_first, std::vector<char>* out,
+                          std::string* detail);
+
+}  // namespace embstore::io
