@@ -125,7 +125,6 @@ class HostTable final : public Table {
     rows_scratch_.resize(n);
     uint32_t* rows = rows_scratch_.data();
     find_rows(keys, n, rows);
-    if (insert && spec().evicts()) touch_rows(rows, n, step);
     pending_pos_.clear();
     if (insert) insert_missing(keys, n, rows, step);
     const uint32_t dim = spec().dim;
@@ -484,9 +483,11 @@ class HostTable final : public Table {
   }
 
   // Gives each missing admitted key one new row, in order of first appearance; the positions
-  // of keys still pending go to pending_pos_. Either every new row fits under the row limit or
-  // nothing is inserted (the keys stay counted).
+  // of keys still pending go to pending_pos_. On a table that evicts, the rows found are
+  // touched. Either every new row fits under the row limit or nothing is inserted or touched
+  // (the keys stay counted).
   void insert_missing(const int64_t* keys, size_t n, uint32_t* rows, uint64_t step) {
+    bool touched = !spec().evicts();
     missing_pos_.clear();
     for (size_t i = 0; i < n; ++i) {
       if (rows[i] == row::kNoRow) missing_pos_.push_back(static_cast<uint32_t>(i));
@@ -504,7 +505,10 @@ class HostTable final : public Table {
       missing_pos_.resize(kept);
     }
     const uint64_t missing = missing_pos_.size();
-    if (missing == 0) return;
+    if (missing == 0) {
+      if (!touched) touch_rows(rows, n, step);
+      return;
+    }
     const uint64_t limit = row::row_limit(spec().max_capacity);
     if (rows_ + missing > limit) {
       // Near the limit only: count distinct new keys exactly (duplicates share a row), and
@@ -520,9 +524,25 @@ class HostTable final : public Table {
                "table '{}': {} new keys need {} rows, max_capacity is {}; nothing was inserted",
                spec().name, fresh, rows_ + fresh, limit);
         }
-        make_room(rows_ + fresh - limit, step);
+        // The rows this call reads must not make room: touched first, and their stamps put
+        // back if there is too little room all the same.
+        saved_steps_.clear();
+        for (size_t i = 0; i < n; ++i) {
+          if (rows[i] != row::kNoRow) saved_steps_.push_back(arena_.row_meta(rows[i])->step);
+        }
+        touch_rows(rows, n, step);
+        touched = true;
+        try {
+          make_room(rows_ + fresh - limit, step);
+        } catch (...) {
+          for (size_t i = 0, k = 0; i < n; ++i) {
+            if (rows[i] != row::kNoRow) arena_.row_meta(rows[i])->step = saved_steps_[k++];
+          }
+          throw;
+        }
       }
     }
+    if (!touched) touch_rows(rows, n, step);  // before the new rows, which carry `step` anyway
 
     const uint64_t fresh_from = next_row_;  // rows from here on were never used: zero pages
     new_rows_.clear();
@@ -711,6 +731,7 @@ class HostTable final : public Table {
   std::vector<uint32_t> rows_scratch_, group_map_, next_, missing_pos_, pending_pos_, new_rows_,
       victims_;
   std::vector<int64_t> missing_keys_;
+  std::vector<uint64_t> saved_steps_;
   std::vector<Group> groups_;
 };
 

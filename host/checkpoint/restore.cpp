@@ -166,9 +166,12 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
   chain_ = Chain{true, dir, m.version, 0, 0, 0};
   for (const io::ChainLink& c : chain) {
     uint64_t bytes = 0;
+    // Every file, as the checkpointer counts a version it writes.
     for (const io::TableEntry& t : c.manifest->tables) {
       for (const io::FileEntry& f : t.files) bytes += f.bytes;
+      if (t.admission) bytes += t.admission->bytes;
     }
+    for (const io::AttachmentEntry& a : c.manifest->attachments) bytes += a.file.bytes;
     if (c.manifest->full) {
       chain_.full_bytes = bytes;
     } else {

@@ -10,8 +10,8 @@
 #include <embstore/embstore.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -517,8 +517,7 @@ TEST_CASE("frozen counts stay as they were while counting goes on", "[admission]
   }
 }
 
-TEST_CASE("admission files of a chain merge into the counts at its newest version",
-          "[admission]") {
+TEST_CASE("admission files of a chain merge into the counts at its newest version", "[admission]") {
   auto c = counter(3);
   c->count(1, 1);
   c->count(2, 1);

@@ -225,6 +225,25 @@ TEST_CASE("at max_capacity an evicting table makes room, least recently used fir
   CHECK(stats(h).evicted == 0);
 }
 
+TEST_CASE("a refused insert leaves the last-touched steps of the rows it read", "[eviction]") {
+  StoreGuard store(make_store());
+  embstore_table_config_t c = config("t");
+  c.initial_capacity = 4;
+  c.max_capacity = 4;
+  c.evict_when_full = 1;
+  embstore_table_t* t = evicting_table(store, c);
+  if (t == nullptr) return;
+  touch(store, t, 1, {2, 3, 4, 1});  // rows 0..3 for keys 2, 3, 4, 1
+  touch(store, t, 5, {2, 3, 4});     // key 1 is the least recently used, not the lowest row
+  std::vector<float> out;
+  // Two new keys need two rows; only key 1's is not of this step, and this call reads it.
+  REQUIRE(lookup(t, {1, 10, 11}, EMBSTORE_LOOKUP_INSERT, &out) == EMBSTORE_CAPACITY_EXCEEDED);
+  // Had the refused call left key 1 at step 5, every row would tie and the lowest (key 2)
+  // would go.
+  touch(store, t, 6, {12});
+  CHECK(present(t, {1, 2, 3, 4, 12}) == std::vector<int64_t>{2, 3, 4, 12});
+}
+
 TEST_CASE("a table config of the 0.1 size gets the eviction defaults", "[eviction]") {
   StoreGuard store(make_store());
   embstore_table_config_t c = config("old");
