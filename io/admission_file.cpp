@@ -76,7 +76,7 @@ int parse_admission_file(const std::string& bytes, AdmissionFile* out, std::stri
     left -= 8;
     if (r > left / 8) return bad(detail, fmt::format("{} removed keys do not fit", r));
     f.removed.resize(r);
-    std::memcpy(f.removed.data(), p, r * 8);
+    if (r > 0) std::memcpy(f.removed.data(), p, r * 8);
     p += r * 8;
     left -= r * 8;
   }
@@ -85,7 +85,7 @@ int parse_admission_file(const std::string& bytes, AdmissionFile* out, std::stri
                                    n * sizeof(AdmissionEntry)));
   }
   f.entries.resize(n);
-  std::memcpy(f.entries.data(), p, n * sizeof(AdmissionEntry));
+  if (n > 0) std::memcpy(f.entries.data(), p, n * sizeof(AdmissionEntry));
   for (const AdmissionEntry& e : f.entries) {
     if (e.count == 0) return bad(detail, fmt::format("key {} has count 0", e.key));
   }
@@ -125,7 +125,9 @@ int merge_admission_files(const std::vector<std::string>& oldest_first, std::vec
   }
   if (bloom) {
     start_admission_file(out, AdmissionKind::kBloom, filter.size(), filter.size());
-    std::memcpy(out->data() + kAdmissionHeaderBytes, filter.data(), filter.size());
+    if (!filter.empty()) {
+      std::memcpy(out->data() + kAdmissionHeaderBytes, filter.data(), filter.size());
+    }
     return 0;
   }
   start_admission_file(out, AdmissionKind::kExact, counts.size(),

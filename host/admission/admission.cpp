@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <utility>
 
 #include "cuda/row/admission.h"
 #include "cuda/row/hash.h"
@@ -28,8 +29,9 @@ io::AdmissionFile parse(const std::string& bytes) {
 }
 
 // An array in pieces of about 64 KiB that a checkpoint can share: share() hands out the
-// pieces, and a later write to a shared piece copies that piece first. The pieces' reference
-// counts are atomic, so the checkpoint's worker may drop its share while training writes.
+// pieces, and a later write to a shared piece copies that piece first. Shares are taken and
+// dropped under the table's lock (capture, end_snapshot), like every write, so use_count() is
+// stable where mut() reads it; the checkpoint's worker only reads its pieces.
 template <typename T>
 class CowArray {
  public:
@@ -37,11 +39,22 @@ class CowArray {
   using Shared = std::vector<std::shared_ptr<const Piece>>;
   static constexpr size_t kPiece = std::max<size_t>(1, (size_t{64} << 10) / sizeof(T));
 
+  CowArray() = default;
+  CowArray(CowArray&& o) noexcept
+      : pieces_(std::move(o.pieces_)), size_(std::exchange(o.size_, 0)) {}
+  CowArray& operator=(CowArray&& o) noexcept {
+    pieces_ = std::move(o.pieces_);
+    size_ = std::exchange(o.size_, 0);
+    return *this;
+  }
+
+  // All or nothing: on bad_alloc the array is as it was.
   void assign(size_t n, const T& value) {
-    pieces_.clear();
+    std::vector<std::shared_ptr<Piece>> pieces;
     for (size_t at = 0; at < n; at += kPiece) {
-      pieces_.push_back(std::make_shared<Piece>(std::min(kPiece, n - at), value));
+      pieces.push_back(std::make_shared<Piece>(std::min(kPiece, n - at), value));
     }
+    pieces_ = std::move(pieces);
     size_ = n;
   }
   size_t size() const { return size_; }
@@ -101,8 +114,10 @@ class ExactCounter final : public AdmissionCounter {
   uint64_t pending() const override { return size_; }
 
   std::unique_ptr<const Frozen> freeze(bool full) override {
-    auto frozen =
-        std::make_unique<FrozenSlots>(slots_.share(), size_, full, base_generation_, removed_);
+    // Without committed counts to build on (none yet, or a restore that loaded none), a delta
+    // carries every count too.
+    auto frozen = std::make_unique<FrozenSlots>(slots_.share(), size_, full || !has_base_,
+                                                base_generation_, removed_);
     frozen_generation_ = generation_++;  // later changes are newer than the frozen view
     frozen_removed_ = std::move(removed_);
     removed_.clear();
@@ -112,6 +127,7 @@ class ExactCounter final : public AdmissionCounter {
   void end_freeze(bool committed) override {
     if (committed) {
       base_generation_ = frozen_generation_;
+      has_base_ = true;
     } else {
       removed_.insert(removed_.end(), frozen_removed_.begin(), frozen_removed_.end());
     }
@@ -124,9 +140,14 @@ class ExactCounter final : public AdmissionCounter {
       *why = "they were counted by a Bloom filter, this table counts exactly";
       return false;
     }
+    if (f.kind == AdmissionKind::kExactDelta && !has_base_) {
+      *why = "they are changes to counts that were not loaded";
+      return false;
+    }
     if (f.kind == AdmissionKind::kExact) {
       slots_.assign(std::max<size_t>(16, std::bit_ceil(2 * f.entries.size() + 2)), Entry{});
       size_ = 0;
+      has_base_ = true;
     }
     for (const int64_t key : f.removed) admitted(key);
     for (Entry e : f.entries) {
@@ -176,7 +197,7 @@ class ExactCounter final : public AdmissionCounter {
       char* p = out.data() + io::kAdmissionHeaderBytes;
       const uint64_t r = removed.size();
       std::memcpy(p, &r, 8);
-      std::memcpy(p + 8, removed.data(), r * sizeof(int64_t));
+      if (r > 0) std::memcpy(p + 8, removed.data(), r * sizeof(int64_t));
       write_entries(p + list, changed);
       return out;
     }
@@ -210,48 +231,84 @@ class ExactCounter final : public AdmissionCounter {
     return s;
   }
 
-  void erase_at(size_t hole) {
-    removed_.push_back(slots_[hole].key);
-    // Backward shift: pull later entries of the probe run into the hole, so probes never
-    // stop early at it.
-    for (size_t s = (hole + 1) & mask(); slots_[s].count != 0; s = (s + 1) & mask()) {
-      const size_t h = home(slots_[s].key);
-      // The entry at s may fill the hole unless its home lies cyclically in (hole, s].
-      const bool stays = hole <= s ? (hole < h && h <= s) : (hole < h || h <= s);
-      if (stays) continue;
-      slots_.mut(hole) = slots_[s];
-      hole = s;
+  // Keys removed since the base go into the next delta; with no base, it holds every count.
+  void note_removed(int64_t key) {
+    if (has_base_) removed_.push_back(key);
+  }
+  // Room for `more` removals, grown geometrically, so that noting them cannot throw.
+  void reserve_removed(size_t more) {
+    if (has_base_ && removed_.capacity() - removed_.size() < more) {
+      removed_.reserve(std::max(2 * removed_.capacity(), removed_.size() + more));
     }
-    slots_.mut(hole) = Entry{};
+  }
+
+  void erase_at(size_t hole) {
+    // Backward shift: pull later entries of the probe run into the hole, so probes never
+    // stop early at it. The moves are planned first, and every slot they write is made
+    // writable (a shared piece copied) before the first write, so a bad_alloc changes nothing.
+    shifts_.clear();
+    shifts_.push_back(hole);
+    for (size_t s = (hole + 1) & mask(), h = hole; slots_[s].count != 0; s = (s + 1) & mask()) {
+      const size_t home_s = home(slots_[s].key);
+      // The entry at s may fill the hole h unless its home lies cyclically in (h, s].
+      const bool stays = h <= s ? (h < home_s && home_s <= s) : (h < home_s || home_s <= s);
+      if (stays) continue;
+      shifts_.push_back(s);
+      h = s;
+    }
+    reserve_removed(1);
+    for (const size_t s : shifts_) slots_.mut(s);
+    note_removed(slots_[hole].key);
+    for (size_t k = 0; k + 1 < shifts_.size(); ++k) {
+      slots_.mut(shifts_[k]) = slots_[shifts_[k + 1]];
+    }
+    slots_.mut(shifts_.back()) = Entry{};
     --size_;
   }
 
-  // Rebuilds the table without the entries pred picks (a pass over the slots either way),
-  // at a size that fits the rest; returns how many went.
+  // Rebuilds the table without the entries pred picks (a pass over the slots either way), at
+  // a size that fits the rest; returns how many went. What allocates comes before the first
+  // change, so a bad_alloc changes nothing.
   template <typename Pred>
   uint64_t erase_where(Pred&& pred) {
     std::vector<Entry> kept;
+    std::vector<int64_t> gone;
     for (size_t s = 0; s < slots_.size(); ++s) {
       if (slots_[s].count == 0) continue;
       if (pred(slots_[s])) {
-        removed_.push_back(slots_[s].key);
+        gone.push_back(slots_[s].key);
       } else {
         kept.push_back(slots_[s]);
       }
     }
-    const uint64_t erased = size_ - kept.size();
-    slots_.assign(std::max<size_t>(16, std::bit_ceil(2 * kept.size() + 2)), Entry{});
-    for (const Entry& e : kept) slots_.mut(probe(e.key)) = e;
-    size_ = kept.size();
-    return erased;
+    if (gone.empty()) return 0;
+    reserve_removed(gone.size());
+    rebuild(std::max<size_t>(16, std::bit_ceil(2 * kept.size() + 2)), kept);
+    for (const int64_t key : gone) note_removed(key);
+    return gone.size();
   }
 
   void rehash(size_t slots) {
-    CowArray<Entry> old = std::move(slots_);
-    slots_.assign(slots, Entry{});
-    for (size_t s = 0; s < old.size(); ++s) {
-      if (old[s].count != 0) slots_.mut(probe(old[s].key)) = old[s];
+    std::vector<Entry> live;
+    live.reserve(size_);
+    for (size_t s = 0; s < slots_.size(); ++s) {
+      if (slots_[s].count != 0) live.push_back(slots_[s]);
     }
+    rebuild(slots, live);
+  }
+
+  // The table at `slots` slots holding `entries`, swapped in once it is built.
+  void rebuild(size_t slots, const std::vector<Entry>& entries) {
+    CowArray<Entry> fresh;
+    fresh.assign(slots, Entry{});
+    const size_t m = slots - 1;
+    for (const Entry& e : entries) {
+      size_t s = row::hash_key(e.key) & m;
+      while (fresh[s].count != 0) s = (s + 1) & m;
+      fresh.mut(s) = e;
+    }
+    slots_ = std::move(fresh);
+    size_ = entries.size();
   }
 
   uint32_t admit_after_;
@@ -260,7 +317,9 @@ class ExactCounter final : public AdmissionCounter {
   // Changes are stamped with generation_; the last committed checkpoint froze
   // base_generation_, the one in flight frozen_generation_ (and took frozen_removed_).
   uint32_t generation_ = 1, base_generation_ = 0, frozen_generation_ = 0;
+  bool has_base_ = false;  // a checkpoint committed, or a restore loaded, the counts
   std::vector<int64_t> removed_, frozen_removed_;  // keys removed since the base
+  std::vector<size_t> shifts_;                     // erase_at's scratch
 };
 
 class BloomCounter final : public AdmissionCounter {

@@ -172,10 +172,11 @@ class HostTable final : public Table {
   uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows) override {
     std::lock_guard lock(mutex_);
     const uint64_t words = dirty_.size();
-    // Allocations before the dirty bits are touched: a failure changes nothing.
-    if (admission_) snapshot_admission_ = admission_->freeze(full);
+    // Allocations before the dirty bits are touched: a failure changes nothing. The counts
+    // last: once frozen, only end_snapshot settles them.
     captured_.assign(words, 0);
     snapshot_set_.assign(words, 0);
+    if (admission_) snapshot_admission_ = admission_->freeze(full);
     uint64_t taken = 0;
     for (uint64_t w = 0; w < words; ++w) {
       taken += row::popcount64(row::capture_word(full, dirty_.data(), captured_.data(), w,

@@ -23,7 +23,9 @@ namespace {
   fail(err == -EBADMSG ? EMBSTORE_CORRUPT : EMBSTORE_IO_ERROR, "{}", detail);
 }
 
-// Loads the table's admission counts from the chain's files, the full checkpoint's first.
+// Loads the table's admission counts from the chain's files, the full checkpoint's first. A
+// file the table cannot use (counted the other way, or changes to counts it could not load)
+// is left out with a note; a later file of full counts starts over.
 void load_admission(const std::vector<io::ChainLink>& chain, const std::string& table,
                     Table& impl) {
   for (auto link = chain.rbegin(); link != chain.rend(); ++link) {
@@ -42,7 +44,6 @@ void load_admission(const std::vector<io::ChainLink>& chain, const std::string& 
         std::fprintf(stderr,
                      "embstore: restore leaves the admission counts of table '%s' in %s: %s\n",
                      table.c_str(), link->path.c_str(), why.c_str());
-        return;
       }
     } catch (const Error& e) {
       fail(e.status(), "{}/{}: {}", link->path, saved->admission->path, e.what());

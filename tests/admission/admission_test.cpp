@@ -560,3 +560,59 @@ TEST_CASE("admission files of a chain merge into the counts at its newest versio
   REQUIRE(embstore::io::merge_admission_files({bloom, bloom}, &merged, &why) == 0);
   REQUIRE(merged.size() == 24 + 64);
 }
+
+TEST_CASE("counts with no committed base go whole into a delta", "[admission]") {
+  auto c = counter(2);
+  for (int64_t k = 0; k < 100; ++k) c->count(k, 1);
+  for (int64_t k = 0; k < 50; ++k) c->count(k, 1);  // admits 0..49
+  for (int64_t k = 0; k < 50; ++k) c->admitted(k);
+  std::string why;
+  for (const bool committed : {false, true}) {
+    const auto frozen = c->freeze(false);  // a delta, but nothing committed yet
+    const std::vector<char> bytes = frozen->bytes();
+    c->end_freeze(committed);
+    embstore::io::AdmissionFile f;
+    REQUIRE(embstore::io::parse_admission_file(std::string(bytes.begin(), bytes.end()), &f, &why) ==
+            0);
+    REQUIRE(f.kind == embstore::io::AdmissionKind::kExact);
+    REQUIRE(f.entries.size() == 50);
+    REQUIRE(f.removed.empty());
+  }
+  // Committed: now deltas hold changes only.
+  c->admitted(60);
+  c->count(200, 2);
+  const std::vector<char> bytes = c->freeze(false)->bytes();
+  c->end_freeze(true);
+  embstore::io::AdmissionFile f;
+  REQUIRE(embstore::io::parse_admission_file(std::string(bytes.begin(), bytes.end()), &f, &why) ==
+          0);
+  REQUIRE(f.kind == embstore::io::AdmissionKind::kExactDelta);
+  REQUIRE(f.removed == std::vector<int64_t>{60});
+  REQUIRE(f.entries.size() == 1);
+  REQUIRE(f.entries[0].key == 200);
+  // A delta cannot load without counts under it.
+  auto fresh = counter(2);
+  REQUIRE_FALSE(fresh->load(std::string(bytes.begin(), bytes.end()), &why));
+  REQUIRE(why.find("not loaded") != std::string::npos);
+}
+
+TEST_CASE("a table created after the chain's full checkpoint restores its counts", "[admission]") {
+  TempDir dir;
+  StoreGuard store(make_store());
+  no_rebaseline(store);
+  if (embstore_store_backend(store) == EMBSTORE_BACKEND_CUDA) return;
+  embstore_table_t* plain = make_table(store, config("plain", 1));
+  lookup_ok(plain, {1});
+  full_ok(store, dir.path());
+  embstore_table_t* t = admitting_table(store, config("late", 3));
+  ok(embstore_step(store, 1));
+  lookup_ok(t, {7, 7, 8});
+  REQUIRE(incremental_ok(store, dir.path()) == 1);
+  StoreGuard fresh(make_store());
+  uint64_t restored = 0;
+  ok(embstore_restore(fresh, dir.path().c_str(), EMBSTORE_LATEST, &restored));
+  embstore_table_t* r = get_table(fresh, "late");
+  REQUIRE(stats(r).pending_admission == 2);
+  lookup_ok(r, {7});
+  REQUIRE(has_row(r, 7));
+}
