@@ -132,18 +132,17 @@ uint64_t embstore_store::on_step(uint64_t previous, uint64_t step) {
       continue;
     }
     t->idle_pass_time = now;
-    if (const uint64_t cutoff = embstore::idle_cutoff(spec, step, now, idle_clock); cutoff > 0) {
-      evicted += t->impl->evict_before(cutoff);
-    }
+    evicted += run_idle_rules(t, step, now);
   }
   return evicted;
 }
 
 uint64_t embstore_store::evict_idle(embstore_table* table) {
-  const embstore::TableSpec& spec = table->impl->spec();
-  if (!spec.idle_rules()) return 0;
-  const double now = idle_clock.now();
-  const uint64_t cutoff =
-      embstore::idle_cutoff(spec, step.load(std::memory_order_relaxed), now, idle_clock);
+  if (!table->impl->spec().idle_rules()) return 0;
+  return run_idle_rules(table, step.load(std::memory_order_relaxed), idle_clock.now());
+}
+
+uint64_t embstore_store::run_idle_rules(embstore_table* table, uint64_t step, double now) {
+  const uint64_t cutoff = embstore::idle_cutoff(table->impl->spec(), step, now, idle_clock);
   return cutoff > 0 ? table->impl->evict_before(cutoff) : 0;
 }

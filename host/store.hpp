@@ -52,6 +52,9 @@ struct embstore_store {
   embstore::IdleClock idle_clock;
 
  private:
+  // Evicts the table's rows idle by its rules at (step, now); returns how many.
+  uint64_t run_idle_rules(embstore_table* table, uint64_t step, double now);
+
   std::mutex mutex_;  // guards tables_
   std::map<std::string, std::unique_ptr<embstore_table>, std::less<>> tables_;
 

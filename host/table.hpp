@@ -104,11 +104,11 @@ class Table {
   virtual uint64_t evict_before(uint64_t cutoff_step) = 0;
 
   // ---- restore ---------------------------------------------------------------------------
-  // Loads saved admission counts (admission_at_capture's bytes; a chain's files oldest first),
-  // after the rows are loaded: keys that have a row drop their counts. Returns false, with the
-  // reason in *why, when the table cannot use them (no admission, another kind of counting);
-  // throws Error(CORRUPT) when they do not parse.
-  virtual bool load_admission(const std::string& bytes, std::string* why) = 0;
+  // Loads saved admission counts (admission_at_capture's bytes, in the files of a chain,
+  // oldest first), after the rows are loaded: keys that have a row drop their counts. Returns
+  // false, with the reason in *why, when the table cannot use them (no admission, another
+  // kind of counting); throws Error(CORRUPT) when they do not parse or merge.
+  virtual bool load_admission(const std::vector<std::string>& files, std::string* why) = 0;
   // Inserts n rows with their values (n x dim) and optimizer state (n x state_dim) from host
   // memory, rows stamped with step, none dirty. For a new, empty table; keys distinct.
   // Throws Error(CAPACITY_EXCEEDED) past max_capacity.

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <map>
+#include <unordered_map>
 
 namespace embstore::io {
 namespace {
@@ -101,44 +101,36 @@ int parse_admission_file(const std::string& bytes, AdmissionFile* out, std::stri
 
 int merge_admission_files(const std::vector<std::string>& oldest_first, std::vector<char>* out,
                           std::string* detail) {
-  std::map<int64_t, AdmissionEntry> counts;
-  std::vector<uint8_t> filter;
-  bool exact = false, bloom = false;
-  for (size_t i = 0; i < oldest_first.size(); ++i) {
-    AdmissionFile f;
-    if (int r = parse_admission_file(oldest_first[i], &f, detail); r < 0) return r;
-    const bool first = i == 0;
-    if (f.kind == AdmissionKind::kBloom) {
-      if (exact) return bad(detail, "a Bloom filter follows exact counts");
-      bloom = true;
-      filter = std::move(f.counters);
-      continue;
-    }
-    if (bloom) return bad(detail, "exact counts follow a Bloom filter");
-    if (first != (f.kind == AdmissionKind::kExact)) {
-      return bad(detail, first ? "the chain's counts start with a delta"
-                               : "full counts in the middle of a chain");
-    }
-    exact = true;
-    for (int64_t k : f.removed) counts.erase(k);
-    for (const AdmissionEntry& e : f.entries) counts[e.key] = e;
+  std::vector<AdmissionFile> files(oldest_first.size());
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (int r = parse_admission_file(oldest_first[i], &files[i], detail); r < 0) return r;
   }
-  if (bloom) {
-    start_admission_file(out, AdmissionKind::kBloom, filter.size(), filter.size());
-    if (!filter.empty()) {
-      std::memcpy(out->data() + kAdmissionHeaderBytes, filter.data(), filter.size());
-    }
+  size_t start = files.size();  // the newest whole file
+  while (start > 0 && files[start - 1].kind == AdmissionKind::kExactDelta) --start;
+  if (start == 0) return bad(detail, "the chain's counts start with a delta");
+  --start;
+  if (start + 1 == files.size()) {  // nothing to apply: the file as it is
+    const std::string& only = oldest_first[start];
+    out->assign(only.begin(), only.end());
     return 0;
   }
-  start_admission_file(out, AdmissionKind::kExact, counts.size(),
-                       counts.size() * sizeof(AdmissionEntry));
-  char* p = out->data() + kAdmissionHeaderBytes;
-  for (const auto& [key, e] : counts) {
-    AdmissionEntry c = e;
-    c.reserved = 0;
-    std::memcpy(p, &c, sizeof(c));
-    p += sizeof(c);
+  if (files[start].kind == AdmissionKind::kBloom) {
+    return bad(detail, "exact count changes follow a Bloom filter");
   }
+  std::unordered_map<int64_t, AdmissionEntry> counts;
+  counts.reserve(files[start].entries.size());
+  for (size_t i = start; i < files.size(); ++i) {
+    for (int64_t k : files[i].removed) counts.erase(k);
+    for (const AdmissionEntry& e : files[i].entries) counts[e.key] = e;
+  }
+  std::vector<AdmissionEntry> sorted;
+  sorted.reserve(counts.size());
+  for (const auto& [key, e] : counts) sorted.push_back(e);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const AdmissionEntry& a, const AdmissionEntry& b) { return a.key < b.key; });
+  const size_t bytes = sorted.size() * sizeof(AdmissionEntry);
+  start_admission_file(out, AdmissionKind::kExact, sorted.size(), bytes);
+  if (bytes > 0) std::memcpy(out->data() + kAdmissionHeaderBytes, sorted.data(), bytes);
   return 0;
 }
 

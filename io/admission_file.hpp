@@ -44,9 +44,10 @@ void start_admission_file(std::vector<char>* out, AdmissionKind kind, uint64_t n
 // Parses and checks the bytes: header, sizes, counts >= 1, keys listed once.
 int parse_admission_file(const std::string& bytes, AdmissionFile* out, std::string* detail);
 
-// Applies files of one chain, oldest first (a full kind, then deltas), into the counts they
-// make at the newest: an exact file, or the newest Bloom filter. -EBADMSG when a file does
-// not parse or the kinds do not follow.
+// The counts a chain's files make at its newest version, as one whole file (exact, or the
+// newest Bloom filter): the files given oldest first, applied from the newest whole one on
+// (older ones do not matter, whatever their kind). -EBADMSG when a file does not parse, or
+// no whole file precedes the deltas.
 int merge_admission_files(const std::vector<std::string>& oldest_first, std::vector<char>* out,
                           std::string* detail);
 

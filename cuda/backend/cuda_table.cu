@@ -581,7 +581,7 @@ class CudaTable final : public Table {
   uint64_t evict_before(uint64_t) override { return 0; }
   void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
                  uint64_t step) override;
-  bool load_admission(const std::string&, std::string* why) override {
+  bool load_admission(const std::vector<std::string>&, std::string* why) override {
     *why = "the CUDA backend has no feature admission in this version";
     return false;
   }

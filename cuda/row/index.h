@@ -30,6 +30,12 @@ EMBSTORE_HD uint64_t index_slots_for(uint64_t rows) {
   return slots;
 }
 
+// Backward-shift deletion in a linear-probing table: the entry at slot s, whose home slot is
+// h, may move back into the hole unless h lies cyclically in (hole, s].
+EMBSTORE_HD bool stays_behind_hole(uint64_t hole, uint64_t h, uint64_t s) {
+  return hole <= s ? (hole < h && h <= s) : (hole < h || h <= s);
+}
+
 struct IndexRef {
   Slot* slots;
   uint64_t mask;  // slots - 1; slots is a power of two
@@ -75,10 +81,7 @@ struct IndexRef {
     }
     const uint32_t row = slots[hole].row;
     for (uint64_t s = next(hole); slots[s].row != kEmptyRow; s = next(s)) {
-      // The entry at s may fill the hole unless its home lies cyclically in (hole, s].
-      const uint64_t h = home(slots[s].key);
-      const bool stays = hole <= s ? (hole < h && h <= s) : (hole < h || h <= s);
-      if (!stays) {
+      if (!stays_behind_hole(hole, home(slots[s].key), s)) {
         slots[hole] = slots[s];
         hole = s;
       }

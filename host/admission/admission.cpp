@@ -9,6 +9,7 @@
 
 #include "cuda/row/admission.h"
 #include "cuda/row/hash.h"
+#include "cuda/row/index.h"
 #include "host/error.hpp"
 #include "io/admission_file.hpp"
 
@@ -140,23 +141,13 @@ class ExactCounter final : public AdmissionCounter {
       *why = "they were counted by a Bloom filter, this table counts exactly";
       return false;
     }
-    if (f.kind == AdmissionKind::kExactDelta && !has_base_) {
-      *why = "they are changes to counts that were not loaded";
+    if (f.kind != AdmissionKind::kExact) {
+      *why = "they are a delta: merge the chain first (io::merge_admission_files)";
       return false;
     }
-    if (f.kind == AdmissionKind::kExact) {
-      slots_.assign(std::max<size_t>(16, std::bit_ceil(2 * f.entries.size() + 2)), Entry{});
-      size_ = 0;
-      has_base_ = true;
-    }
-    for (const int64_t key : f.removed) admitted(key);
-    for (Entry e : f.entries) {
-      if (2 * (size_ + 1) > slots_.size()) rehash(2 * slots_.size());
-      e.reserved = 0;  // loaded counts are the base of the next delta
-      Entry& slot = slots_.mut(probe(e.key));
-      if (slot.count == 0) ++size_;
-      slot = e;
-    }
+    for (Entry& e : f.entries) e.reserved = 0;  // loaded counts are the next delta's base
+    rebuild(std::max<size_t>(16, std::bit_ceil(2 * f.entries.size() + 2)), f.entries);
+    has_base_ = true;
     removed_.clear();
     frozen_removed_.clear();
     base_generation_ = 0;
@@ -249,10 +240,7 @@ class ExactCounter final : public AdmissionCounter {
     shifts_.clear();
     shifts_.push_back(hole);
     for (size_t s = (hole + 1) & mask(), h = hole; slots_[s].count != 0; s = (s + 1) & mask()) {
-      const size_t home_s = home(slots_[s].key);
-      // The entry at s may fill the hole h unless its home lies cyclically in (h, s].
-      const bool stays = h <= s ? (h < home_s && home_s <= s) : (h < home_s || home_s <= s);
-      if (stays) continue;
+      if (row::stays_behind_hole(h, home(slots_[s].key), s)) continue;
       shifts_.push_back(s);
       h = s;
     }

@@ -54,10 +54,10 @@ class AdmissionCounter {
     return frozen->bytes();
   }
 
-  // Loads a checkpoint's counts: a full kind replaces the counts, an exact delta applies on
-  // them (restore loads a chain's files oldest first). Returns false, loading nothing, with
-  // the reason in *why, when they were counted the other way or by a filter of another size;
-  // throws Error(CORRUPT) when the bytes do not parse.
+  // Replaces the counts with whole saved ones (a chain's files merged by
+  // io::merge_admission_files). Returns false, loading nothing, with the reason in *why, when
+  // they were counted the other way or by a filter of another size; throws Error(CORRUPT)
+  // when the bytes do not parse.
   virtual bool load(const std::string& bytes, std::string* why) = 0;
 };
 

@@ -25,6 +25,7 @@
 #include "host/backend/backends.hpp"
 #include "host/error.hpp"
 #include "host/thread_pool.hpp"
+#include "io/admission_file.hpp"
 
 namespace embstore {
 namespace {
@@ -281,13 +282,18 @@ class HostTable final : public Table {
     inserted_ += n;
   }
 
-  bool load_admission(const std::string& bytes, std::string* why) override {
+  bool load_admission(const std::vector<std::string>& files, std::string* why) override {
     std::lock_guard lock(mutex_);
     if (!admission_) {
       *why = "the table has no admission (admit_after <= 1)";
       return false;
     }
-    if (!admission_->load(bytes, why)) return false;
+    std::vector<char> merged;
+    std::string detail;
+    if (io::merge_admission_files(files, &merged, &detail) < 0) {
+      fail(EMBSTORE_CORRUPT, "the admission counts do not merge: {}", detail);
+    }
+    if (!admission_->load(std::string(merged.begin(), merged.end()), why)) return false;
     const row::IndexRef index = index_;
     admission_->drop_if([&](int64_t key) { return index.find(key) != row::kNoRow; });
     return true;
@@ -407,31 +413,53 @@ class HostTable final : public Table {
   }
 
   // Evicts the `need` least recently used rows touched before `step` (ties: the lowest row),
-  // or throws CAPACITY_EXCEEDED, evicting nothing, when fewer are there. Two passes over the
+  // sparing the n `reading` rows of the call that needs the room (kNoRow entries skipped), or
+  // throws CAPACITY_EXCEEDED, evicting nothing, when fewer are there. Two passes over the
   // rows' stamps and no sort of the table: a histogram of the stamps finds the step below
   // which every row goes, and only the rows of the boundary step range are ordered.
-  void make_room(uint64_t need, uint64_t step) {
+  void make_room(uint64_t need, uint64_t step, const uint32_t* reading, size_t n) {
+    reading_.resize(dirty_.size(), 0);
+    for (size_t i = 0; i < n; ++i) {
+      if (reading[i] != row::kNoRow) row::bitmap_set<false>(reading_.data(), reading[i]);
+    }
+    struct Clear {  // the scratch bitmap stays all zero between calls
+      std::vector<uint64_t>& bits;
+      const uint32_t* rows;
+      size_t n;
+      ~Clear() {
+        for (size_t i = 0; i < n; ++i) {
+          if (rows[i] != row::kNoRow) row::bitmap_clear(bits.data(), rows[i]);
+        }
+      }
+    } clear{reading_, reading, n};
+    // f(row, stamp) for every row that may make room.
+    auto for_each_candidate = [&](auto&& f) {
+      for_each_live_before(step, [&](uint32_t r, uint64_t s) {
+        if (!row::bitmap_test(reading_.data(), r)) f(r, s);
+      });
+    };
     uint64_t oldest = UINT64_MAX, candidates = 0;
-    for_each_live_before(step, [&](uint32_t, uint64_t s) {
+    for_each_candidate([&](uint32_t, uint64_t s) {
       oldest = std::min(oldest, s);
       ++candidates;
     });
     if (candidates < need) {
       fail(EMBSTORE_CAPACITY_EXCEEDED,
            "table '{}': {} rows must be evicted to stay within max_capacity {}, but only {} were "
-           "not touched in the current step {}; nothing was inserted or evicted",
+           "neither read by this call nor touched in the current step {}; nothing was inserted "
+           "or evicted",
            spec().name, need, spec().max_capacity, candidates, step);
     }
     constexpr uint64_t kBuckets = 4096;
     const uint64_t width = (step - oldest + kBuckets - 1) / kBuckets;
     std::vector<uint64_t> histogram(kBuckets, 0);
-    for_each_live_before(step, [&](uint32_t, uint64_t s) { ++histogram[(s - oldest) / width]; });
+    for_each_candidate([&](uint32_t, uint64_t s) { ++histogram[(s - oldest) / width]; });
     uint64_t boundary = 0, below = 0;  // every row of the buckets below `boundary` goes
     while (below + histogram[boundary] < need) below += histogram[boundary++];
     const uint64_t lo = oldest + boundary * width, hi = lo + width;
     victims_.clear();
     std::vector<std::pair<uint64_t, uint32_t>> edge;  // (step, row) in [lo, hi)
-    for_each_live_before(step, [&](uint32_t r, uint64_t s) {
+    for_each_candidate([&](uint32_t r, uint64_t s) {
       if (s < lo) {
         victims_.push_back(r);
       } else if (s < hi) {
@@ -488,7 +516,6 @@ class HostTable final : public Table {
   // touched. Either every new row fits under the row limit or nothing is inserted or touched
   // (the keys stay counted).
   void insert_missing(const int64_t* keys, size_t n, uint32_t* rows, uint64_t step) {
-    bool touched = !spec().evicts();
     missing_pos_.clear();
     for (size_t i = 0; i < n; ++i) {
       if (rows[i] == row::kNoRow) missing_pos_.push_back(static_cast<uint32_t>(i));
@@ -507,7 +534,7 @@ class HostTable final : public Table {
     }
     const uint64_t missing = missing_pos_.size();
     if (missing == 0) {
-      if (!touched) touch_rows(rows, n, step);
+      if (spec().evicts()) touch_rows(rows, n, step);
       return;
     }
     const uint64_t limit = row::row_limit(spec().max_capacity);
@@ -525,25 +552,11 @@ class HostTable final : public Table {
                "table '{}': {} new keys need {} rows, max_capacity is {}; nothing was inserted",
                spec().name, fresh, rows_ + fresh, limit);
         }
-        // The rows this call reads must not make room: touched first, and their stamps put
-        // back if there is too little room all the same.
-        saved_steps_.clear();
-        for (size_t i = 0; i < n; ++i) {
-          if (rows[i] != row::kNoRow) saved_steps_.push_back(arena_.row_meta(rows[i])->step);
-        }
-        touch_rows(rows, n, step);
-        touched = true;
-        try {
-          make_room(rows_ + fresh - limit, step);
-        } catch (...) {
-          for (size_t i = 0, k = 0; i < n; ++i) {
-            if (rows[i] != row::kNoRow) arena_.row_meta(rows[i])->step = saved_steps_[k++];
-          }
-          throw;
-        }
+        make_room(rows_ + fresh - limit, step, rows, n);
       }
     }
-    if (!touched) touch_rows(rows, n, step);  // before the new rows, which carry `step` anyway
+    // Only once there is room: a refused call touches nothing.
+    if (spec().evicts()) touch_rows(rows, n, step);
 
     const uint64_t fresh_from = next_row_;  // rows from here on were never used: zero pages
     new_rows_.clear();
@@ -732,7 +745,7 @@ class HostTable final : public Table {
   std::vector<uint32_t> rows_scratch_, group_map_, next_, missing_pos_, pending_pos_, new_rows_,
       victims_;
   std::vector<int64_t> missing_keys_;
-  std::vector<uint64_t> saved_steps_;
+  std::vector<uint64_t> reading_;  // make_room: the rows of the call that needs room
   std::vector<Group> groups_;
 };
 

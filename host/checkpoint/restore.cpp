@@ -23,31 +23,31 @@ namespace {
   fail(err == -EBADMSG ? EMBSTORE_CORRUPT : EMBSTORE_IO_ERROR, "{}", detail);
 }
 
-// Loads the table's admission counts from the chain's files, the full checkpoint's first. A
-// file the table cannot use (counted the other way, or changes to counts it could not load)
-// is left out with a note; a later file of full counts starts over.
+// Loads the table's admission counts from the chain's files (each checked against its
+// manifest), merged into the counts at the restored version.
 void load_admission(const std::vector<io::ChainLink>& chain, const std::string& table,
                     Table& impl) {
+  std::vector<std::string> files;  // oldest first
   for (auto link = chain.rbegin(); link != chain.rend(); ++link) {
-    const io::TableEntry* saved = nullptr;
     for (const io::TableEntry& e : link->manifest->tables) {
-      if (e.name == table) saved = &e;
-    }
-    if (saved == nullptr || !saved->admission) continue;
-    std::string data, detail;
-    if (int e = io::read_checked_file(link->path, *saved->admission, &data, &detail); e < 0) {
-      fail_chain(e, detail);
-    }
-    std::string why;
-    try {
-      if (!impl.load_admission(data, &why)) {
-        std::fprintf(stderr,
-                     "embstore: restore leaves the admission counts of table '%s' in %s: %s\n",
-                     table.c_str(), link->path.c_str(), why.c_str());
+      if (e.name != table || !e.admission) continue;
+      std::string detail;
+      files.emplace_back();
+      if (int r = io::read_checked_file(link->path, *e.admission, &files.back(), &detail); r < 0) {
+        fail_chain(r, detail);
       }
-    } catch (const Error& e) {
-      fail(e.status(), "{}/{}: {}", link->path, saved->admission->path, e.what());
     }
+  }
+  if (files.empty()) return;
+  std::string why;
+  try {
+    if (!impl.load_admission(files, &why)) {
+      std::fprintf(stderr,
+                   "embstore: restore leaves the admission counts of table '%s' in %s: %s\n",
+                   table.c_str(), chain.front().path.c_str(), why.c_str());
+    }
+  } catch (const Error& e) {
+    fail(e.status(), "{}: table '{}': {}", chain.front().path, table, e.what());
   }
 }
 

@@ -63,6 +63,15 @@ uint64_t restore_ok(embstore_store_t* store, const std::string& dir, uint64_t ve
   return restored;
 }
 
+// A store with a small staging ring (8 chunks of 128 KiB), so that rows of a snapshot are
+// still captured, not staged, while its writer is held.
+embstore_store_t* small_staging_store() {
+  embstore_store_config_t config;
+  embstore_store_config_init(&config);
+  config.staging_bytes = size_t{1} << 20;
+  return make_store(config);
+}
+
 embstore_table_config_t config_for(const char* name, uint32_t dim, embstore_optimizer_t opt) {
   embstore_table_config_t c = table_config(name, dim);
   c.optimizer = opt;
@@ -214,10 +223,7 @@ TEST_CASE("a full checkpoint round-trips every optimizer bit-exactly and trainin
 
 TEST_CASE("a checkpoint taken while training goes on holds the rows at its step", "[checkpoint]") {
   TempDir dir;
-  embstore_store_config_t config;
-  embstore_store_config_init(&config);
-  config.staging_bytes = size_t{1} << 20;  // a small ring: 8 chunks of 128 KiB
-  StoreGuard store(make_store(config));
+  StoreGuard store(small_staging_store());
   embstore_table_t* t = make_table(store, config_for("emb", 16, EMBSTORE_OPT_ADAGRAD));
   const int64_t keys = 20000;
   const std::vector<int64_t> all = key_range(keys);
@@ -956,10 +962,7 @@ TEST_CASE("incremental checkpoints rebaseline, follow their directory and are de
 TEST_CASE("a delta taken while training goes on holds the rows at its step",
           "[checkpoint][incremental]") {
   TempDir dir;
-  embstore_store_config_t config;
-  embstore_store_config_init(&config);
-  config.staging_bytes = size_t{1} << 20;
-  StoreGuard store(make_store(config));
+  StoreGuard store(small_staging_store());
   embstore_table_t* t = make_table(store, config_for("emb", 16, EMBSTORE_OPT_ADAGRAD));
   no_rebaseline(store);
   // Larger than the writer's first block plus the staging ring (about 15k rows of 136 bytes),
@@ -998,10 +1001,7 @@ TEST_CASE("a delta taken while training goes on holds the rows at its step",
 TEST_CASE("a table that doubles twice under a full and a delta in flight restores bit-exactly",
           "[checkpoint][incremental]") {
   TempDir dir;
-  embstore_store_config_t config;
-  embstore_store_config_init(&config);
-  config.staging_bytes = size_t{1} << 20;
-  StoreGuard store(make_store(config));
+  StoreGuard store(small_staging_store());
   embstore_table_config_t c = config_for("emb", 16, EMBSTORE_OPT_ADAGRAD);
   c.initial_capacity = 16384;
   embstore_table_t* t = make_table(store, c);

@@ -30,15 +30,8 @@ namespace {
 
 void ok(embstore_status_t s) { require_ok(s); }
 
-// Eviction is host-only in this version: on CUDA the table is refused, and the test ends.
 embstore_table_t* evicting_table(embstore_store_t* store, const embstore_table_config_t& c) {
-  if (embstore_store_backend(store) == EMBSTORE_BACKEND_CUDA) {
-    embstore_table_t* t = nullptr;
-    REQUIRE(embstore_table_create(store, &c, &t) == EMBSTORE_UNSUPPORTED);
-    REQUIRE(std::string(embstore_last_error()).find("CUDA") != std::string::npos);
-    return nullptr;
-  }
-  return make_table(store, c);
+  return host_only_table(store, c, "eviction");
 }
 
 embstore_table_config_t config(const char* name, uint32_t dim = 4) {
