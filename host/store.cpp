@@ -63,18 +63,6 @@ embstore_store::embstore_store(const embstore_store_config_t& c) {
 embstore_store::~embstore_store() { checkpointer.reset(); }
 
 std::unique_ptr<embstore::Table> embstore_store::make_table_impl(embstore::TableSpec spec) {
-  if (backend == EMBSTORE_BACKEND_CUDA && spec.evicts()) {
-    fail(EMBSTORE_UNSUPPORTED,
-         "table '{}': eviction (evict_idle_steps, evict_idle_seconds, evict_when_full) is not "
-         "implemented on the CUDA backend in this version; use the host backend",
-         spec.name);
-  }
-  if (backend == EMBSTORE_BACKEND_CUDA && spec.admits()) {
-    fail(EMBSTORE_UNSUPPORTED,
-         "table '{}': feature admission (admit_after = {}) is not implemented on the CUDA backend "
-         "in this version; use the host backend",
-         spec.name, spec.admit_after);
-  }
   return backend == EMBSTORE_BACKEND_CUDA ? embstore::make_cuda_table(std::move(spec), device)
                                           : embstore::make_host_table(std::move(spec), *pool);
 }

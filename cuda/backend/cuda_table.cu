@@ -8,6 +8,7 @@
 // the grow-only scratch buffer is never used by two calls at once.
 
 #include <cuda_runtime.h>
+#include <thrust/iterator/counting_iterator.h>
 
 #include <algorithm>
 #include <array>
@@ -19,12 +20,14 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_run_length_encode.cuh>
 #include <cub/device/device_scan.cuh>
+#include <cub/device/device_select.cuh>
 #include <cuda/atomic>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cuda/row/arena.h"
 #include "cuda/row/bitmap.h"
@@ -32,6 +35,7 @@
 #include "cuda/row/init.h"
 #include "cuda/row/optimizer.h"
 #include "cuda/row/snapshot.h"
+#include "host/admission/admission.hpp"
 #include "host/backend/backends.hpp"
 #include "host/error.hpp"
 #include "host/table.hpp"
@@ -57,7 +61,9 @@ inline constexpr uint64_t kMaxDrainWords = uint64_t{1} << 22;  // 2^28 rows: cou
 
 // Device-resident counters. unsigned long long: the type atomicAdd takes.
 struct DeviceCounters {
-  unsigned long long rows;          // row ids handed out; the next id
+  unsigned long long rows;          // row ids handed out; the next fresh id
+  unsigned long long free_rows;     // evicted rows waiting on the free list for a new key
+  unsigned long long free_taken;    // free rows claimed by the insert in flight (then settled)
   unsigned long long inserted;      // rows ever inserted
   unsigned long long skipped_keys;  // gradient keys without a row
   unsigned long long dirty_rows;    // result slot of counters()
@@ -66,6 +72,7 @@ struct DeviceCounters {
   unsigned long long drain_total;   // result slots of one drain pass: captured rows in the
   unsigned long long drain_word;    //   window, and the word where the pass stopped taking
   unsigned long long cow_rows;      // result slot of one copy-on-write pass
+  unsigned long long selected;      // result slot of a row selection (eviction, admission)
 };
 
 // ------------------------------------------------------------------------------ kernels --
@@ -106,20 +113,40 @@ __global__ void __launch_bounds__(BlockSize)
   if (missing != nullptr) block_add<BlockSize>(local, missing);
 }
 
+// Where find_or_insert_kernel takes row ids from, and what it does beside inserting.
+struct InsertParams {
+  // Evicted rows, taken from the top (free_list[free_rows - 1] first) before fresh ids; the
+  // count of the list is counters->free_rows, fixed for the kernel. Null: no eviction.
+  const uint32_t* free_list;
+  uint64_t* freed;  // a reused row's bit is cleared
+  // Positions whose key is pending admission (nonzero): they neither insert nor probe and
+  // read the key's initial values (gather_rows_kernel). Null: none.
+  const uint8_t* pending;
+  bool touch;  // tables that evict: stamp the rows found with the step
+};
+
 // One thread per key. A slot is claimed by CAS on its row field (empty -> locked); the winner
-// writes the key and publishes a fresh row id with a release store. Others wait out the lock
-// and then compare the key, so duplicates in a batch share the winner's row.
+// writes the key and publishes a row id (a freed one first, else a fresh one) with a release
+// store. Others wait out the lock and then compare the key, so duplicates in a batch share the
+// winner's row.
 template <int BlockSize>
 __global__ void __launch_bounds__(BlockSize)
     find_or_insert_kernel(row::IndexRef index, row::ArenaRef arena, const int64_t* keys, uint64_t n,
-                          uint64_t step, uint32_t* rows, uint8_t* created,
+                          uint64_t step, InsertParams params, uint32_t* rows, uint8_t* created,
                           DeviceCounters* counters) {
   using RowRef = cuda::atomic_ref<uint32_t, cuda::thread_scope_device>;
+  using StepRef = cuda::atomic_ref<uint64_t, cuda::thread_scope_device>;
+  const unsigned long long free_rows = params.free_list != nullptr ? counters->free_rows : 0;
   unsigned long long local = 0;
   for (uint64_t i = grid_thread<BlockSize>(); i < n; i += grid_threads<BlockSize>()) {
     const int64_t key = keys[i];
     uint32_t found = row::kNoRow;
     uint8_t mine = 0;
+    if (params.pending != nullptr && params.pending[i] != 0) {
+      rows[i] = row::kNoRow;
+      created[i] = 0;
+      continue;
+    }
     for (uint64_t s = index.home(key);; s = index.next(s)) {
       row::Slot& slot = index.slots[s];
       RowRef ref(slot.row);
@@ -128,7 +155,14 @@ __global__ void __launch_bounds__(BlockSize)
         if (ref.compare_exchange_strong(r, row::kLockedRow, cuda::memory_order_acquire,
                                         cuda::memory_order_acquire)) {
           slot.key = key;
-          found = static_cast<uint32_t>(atomicAdd(&counters->rows, 1ull));
+          const unsigned long long k =
+              free_rows > 0 ? atomicAdd(&counters->free_taken, 1ull) : free_rows;
+          if (k < free_rows) {
+            found = params.free_list[free_rows - 1 - k];
+            (void)row::atomic_and(&params.freed[found >> 6], ~(uint64_t{1} << (found & 63)));
+          } else {
+            found = static_cast<uint32_t>(atomicAdd(&counters->rows, 1ull));
+          }
           // The row's key goes with its id: an index rebuild reads keys from the metadata, so
           // it must never see an id whose metadata a later kernel was to write.
           *arena.row_meta(found) = row::RowMeta{key, step};
@@ -144,6 +178,8 @@ __global__ void __launch_bounds__(BlockSize)
       }
       if (slot.key == key) {  // ordered after the acquire that saw the published row
         found = r;
+        // Duplicates store the same step.
+        if (params.touch) StepRef(arena.row_meta(r)->step).store(step, cuda::memory_order_relaxed);
         break;
       }
     }
@@ -152,6 +188,13 @@ __global__ void __launch_bounds__(BlockSize)
     local += mine;
   }
   block_add<BlockSize>(local, &counters->inserted);
+}
+
+// After find_or_insert_kernel (one thread): the free rows it took leave the list.
+__global__ void settle_free_list_kernel(DeviceCounters* counters) {
+  const unsigned long long taken = min(counters->free_taken, counters->free_rows);
+  counters->free_rows -= taken;
+  counters->free_taken = 0;
 }
 
 // Fills the values and state of each row created by find_or_insert_kernel exactly once: a tile of
@@ -182,9 +225,11 @@ __global__ void __launch_bounds__(BlockSize)
 
 // out[i] = value of rows[i] (zeros for kNoRow). Reads leave the row's step alone: as on the
 // host backend, a row's step is that of its insert or its last update.
+// A position pending admission (pending non-null and nonzero) reads its key's initial values.
 template <int BlockSize>
 __global__ void __launch_bounds__(BlockSize)
     gather_rows_kernel(row::ArenaRef arena, const uint32_t* rows, uint64_t n, uint32_t tile_shift,
+                       const uint8_t* pending, row::InitParams init, const int64_t* keys,
                        float* out) {
   const uint32_t tile = 1u << tile_shift;
   const uint32_t t = threadIdx.x & (tile - 1);
@@ -193,6 +238,11 @@ __global__ void __launch_bounds__(BlockSize)
        i += grid_threads<BlockSize>() >> tile_shift) {
     const uint32_t r = rows[i];
     float* dst = out + i * dim;
+    if (pending != nullptr && pending[i] != 0) {
+      const uint64_t seed = row::init_row_seed(init, keys[i]);
+      for (uint32_t c = t; c < dim; c += tile) dst[c] = row::init_value_at(init, seed, c);
+      continue;
+    }
     if (r == row::kNoRow) {
       for (uint32_t c = t; c < dim; c += tile) dst[c] = 0.0f;
       continue;
@@ -216,12 +266,15 @@ __global__ void __launch_bounds__(BlockSize)
   block_add<BlockSize>(local, total);
 }
 
-// Reinserts rows [0, rows) into an empty index. Keys are distinct, so a claimed slot is final
-// and nothing reads the index until the kernel ends.
+// Reinserts the live rows of [0, rows) (those not freed; freed may be null) into an empty
+// index. Keys are distinct, so a claimed slot is final and nothing reads the index until the
+// kernel ends.
 template <int BlockSize>
 __global__ void __launch_bounds__(BlockSize)
-    rebuild_index_kernel(row::IndexRef index, row::ArenaRef arena, uint64_t rows) {
+    rebuild_index_kernel(row::IndexRef index, row::ArenaRef arena, uint64_t rows,
+                         const uint64_t* freed) {
   for (uint64_t r = grid_thread<BlockSize>(); r < rows; r += grid_threads<BlockSize>()) {
+    if (freed != nullptr && row::bitmap_test(freed, r)) continue;
     const int64_t key = arena.row_meta(r)->key;
     for (uint64_t s = index.home(key);; s = index.next(s)) {
       if (atomicCAS(&index.slots[s].row, row::kEmptyRow, static_cast<uint32_t>(r)) ==
@@ -292,26 +345,105 @@ __global__ void __launch_bounds__(BlockSize)
   }
 }
 
+// ------------------------------------------------------------ eviction, admission kernels --
+
+// Selection predicates (cub::DeviceSelect::If over row ids or batch positions).
+// A live row last touched before `before` and not among the spared rows (spared may be null).
+struct EvictionCandidate {
+  row::ArenaRef arena;
+  const uint64_t* freed;
+  const uint64_t* spared;
+  uint64_t before;
+  __device__ bool operator()(uint32_t r) const {
+    return !row::bitmap_test(freed, r) && (spared == nullptr || !row::bitmap_test(spared, r)) &&
+           arena.row_meta(r)->step < before;
+  }
+};
+
+// A batch position whose key has no row.
+struct MissingAt {
+  const uint32_t* rows;
+  __device__ bool operator()(uint32_t i) const { return rows[i] == row::kNoRow; }
+};
+
+// Sets the bit of every row of rows[0, n) (kNoRow skipped).
+template <int BlockSize>
+__global__ void __launch_bounds__(BlockSize)
+    mark_rows_kernel(const uint32_t* rows, uint64_t n, uint64_t* bits) {
+  for (uint64_t i = grid_thread<BlockSize>(); i < n; i += grid_threads<BlockSize>()) {
+    if (rows[i] != row::kNoRow) row::bitmap_set<true>(bits, rows[i]);
+  }
+}
+
+// mask[positions[i]] = 1.
+template <int BlockSize>
+__global__ void __launch_bounds__(BlockSize)
+    mark_positions_kernel(const uint32_t* positions, uint64_t n, uint8_t* mask) {
+  for (uint64_t i = grid_thread<BlockSize>(); i < n; i += grid_threads<BlockSize>()) {
+    mask[positions[i]] = 1;
+  }
+}
+
+template <int BlockSize>
+__global__ void __launch_bounds__(BlockSize)
+    gather_steps_kernel(row::ArenaRef arena, const uint32_t* rows, uint64_t n, uint64_t* steps) {
+  for (uint64_t i = grid_thread<BlockSize>(); i < n; i += grid_threads<BlockSize>()) {
+    steps[i] = arena.row_meta(rows[i])->step;
+  }
+}
+
+template <int BlockSize>
+__global__ void __launch_bounds__(BlockSize)
+    gather_keys_kernel(const int64_t* keys, const uint32_t* positions, uint64_t n, int64_t* out) {
+  for (uint64_t i = grid_thread<BlockSize>(); i < n; i += grid_threads<BlockSize>()) {
+    out[i] = keys[positions[i]];
+  }
+}
+
+// Frees victims[0, n) (distinct live rows, already written to a snapshot in progress): their
+// keys go to keys_out, their dirty bits are cleared, their freed bits set, and they join the
+// free list at free_list[free_base + i]. The index is rebuilt afterwards.
+template <int BlockSize>
+__global__ void __launch_bounds__(BlockSize)
+    free_rows_kernel(row::ArenaRef arena, const uint32_t* victims, uint64_t n, uint64_t* dirty,
+                     uint64_t* freed, uint32_t* free_list, uint64_t free_base, int64_t* keys_out) {
+  for (uint64_t i = grid_thread<BlockSize>(); i < n; i += grid_threads<BlockSize>()) {
+    const uint32_t r = victims[i];
+    keys_out[i] = arena.row_meta(r)->key;
+    (void)row::atomic_and(&dirty[r >> 6], ~(uint64_t{1} << (r & 63)));
+    row::bitmap_set<true>(freed, r);
+    free_list[free_base + i] = r;
+  }
+}
+
+__global__ void add_free_rows_kernel(DeviceCounters* counters, unsigned long long n) {
+  counters->free_rows += n;
+}
+
 // ---------------------------------------------------------------------- snapshot kernels --
 
-// capture_word over every word of the bitmaps; counts the captured rows.
+// capture_word over every word of the bitmaps (freed rows left out; freed may be null);
+// counts the captured rows.
 template <int BlockSize>
 __global__ void __launch_bounds__(BlockSize)
     capture_kernel(bool full, uint64_t* dirty, uint64_t* captured, uint64_t n_words, uint64_t rows,
-                   unsigned long long* total) {
+                   const uint64_t* freed, unsigned long long* total) {
   unsigned long long local = 0;
   for (uint64_t w = grid_thread<BlockSize>(); w < n_words; w += grid_threads<BlockSize>()) {
-    local += row::popcount64(row::capture_word(full, dirty, captured, w, rows));
+    const uint64_t gone = freed != nullptr ? freed[w] : 0;
+    local += row::popcount64(row::capture_word(full, dirty, captured, w, rows, gone));
   }
   block_add<BlockSize>(local, total);
 }
 
-// dirty |= the rows a failed snapshot captured.
+// dirty |= the rows a failed snapshot captured that are still live (evicted ones were written
+// off with tombstones; freed may be null).
 template <int BlockSize>
 __global__ void __launch_bounds__(BlockSize)
-    restore_dirty_kernel(uint64_t* dirty, const uint64_t* snapshot_set, uint64_t n_words) {
+    restore_dirty_kernel(uint64_t* dirty, const uint64_t* snapshot_set, const uint64_t* freed,
+                         uint64_t n_words) {
   for (uint64_t w = grid_thread<BlockSize>(); w < n_words; w += grid_threads<BlockSize>()) {
-    dirty[w] |= snapshot_set[w];
+    dirty[w] |= snapshot_set[w] & ~(freed != nullptr ? freed[w] : 0);
   }
 }
 
@@ -572,23 +704,18 @@ class CudaTable final : public Table {
     dirty_tracking_ = on;
   }
   uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows) override;
-  // The store refuses eviction and admission on this backend (host/store.cpp): no
-  // tombstones, nothing to evict, no counts.
-  const std::vector<int64_t>& evicted_at_capture() const override { return no_keys_; }
-  std::vector<char> admission_at_capture() const override { return {}; }
+  const std::vector<int64_t>& evicted_at_capture() const override { return snapshot_evicted_keys_; }
+  std::vector<char> admission_at_capture() const override {
+    return snapshot_admission_ ? snapshot_admission_->bytes() : std::vector<char>{};
+  }
   uint64_t drain(SnapshotSink* sink, uint64_t max_rows) override;
   void end_snapshot(bool failed) override;
-  uint64_t evict_before(uint64_t) override { return 0; }
+  uint64_t evict_before(uint64_t cutoff_step) override;
   void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
                  uint64_t step) override;
-  bool load_admission(const std::vector<std::string>&, std::string* why) override {
-    *why = "the CUDA backend has no feature admission in this version";
-    return false;
-  }
+  bool load_admission(const std::vector<std::string>& files, std::string* why) override;
 
  private:
-  const std::vector<int64_t> no_keys_;
-
   // Orders a call after the table's previous call and marks its end for the next one.
   class CallScope {
    public:
@@ -660,7 +787,16 @@ class CudaTable final : public Table {
   void check_batch(size_t n) const;
   char* scratch(size_t bytes, cudaStream_t stream);
   DeviceCounters read_counters(cudaStream_t stream);
-  void reserve_rows(const int64_t* keys, size_t n, cudaStream_t stream);
+  void count_admission(const int64_t* keys, size_t n, uint64_t step, cudaStream_t stream);
+  void reserve_rows(const int64_t* keys, size_t n, uint64_t step, const int64_t* call_keys,
+                    size_t call_n, cudaStream_t stream);
+  void make_room(uint64_t need, uint64_t step, const int64_t* call_keys, size_t call_n,
+                 const DeviceCounters& d, cudaStream_t stream);
+  uint64_t select_rows(const EvictionCandidate& candidate, uint64_t rows, uint32_t* out, void* temp,
+                       size_t temp_bytes, cudaStream_t stream);
+  size_t select_temp_bytes(uint64_t items, cudaStream_t stream) const;
+  void evict_rows(const uint32_t* victims, uint64_t n, int64_t* keys_out, const DeviceCounters& d,
+                  cudaStream_t stream);
   uint64_t count_new_keys(const int64_t* keys, size_t n, cudaStream_t stream);
   void grow(uint64_t need, uint64_t rows, cudaStream_t stream);
   void release() noexcept;
@@ -669,8 +805,7 @@ class CudaTable final : public Table {
     return std::max<uint64_t>(1, kStageBytes / row::record_bytes(arena_.stride));
   }
   uint64_t drain_piece(uint64_t want, char* out, cudaStream_t stream);
-  void copy_on_write(const uint32_t* run_rows, const uint32_t* num_runs, uint32_t no_row,
-                     cudaStream_t stream);
+  void copy_on_write(const uint32_t* rows, uint64_t n, uint32_t no_row, cudaStream_t stream);
 
   int device_;
   uint64_t max_blocks_ = 1;
@@ -694,6 +829,24 @@ class CudaTable final : public Table {
   uint64_t loaded_rows_ = 0;  // by load_rows: inserted, but not admitted by training
   bool dirty_tracking_ = true;
 
+  // Eviction (tables with a rule): the rows on the free list have their freed_ bit set;
+  // free_list_ holds a row id per row of capacity, the first DeviceCounters::free_rows of them
+  // free. The keys evicted since the last capture (the next delta's tombstones), and those the
+  // snapshot in progress took over.
+  DeviceBuffer freed_;
+  DeviceBuffer free_list_;
+  uint64_t evicted_ = 0;
+  std::vector<int64_t> evicted_keys_, snapshot_evicted_keys_;
+
+  // Admission counts on the host, as on the host backend (null: every key is admitted at
+  // once). An inserting lookup copies the keys without a row here and counts them in batch
+  // order: admit_keys_ (device copy admit_) get rows, pending_pos_ read initial values.
+  std::unique_ptr<AdmissionCounter> admission_;
+  std::unique_ptr<const AdmissionCounter::Frozen> snapshot_admission_;
+  std::vector<uint32_t> missing_pos_, pending_pos_;
+  std::vector<int64_t> missing_keys_, admit_keys_;
+  DeviceBuffer admit_;
+
   // Snapshots. captured_ and snapshot_set_ (the captured bitmap as capture left it, for
   // end_snapshot(failed)) are allocated at the first capture and then kept at dirty_words_
   // words; stage_ is the grow-only device staging of records and of load_rows input.
@@ -713,7 +866,8 @@ class CudaTable final : public Table {
   uint64_t drain_end_word_ = 0;
 };
 
-CudaTable::CudaTable(TableSpec spec, int device) : Table(std::move(spec)), device_(device) {
+CudaTable::CudaTable(TableSpec spec, int device)
+    : Table(std::move(spec)), device_(device), admission_(AdmissionCounter::make(this->spec())) {
   DeviceGuard guard(device_);
   try {
     int sms = 0;
@@ -748,6 +902,11 @@ CudaTable::CudaTable(TableSpec spec, int device) : Table(std::move(spec)), devic
 
     counters_ = DeviceBuffer(sizeof(DeviceCounters), "counters");
     check(cudaMemsetAsync(counters_.get(), 0, counters_.bytes(), own_stream_), "cudaMemsetAsync");
+    if (this->spec().evicts()) {
+      freed_ = DeviceBuffer(dirty_words_ * sizeof(uint64_t), "freed bitmap");
+      check(cudaMemsetAsync(freed_.get(), 0, freed_.bytes(), own_stream_), "cudaMemsetAsync");
+      free_list_ = DeviceBuffer(capacity_rows() * sizeof(uint32_t), "free list");
+    }
     check(cudaStreamSynchronize(own_stream_), "cudaStreamSynchronize");
   } catch (...) {
     release();
@@ -768,6 +927,9 @@ void CudaTable::release() noexcept {
   for (auto& b : meta_) b.reset();
   index_.reset();
   dirty_.reset();
+  freed_.reset();
+  free_list_.reset();
+  admit_.reset();
   counters_.reset();
   scratch_.reset();
   captured_.reset();
@@ -808,31 +970,41 @@ DeviceCounters CudaTable::read_counters(cudaStream_t stream) {
   return host;
 }
 
-// Makes room for up to n new rows before an insert is enqueued, or throws CAPACITY_EXCEEDED
-// without inserting anything. Synchronizes only when the cheap upper bound says it might
-// need to grow or might pass the row limit.
-void CudaTable::reserve_rows(const int64_t* keys, size_t n, cudaStream_t stream) {
+// Makes room for up to n new rows (keys, those an insert may add) before the insert is
+// enqueued: evicts at max_capacity on a table that evicts (sparing the rows of the call's keys,
+// call_keys), grows, or throws CAPACITY_EXCEEDED without inserting or evicting anything.
+// Synchronizes only when the cheap upper bound says it might need to grow or might pass the row
+// limit.
+void CudaTable::reserve_rows(const int64_t* keys, size_t n, uint64_t step, const int64_t* call_keys,
+                             size_t call_n, cudaStream_t stream) {
   const uint64_t limit = row::row_limit(spec().max_capacity);
+  // rows_bound_ bounds the ids handed out, so the live rows too.
   if (rows_bound_ + n <= capacity_rows() && rows_bound_ + n <= limit) {
     rows_bound_ += n;
     return;
   }
-  const uint64_t rows = read_counters(stream).rows;  // syncs: every earlier insert is done
-  rows_bound_ = rows;
-  uint64_t need = rows + n;
-  if (need > limit || need > capacity_rows()) {
+  DeviceCounters d = read_counters(stream);  // syncs: every earlier insert is done
+  rows_bound_ = d.rows;
+  auto fresh_ids = [&](uint64_t rows) { return rows > d.free_rows ? rows - d.free_rows : 0; };
+  uint64_t fresh = n;  // the new rows: an upper bound until counted
+  const uint64_t live = d.rows - d.free_rows;
+  if (live + n > limit || d.rows + fresh_ids(n) > capacity_rows()) {
     // Count the batch's distinct new keys exactly, so growth and the limit see the rows this
     // insert really adds (a batch of known or duplicate keys must not double the arena).
-    const uint64_t fresh = count_new_keys(keys, n, stream);
-    if (rows + fresh > limit) {
-      fail(EMBSTORE_CAPACITY_EXCEEDED,
-           "table '{}': {} new rows on top of {} would pass the limit of {} rows "
-           "(max_capacity {}); nothing was inserted",
-           spec().name, fresh, rows, limit, spec().max_capacity);
+    fresh = count_new_keys(keys, n, stream);
+    if (live + fresh > limit) {
+      if (!spec().evicts()) {
+        fail(EMBSTORE_CAPACITY_EXCEEDED,
+             "table '{}': {} new rows on top of {} would pass the limit of {} rows "
+             "(max_capacity {}); nothing was inserted",
+             spec().name, fresh, live, limit, spec().max_capacity);
+      }
+      make_room(live + fresh - limit, step, call_keys, call_n, d, stream);
+      d.free_rows += live + fresh - limit;
     }
-    need = rows + fresh;
   }
-  if (need > capacity_rows()) grow(need, rows, stream);
+  const uint64_t need = d.rows + fresh_ids(fresh);
+  if (need > capacity_rows()) grow(need, d.rows, stream);
   rows_bound_ = need;
 }
 
@@ -901,13 +1073,22 @@ void CudaTable::grow(uint64_t need, uint64_t rows, cudaStream_t stream) {
     captured = grown_bitmap(captured_, "captured bitmap");
     snapshot_set = grown_bitmap(snapshot_set_, "snapshot bitmap");
   }
+  DeviceBuffer freed, free_list;
+  if (freed_.get() != nullptr) {
+    freed = grown_bitmap(freed_, "freed bitmap");
+    free_list = DeviceBuffer(capacity * sizeof(uint32_t), "free list");
+    check(cudaMemcpyAsync(free_list.get(), free_list_.get(), free_list_.bytes(),
+                          cudaMemcpyDeviceToDevice, stream),
+          "cudaMemcpyAsync");
+  }
 
   const uint64_t slots = row::index_slots_for(capacity);
   DeviceBuffer index(slots * sizeof(row::Slot), "index");
   check(cudaMemsetAsync(index.get(), 0xFF, index.bytes(), stream), "cudaMemsetAsync");
   const row::IndexRef ref{index.get<row::Slot>(), slots - 1};
   if (rows > 0) {
-    rebuild_index_kernel<kBlock><<<blocks_for(rows), kBlock, 0, stream>>>(ref, arena, rows);
+    rebuild_index_kernel<kBlock>
+        <<<blocks_for(rows), kBlock, 0, stream>>>(ref, arena, rows, freed.get<uint64_t>());
     check_launch("rebuild_index_kernel");
   }
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
@@ -920,6 +1101,10 @@ void CudaTable::grow(uint64_t need, uint64_t rows, cudaStream_t stream) {
     captured_ = std::move(captured);
     snapshot_set_ = std::move(snapshot_set);
   }
+  if (freed.get() != nullptr) {
+    freed_ = std::move(freed);
+    free_list_ = std::move(free_list);
+  }
   index_ = std::move(index);
   index_slots_ = slots;
 }
@@ -931,34 +1116,264 @@ void CudaTable::lookup(const int64_t* keys, size_t n, float* values_out, bool in
   Call call(*this, stream_ptr);
   const cudaStream_t stream = call.stream;
 
-  if (insert) reserve_rows(keys, n, stream);
+  const bool admitting = insert && admission_ != nullptr;
+  if (admitting) {
+    count_admission(keys, n, step, stream);
+    if (!admit_keys_.empty()) {
+      reserve_rows(admit_.get<int64_t>(), admit_keys_.size(), step, keys, n, stream);
+    }
+  } else if (insert) {
+    reserve_rows(keys, n, step, keys, n, stream);
+  }
+  const size_t pending_n = admitting ? pending_pos_.size() : 0;
   ScratchLayout layout;
   const size_t rows_at = layout.take(n * sizeof(uint32_t));
   const size_t created_at = layout.take(n * sizeof(uint8_t));
+  const size_t mask_at = layout.take(pending_n > 0 ? n : 0);
+  const size_t pending_at = layout.take(pending_n * sizeof(uint32_t));
   char* base = scratch(layout.bytes, stream);
   auto* rows = reinterpret_cast<uint32_t*>(base + rows_at);
   auto* created = reinterpret_cast<uint8_t*>(base + created_at);
+  uint8_t* pending = nullptr;
+  if (pending_n > 0) {
+    pending = reinterpret_cast<uint8_t*>(base + mask_at);
+    auto* positions = reinterpret_cast<uint32_t*>(base + pending_at);
+    // Pageable source: the copy has read it when the call returns.
+    check(cudaMemcpyAsync(positions, pending_pos_.data(), pending_n * sizeof(uint32_t),
+                          cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync");
+    check(cudaMemsetAsync(pending, 0, n, stream), "cudaMemsetAsync");
+    mark_positions_kernel<kBlock>
+        <<<blocks_for(pending_n), kBlock, 0, stream>>>(positions, pending_n, pending);
+    check_launch("mark_positions_kernel");
+  }
 
   const uint32_t dim_shift = tile_shift_for(arena_.dim);
   if (insert) {
+    const InsertParams params{free_list_.get<uint32_t>(), freed_.get<uint64_t>(), pending,
+                              spec().evicts()};
     find_or_insert_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
-        index_ref(), arena_, keys, n, step, rows, created, device_counters());
+        index_ref(), arena_, keys, n, step, params, rows, created, device_counters());
     check_launch("find_or_insert_kernel");
+    if (params.free_list != nullptr) {
+      settle_free_list_kernel<<<1, 1, 0, stream>>>(device_counters());
+      check_launch("settle_free_list_kernel");
+    }
     const uint32_t shift = tile_shift_for(arena_.stride);
     init_rows_kernel<kBlock><<<blocks_for(uint64_t{n} << shift), kBlock, 0, stream>>>(
         arena_, spec().init, spec().opt, keys, rows, created, n, shift, dirty_.get<uint64_t>());
     check_launch("init_rows_kernel");
-    gather_rows_kernel<kBlock><<<blocks_for(uint64_t{n} << dim_shift), kBlock, 0, stream>>>(
-        arena_, rows, n, dim_shift, values_out);
-    check_launch("gather_rows_kernel");
   } else {
     resolve_rows_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
         index_ref(), keys, n, row::kNoRow, rows, nullptr, nullptr);
     check_launch("resolve_rows_kernel");
-    gather_rows_kernel<kBlock><<<blocks_for(uint64_t{n} << dim_shift), kBlock, 0, stream>>>(
-        arena_, rows, n, dim_shift, values_out);
-    check_launch("gather_rows_kernel");
   }
+  gather_rows_kernel<kBlock><<<blocks_for(uint64_t{n} << dim_shift), kBlock, 0, stream>>>(
+      arena_, rows, n, dim_shift, pending, spec().init, keys, values_out);
+  check_launch("gather_rows_kernel");
+  // Every admitted key has its row now (reserve_rows made room for all of them).
+  if (admitting) {
+    for (const int64_t key : admit_keys_) admission_->admitted(key);
+  }
+}
+
+// Counts the occurrences of the batch's keys without a row, in batch order, on the host:
+// admit_keys_ gets the keys that reached admit_after (copied to admit_), pending_pos_ the
+// positions of the others. Synchronous.
+void CudaTable::count_admission(const int64_t* keys, size_t n, uint64_t step, cudaStream_t stream) {
+  admit_keys_.clear();
+  pending_pos_.clear();
+  const size_t select_bytes = select_temp_bytes(n, stream);
+  ScratchLayout layout;
+  const size_t rows_at = layout.take(n * sizeof(uint32_t));
+  const size_t positions_at = layout.take(n * sizeof(uint32_t));
+  const size_t keys_at = layout.take(n * sizeof(int64_t));
+  const size_t temp_at = layout.take(select_bytes);
+  char* base = scratch(layout.bytes, stream);
+  auto* rows = reinterpret_cast<uint32_t*>(base + rows_at);
+  auto* positions = reinterpret_cast<uint32_t*>(base + positions_at);
+  auto* missing_keys = reinterpret_cast<int64_t*>(base + keys_at);
+
+  resolve_rows_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
+      index_ref(), keys, n, row::kNoRow, rows, nullptr, nullptr);
+  check_launch("resolve_rows_kernel");
+  unsigned long long* selected = &device_counters()->selected;
+  size_t temp_bytes = select_bytes;
+  check(
+      cub::DeviceSelect::If(base + temp_at, temp_bytes, thrust::counting_iterator<uint32_t>(0),
+                            positions, selected, static_cast<int64_t>(n), MissingAt{rows}, stream),
+      "cub::DeviceSelect::If");
+  const uint64_t m = read_counters(stream).selected;
+  if (m == 0) return;
+  gather_keys_kernel<kBlock>
+      <<<blocks_for(m), kBlock, 0, stream>>>(keys, positions, m, missing_keys);
+  check_launch("gather_keys_kernel");
+  missing_pos_.resize(m);
+  missing_keys_.resize(m);
+  check(cudaMemcpyAsync(missing_pos_.data(), positions, m * sizeof(uint32_t),
+                        cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync");
+  check(cudaMemcpyAsync(missing_keys_.data(), missing_keys, m * sizeof(int64_t),
+                        cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+
+  for (uint64_t j = 0; j < m; ++j) {
+    if (admission_->count(missing_keys_[j], step)) {
+      admit_keys_.push_back(missing_keys_[j]);
+    } else {
+      pending_pos_.push_back(missing_pos_[j]);
+    }
+  }
+  if (admit_keys_.empty()) return;
+  const size_t bytes = admit_keys_.size() * sizeof(int64_t);
+  if (bytes > admit_.bytes()) {  // the stream is idle: nothing uses the old buffer
+    admit_.reset();
+    admit_ = DeviceBuffer(std::max(bytes, size_t{4096}), "admitted keys");
+  }
+  check(cudaMemcpyAsync(admit_.get(), admit_keys_.data(), bytes, cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync");
+}
+
+size_t CudaTable::select_temp_bytes(uint64_t items, cudaStream_t stream) const {
+  size_t bytes = 0;
+  check(cub::DeviceSelect::If(nullptr, bytes, thrust::counting_iterator<uint32_t>(0),
+                              static_cast<uint32_t*>(nullptr),
+                              static_cast<unsigned long long*>(nullptr),
+                              static_cast<int64_t>(items), MissingAt{nullptr}, stream),
+        "cub::DeviceSelect::If");
+  size_t candidate_bytes = 0;
+  check(cub::DeviceSelect::If(nullptr, candidate_bytes, thrust::counting_iterator<uint32_t>(0),
+                              static_cast<uint32_t*>(nullptr),
+                              static_cast<unsigned long long*>(nullptr),
+                              static_cast<int64_t>(items), EvictionCandidate{}, stream),
+        "cub::DeviceSelect::If");
+  return std::max(bytes, candidate_bytes);
+}
+
+// The rows of [0, rows) that are candidates, in ascending order, to out; returns how many.
+// Synchronous.
+uint64_t CudaTable::select_rows(const EvictionCandidate& candidate, uint64_t rows, uint32_t* out,
+                                void* temp, size_t temp_bytes, cudaStream_t stream) {
+  unsigned long long* selected = &device_counters()->selected;
+  check(cub::DeviceSelect::If(temp, temp_bytes, thrust::counting_iterator<uint32_t>(0), out,
+                              selected, static_cast<int64_t>(rows), candidate, stream),
+        "cub::DeviceSelect::If");
+  return read_counters(stream).selected;
+}
+
+// Evicts the `need` least recently used live rows touched before `step` (ties: the lowest
+// row), sparing the rows of call_keys, or throws CAPACITY_EXCEEDED, evicting nothing, when
+// fewer are there. A pass over the table's stamps and a sort of the candidates'. d: the
+// counters, read after every earlier call.
+void CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_keys, size_t call_n,
+                          const DeviceCounters& d, cudaStream_t stream) {
+  const uint64_t rows = d.rows;
+  size_t sort_bytes = 0;
+  {
+    cub::DoubleBuffer<uint64_t> k(nullptr, nullptr);
+    cub::DoubleBuffer<uint32_t> v(nullptr, nullptr);
+    check(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, k, v, static_cast<int64_t>(rows), 0,
+                                          64, stream),
+          "cub::DeviceRadixSort::SortPairs");
+  }
+  const size_t temp_bytes = std::max(sort_bytes, select_temp_bytes(rows, stream));
+  ScratchLayout layout;
+  const size_t spared_at = layout.take(row::bitmap_words(rows) * sizeof(uint64_t));
+  const size_t call_rows_at = layout.take(call_n * sizeof(uint32_t));
+  const size_t rows0_at = layout.take(rows * sizeof(uint32_t));
+  const size_t rows1_at = layout.take(rows * sizeof(uint32_t));
+  const size_t steps0_at = layout.take(rows * sizeof(uint64_t));
+  const size_t steps1_at = layout.take(rows * sizeof(uint64_t));
+  const size_t keys_at = layout.take(need * sizeof(int64_t));
+  const size_t temp_at = layout.take(temp_bytes);
+  char* base = scratch(layout.bytes, stream);
+  auto* spared = reinterpret_cast<uint64_t*>(base + spared_at);
+  auto* call_rows = reinterpret_cast<uint32_t*>(base + call_rows_at);
+  auto* rows0 = reinterpret_cast<uint32_t*>(base + rows0_at);
+  auto* steps0 = reinterpret_cast<uint64_t*>(base + steps0_at);
+
+  check(cudaMemsetAsync(spared, 0, row::bitmap_words(rows) * sizeof(uint64_t), stream),
+        "cudaMemsetAsync");
+  resolve_rows_kernel<kBlock><<<blocks_for(call_n), kBlock, 0, stream>>>(
+      index_ref(), call_keys, call_n, row::kNoRow, call_rows, nullptr, nullptr);
+  check_launch("resolve_rows_kernel");
+  mark_rows_kernel<kBlock><<<blocks_for(call_n), kBlock, 0, stream>>>(call_rows, call_n, spared);
+  check_launch("mark_rows_kernel");
+  const uint64_t candidates =
+      select_rows(EvictionCandidate{arena_, freed_.get<uint64_t>(), spared, step}, rows, rows0,
+                  base + temp_at, temp_bytes, stream);
+  if (candidates < need) {
+    fail(EMBSTORE_CAPACITY_EXCEEDED,
+         "table '{}': {} rows must be evicted to stay within max_capacity {}, but only {} were "
+         "neither read by this call nor touched in the current step {}; nothing was inserted "
+         "or evicted",
+         spec().name, need, spec().max_capacity, candidates, step);
+  }
+  gather_steps_kernel<kBlock>
+      <<<blocks_for(candidates), kBlock, 0, stream>>>(arena_, rows0, candidates, steps0);
+  check_launch("gather_steps_kernel");
+  // Stable: rows of the same step stay in ascending order.
+  cub::DoubleBuffer<uint64_t> steps(steps0, reinterpret_cast<uint64_t*>(base + steps1_at));
+  cub::DoubleBuffer<uint32_t> order(rows0, reinterpret_cast<uint32_t*>(base + rows1_at));
+  size_t bytes = temp_bytes;
+  check(cub::DeviceRadixSort::SortPairs(base + temp_at, bytes, steps, order,
+                                        static_cast<int64_t>(candidates), 0, 64, stream),
+        "cub::DeviceRadixSort::SortPairs");
+  evict_rows(order.Current(), need, reinterpret_cast<int64_t*>(base + keys_at), d, stream);
+}
+
+// Evicts victims[0, n) (distinct live rows, in device memory): a snapshot in progress gets them
+// first, then they join the free list, the index is rebuilt without them and their keys become
+// tombstones. keys_out: n keys of device scratch. d: the counters, read after every earlier
+// call. Synchronous.
+void CudaTable::evict_rows(const uint32_t* victims, uint64_t n, int64_t* keys_out,
+                           const DeviceCounters& d, cudaStream_t stream) {
+  if (n == 0) return;
+  if (sink_ != nullptr && captured_left_ > 0) copy_on_write(victims, n, row::kNoRow, stream);
+  free_rows_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
+      arena_, victims, n, dirty_.get<uint64_t>(), freed_.get<uint64_t>(),
+      free_list_.get<uint32_t>(), d.free_rows, keys_out);
+  check_launch("free_rows_kernel");
+  add_free_rows_kernel<<<1, 1, 0, stream>>>(device_counters(), n);
+  check_launch("add_free_rows_kernel");
+  // Linear probing has no cheap concurrent delete: the index is rebuilt from the live rows.
+  check(cudaMemsetAsync(index_.get(), 0xFF, index_.bytes(), stream), "cudaMemsetAsync");
+  rebuild_index_kernel<kBlock><<<blocks_for(d.rows), kBlock, 0, stream>>>(
+      index_ref(), arena_, d.rows, freed_.get<uint64_t>());
+  check_launch("rebuild_index_kernel");
+  const size_t old = evicted_keys_.size();
+  evicted_keys_.resize(old + n);
+  check(cudaMemcpyAsync(evicted_keys_.data() + old, keys_out, n * sizeof(int64_t),
+                        cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  evicted_ += n;
+}
+
+uint64_t CudaTable::evict_before(uint64_t cutoff_step) {
+  Call call(*this, own_stream_);
+  const cudaStream_t stream = call.stream;
+  uint64_t evicted = 0;
+  if (freed_.get() != nullptr) {
+    const DeviceCounters d = read_counters(stream);  // exact: synchronizes after the wait
+    rows_bound_ = d.rows;
+    if (d.rows > d.free_rows) {
+      const size_t temp_bytes = select_temp_bytes(d.rows, stream);
+      ScratchLayout layout;
+      const size_t victims_at = layout.take(d.rows * sizeof(uint32_t));
+      const size_t keys_at = layout.take(d.rows * sizeof(int64_t));
+      const size_t temp_at = layout.take(temp_bytes);
+      char* base = scratch(layout.bytes, stream);
+      auto* victims = reinterpret_cast<uint32_t*>(base + victims_at);
+      evicted = select_rows(EvictionCandidate{arena_, freed_.get<uint64_t>(), nullptr, cutoff_step},
+                            d.rows, victims, base + temp_at, temp_bytes, stream);
+      evict_rows(victims, evicted, reinterpret_cast<int64_t*>(base + keys_at), d, stream);
+    }
+  }
+  // Counts of keys idle as long go too: otherwise they only grow.
+  if (admission_) admission_->forget_before(cutoff_step);
+  return evicted;
 }
 
 template <row::OptKind Kind, bool Dirty>
@@ -1036,7 +1451,13 @@ void CudaTable::apply_gradients(const int64_t* keys, const float* grads, size_t 
 
   // (3b) Copy-on-write: captured rows among the unique rows go to the snapshot first, with the
   // contents they had at capture. Synchronous, and only while rows remain captured.
-  if (sink_ != nullptr && captured_left_ > 0) copy_on_write(run_rows, num_runs, no_row, stream);
+  if (sink_ != nullptr && captured_left_ > 0) {
+    uint32_t runs = 0;
+    check(cudaMemcpyAsync(&runs, num_runs, sizeof(runs), cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    copy_on_write(run_rows, runs, no_row, stream);
+  }
 
   // (4) One warp per unique row: as many warps as there can be runs, capped (grid-stride).
   const unsigned blocks = blocks_for(uint64_t{n} * row::kLanes);
@@ -1069,13 +1490,13 @@ TableCounters CudaTable::counters() {
   rows_bound_ = d.rows;  // exact now: nothing of this table is in flight
 
   TableCounters c;
-  c.rows = d.rows;
+  c.rows = d.rows - d.free_rows;
   c.capacity = capacity_rows();
   c.dirty_rows = d.dirty_rows;
   c.inserted = d.inserted;
-  c.admitted = d.inserted - loaded_rows_;  // no admission on this backend: every new key
-  c.evicted = 0;
-  c.pending_admission = 0;
+  c.admitted = d.inserted - loaded_rows_;  // every row training inserted
+  c.evicted = evicted_;
+  c.pending_admission = admission_ ? admission_->pending() : 0;
   c.skipped_keys = d.skipped_keys;
   return c;
 }
@@ -1103,7 +1524,8 @@ uint64_t CudaTable::capture(bool full, SnapshotSink* sink, uint64_t* live_rows) 
     fail(EMBSTORE_INTERNAL, "table '{}': capture while a snapshot is in progress", spec().name);
   }
   // Synchronizes after the wait on the previous call: the row count is exact.
-  const uint64_t rows = read_counters(stream).rows;
+  const DeviceCounters d = read_counters(stream);
+  const uint64_t rows = d.rows;
   rows_bound_ = rows;
 
   const size_t bitmap_bytes = dirty_words_ * sizeof(uint64_t);
@@ -1117,20 +1539,26 @@ uint64_t CudaTable::capture(bool full, SnapshotSink* sink, uint64_t* live_rows) 
   check(cudaMemsetAsync(total, 0, sizeof(*total), stream), "cudaMemsetAsync");
   // Writes every word of captured_ (and clears every word of dirty_).
   capture_kernel<kBlock><<<blocks_for(dirty_words_), kBlock, 0, stream>>>(
-      full, dirty_.get<uint64_t>(), captured_.get<uint64_t>(), dirty_words_, rows, total);
+      full, dirty_.get<uint64_t>(), captured_.get<uint64_t>(), dirty_words_, rows,
+      freed_.get<uint64_t>(), total);
   check_launch("capture_kernel");
   check(cudaMemcpyAsync(snapshot_set_.get(), captured_.get(), bitmap_bytes,
                         cudaMemcpyDeviceToDevice, stream),
         "cudaMemcpyAsync");
   const uint64_t captured = read_counters(stream).captured;
 
+  // The counts last (only end_snapshot settles them once frozen), and the tombstones: the
+  // checkpoint's worker sorts them out, not this training thread.
+  if (admission_) snapshot_admission_ = admission_->freeze(full);
+  snapshot_evicted_keys_.swap(evicted_keys_);
+  evicted_keys_.clear();
   sink_ = sink;
   snapshot_active_ = true;
   captured_left_ = captured;
   captured_left_seen_.store(captured);
   drain_word_ = 0;
   drain_end_word_ = row::bitmap_words(rows);
-  *live_rows = rows;
+  *live_rows = rows - d.free_rows;
   return captured;
 }
 
@@ -1241,16 +1669,13 @@ uint64_t CudaTable::drain(SnapshotSink* sink, uint64_t max_rows) {
   return captured_left_;  // flush's destructor hands the records over
 }
 
-// Copy-on-write of apply_gradients, between the run-length encoding and the fused update: the
-// captured rows among run_rows[0, *num_runs) are taken and their records (their contents at
-// capture: no update has touched them since) written to the sink, waiting for room. In windows
-// of runs so that device staging stays bounded. Synchronous.
-void CudaTable::copy_on_write(const uint32_t* run_rows, const uint32_t* num_runs, uint32_t no_row,
+// Copy-on-write of rows about to change (apply_gradients' unique rows, between the run-length
+// encoding and the fused update; eviction's victims): the captured rows among rows[0, runs)
+// (device memory; entries equal to no_row skipped) are taken and their records (their contents
+// at capture: nothing has touched them since) written to the sink, waiting for room. In
+// windows so that device staging stays bounded. Synchronous.
+void CudaTable::copy_on_write(const uint32_t* run_rows, uint64_t runs, uint32_t no_row,
                               cudaStream_t stream) {
-  uint32_t runs = 0;
-  check(cudaMemcpyAsync(&runs, num_runs, sizeof(runs), cudaMemcpyDeviceToHost, stream),
-        "cudaMemcpyAsync");
-  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   if (runs == 0) return;
 
   const uint64_t record = row::record_bytes(arena_.stride);
@@ -1315,13 +1740,23 @@ void CudaTable::end_snapshot(bool failed) {
   captured_left_seen_.store(0);
   drain_word_ = 0;
   drain_end_word_ = 0;
+  if (failed) {
+    evicted_keys_.insert(evicted_keys_.end(), snapshot_evicted_keys_.begin(),
+                         snapshot_evicted_keys_.end());
+  }
+  snapshot_evicted_keys_.clear();
+  if (snapshot_admission_) {
+    admission_->end_freeze(!failed);
+    snapshot_admission_.reset();  // later counting stops copying what it changes
+  }
   if (!active) return;
   DeviceGuard guard(device_);
   CallScope scope(done_, own_stream_);
   const cudaStream_t stream = own_stream_;
   if (failed) {
     restore_dirty_kernel<kBlock><<<blocks_for(dirty_words_), kBlock, 0, stream>>>(
-        dirty_.get<uint64_t>(), snapshot_set_.get<uint64_t>(), dirty_words_);
+        dirty_.get<uint64_t>(), snapshot_set_.get<uint64_t>(), freed_.get<uint64_t>(),
+        dirty_words_);
     check_launch("restore_dirty_kernel");
   }
   check(cudaMemsetAsync(captured_.get(), 0, captured_.bytes(), stream), "cudaMemsetAsync");
@@ -1396,6 +1831,40 @@ void CudaTable::load_rows(const int64_t* keys, const float* values, const float*
   }
   // The host buffers may go once this returns.
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+
+bool CudaTable::load_admission(const std::vector<std::string>& files, std::string* why) {
+  Call call(*this, own_stream_);
+  const cudaStream_t stream = call.stream;
+  if (!load_admission_files(admission_.get(), files, why)) return false;
+
+  // The keys that have a row, from the rows' metadata (once per restore).
+  const DeviceCounters d = read_counters(stream);
+  std::vector<uint64_t> freed(row::bitmap_words(d.rows), 0);
+  if (freed_.get() != nullptr && !freed.empty()) {
+    check(cudaMemcpyAsync(freed.data(), freed_.get(), freed.size() * sizeof(uint64_t),
+                          cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync");
+  }
+  std::vector<row::RowMeta> meta(d.rows);
+  uint64_t first = 0;
+  for (uint32_t c = 0; c < chunks_ && first < d.rows; ++c) {
+    const uint64_t n = std::min<uint64_t>(row::chunk_rows(c, arena_.base_shift), d.rows - first);
+    check(cudaMemcpyAsync(meta.data() + first, meta_[c].get(), n * sizeof(row::RowMeta),
+                          cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync");
+    first += n;
+  }
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  std::vector<int64_t> keys;
+  keys.reserve(d.rows);
+  for (uint64_t r = 0; r < d.rows; ++r) {
+    if (!row::bitmap_test(freed.data(), r)) keys.push_back(meta[r].key);
+  }
+  std::sort(keys.begin(), keys.end());
+  admission_->drop_if(
+      [&](int64_t key) { return std::binary_search(keys.begin(), keys.end(), key); });
+  return true;
 }
 
 }  // namespace

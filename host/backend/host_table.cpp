@@ -25,7 +25,6 @@
 #include "host/backend/backends.hpp"
 #include "host/error.hpp"
 #include "host/thread_pool.hpp"
-#include "io/admission_file.hpp"
 
 namespace embstore {
 namespace {
@@ -284,16 +283,7 @@ class HostTable final : public Table {
 
   bool load_admission(const std::vector<std::string>& files, std::string* why) override {
     std::lock_guard lock(mutex_);
-    if (!admission_) {
-      *why = "the table has no admission (admit_after <= 1)";
-      return false;
-    }
-    std::vector<char> merged;
-    std::string detail;
-    if (io::merge_admission_files(files, &merged, &detail) < 0) {
-      fail(EMBSTORE_CORRUPT, "the admission counts do not merge: {}", detail);
-    }
-    if (!admission_->load(std::string(merged.begin(), merged.end()), why)) return false;
+    if (!load_admission_files(admission_.get(), files, why)) return false;
     const row::IndexRef index = index_;
     admission_->drop_if([&](int64_t key) { return index.find(key) != row::kNoRow; });
     return true;

@@ -34,10 +34,6 @@ namespace {
 
 void ok(embstore_status_t s) { require_ok(s); }
 
-embstore_table_t* admitting_table(embstore_store_t* store, const embstore_table_config_t& c) {
-  return host_only_table(store, c, "admission");
-}
-
 embstore_table_config_t config(const char* name, uint32_t admit_after, uint64_t bloom = 0) {
   embstore_table_config_t c = table_config(name, 4);
   c.init = EMBSTORE_INIT_UNIFORM;
@@ -93,8 +89,7 @@ TEST_CASE("a key gets its row at its N-th occurrence", "[admission]") {
   const uint32_t n = GENERATE(1u, 2u, 5u);
   INFO("admit_after " << n);
   StoreGuard store(make_store());
-  embstore_table_t* t = admitting_table(store, config("t", n));
-  if (t == nullptr) return;
+  embstore_table_t* t = make_table(store, config("t", n));
   const int64_t key = 42;
   std::vector<float> pending_value;
   for (uint32_t i = 1; i < n; ++i) {
@@ -125,8 +120,7 @@ TEST_CASE("a key gets its row at its N-th occurrence", "[admission]") {
 
 TEST_CASE("occurrences in one call count one by one", "[admission]") {
   StoreGuard store(make_store());
-  embstore_table_t* t = admitting_table(store, config("t", 3));
-  if (t == nullptr) return;
+  embstore_table_t* t = make_table(store, config("t", 3));
   // 7 three times: admitted at the third, and every position reads the new row.
   const std::vector<float> v = lookup_ok(t, {7, 8, 7, 7, 8});
   REQUIRE(has_row(t, 7));
@@ -146,8 +140,7 @@ TEST_CASE("occurrences in one call count one by one", "[admission]") {
 
 TEST_CASE("gradients of pending keys are skipped and counted", "[admission]") {
   StoreGuard store(make_store());
-  embstore_table_t* t = admitting_table(store, config("t", 2));
-  if (t == nullptr) return;
+  embstore_table_t* t = make_table(store, config("t", 2));
   const std::vector<float> before = lookup_ok(t, {1, 2});  // both pending
   apply_ok(t, {1, 2, 1}, std::vector<float>(12, 1.0f));
   REQUIRE(stats(t).skipped_keys == 3);
@@ -162,8 +155,7 @@ TEST_CASE("gradients of pending keys are skipped and counted", "[admission]") {
 
 TEST_CASE("lookups without insert count nothing", "[admission]") {
   StoreGuard store(make_store());
-  embstore_table_t* t = admitting_table(store, config("t", 2));
-  if (t == nullptr) return;
+  embstore_table_t* t = make_table(store, config("t", 2));
   for (int i = 0; i < 5; ++i) REQUIRE(lookup_ok(t, {5}, 0) == std::vector<float>(4, 0.0f));
   REQUIRE(stats(t).pending_admission == 0);
   lookup_ok(t, {5});
@@ -177,8 +169,7 @@ TEST_CASE("an insert refused at max_capacity keeps the table and the counts", "[
   embstore_table_config_t c = config("t", 2);
   c.initial_capacity = 4;
   c.max_capacity = 4;
-  embstore_table_t* t = admitting_table(store, c);
-  if (t == nullptr) return;
+  embstore_table_t* t = make_table(store, c);
   const std::vector<int64_t> full = {1, 2, 3, 4};
   lookup_ok(t, full);
   lookup_ok(t, full);
@@ -199,8 +190,7 @@ TEST_CASE("an idle rule forgets the counts of keys not seen for as long", "[admi
   StoreGuard store(make_store());
   embstore_table_config_t c = config("t", 3);
   c.evict_idle_steps = 8;
-  embstore_table_t* t = admitting_table(store, c);
-  if (t == nullptr) return;
+  embstore_table_t* t = make_table(store, c);
   ok(embstore_step(store, 1));
   lookup_ok(t, {10, 10});  // count 2 of 3
   ok(embstore_step(store, 5));
@@ -219,8 +209,7 @@ TEST_CASE("counting Bloom filter: never late, early within its documented bound"
   StoreGuard store(make_store());
   embstore_table_config_t c = config("t", 2, kCells);
   c.dim = 1;
-  embstore_table_t* t = admitting_table(store, c);
-  if (t == nullptr) return;
+  embstore_table_t* t = make_table(store, c);
   uint64_t counted = 0;
   // Two loads: n = m/16 and n = m/2 distinct keys seen once each, then probes of fresh keys,
   // seen once: those admitted are admitted early.
@@ -261,8 +250,7 @@ TEST_CASE("admission counts are saved in full checkpoints and restored", "[admis
   INFO((bloom ? "Bloom filter" : "exact counting"));
   TempDir dir;
   StoreGuard store(make_store());
-  embstore_table_t* t = admitting_table(store, config("t", 3, bloom));
-  if (t == nullptr) return;
+  embstore_table_t* t = make_table(store, config("t", 3, bloom));
   ok(embstore_step(store, 1));
   lookup_ok(t, {1, 1, 2, 3, 3, 3});  // 1: count 2, 2: count 1, 3: admitted
   const uint64_t pending = stats(t).pending_admission;
@@ -293,8 +281,7 @@ TEST_CASE("deltas carry the counts' changes, and a failed delta leaves them to t
   TempDir dir;
   StoreGuard store(make_store());
   no_rebaseline(store);
-  embstore_table_t* t = admitting_table(store, config("t", 3));
-  if (t == nullptr) return;
+  embstore_table_t* t = make_table(store, config("t", 3));
   ok(embstore_step(store, 1));
   lookup_ok(t, {1, 1, 2, 2, 3});  // 1, 2 at 2 of 3; 3 at 1
   full_ok(store, dir.path());
@@ -337,8 +324,7 @@ TEST_CASE("deltas carry the counts' changes, and a failed delta leaves them to t
 TEST_CASE("a damaged admission file fails the restore", "[admission]") {
   TempDir dir;
   StoreGuard store(make_store());
-  embstore_table_t* t = admitting_table(store, config("t", 3));
-  if (t == nullptr) return;
+  embstore_table_t* t = make_table(store, config("t", 3));
   lookup_ok(t, {1, 2, 3});
   const uint64_t v = full_ok(store, dir.path());
   const std::string path = admission_file(dir.path(), v, "t");
@@ -363,8 +349,7 @@ TEST_CASE("a damaged admission file fails the restore", "[admission]") {
 TEST_CASE("counts of another kind of counting are left out of a restore", "[admission]") {
   TempDir dir;
   StoreGuard store(make_store());
-  embstore_table_t* t = admitting_table(store, config("t", 2));
-  if (t == nullptr) return;
+  embstore_table_t* t = make_table(store, config("t", 2));
   lookup_ok(t, {1, 2, 2});
   full_ok(store, dir.path());
 
@@ -406,8 +391,7 @@ TEST_CASE("training restored from a chain goes on as if uninterrupted", "[admiss
   };
   const std::vector<int64_t> all = keys_from(0, 401);
   StoreGuard a(make_store());
-  embstore_table_t* ta = admitting_table(a, config("t", 4, bloom));
-  if (ta == nullptr) return;
+  embstore_table_t* ta = make_table(a, config("t", 4, bloom));
   no_rebaseline(a);
   train(a, ta, 1, 10);
   full_ok(a, dir.path());
@@ -599,11 +583,10 @@ TEST_CASE("a table created after the chain's full checkpoint restores its counts
   TempDir dir;
   StoreGuard store(make_store());
   no_rebaseline(store);
-  if (embstore_store_backend(store) == EMBSTORE_BACKEND_CUDA) return;
   embstore_table_t* plain = make_table(store, config("plain", 1));
   lookup_ok(plain, {1});
   full_ok(store, dir.path());
-  embstore_table_t* t = admitting_table(store, config("late", 3));
+  embstore_table_t* t = make_table(store, config("late", 3));
   ok(embstore_step(store, 1));
   lookup_ok(t, {7, 7, 8});
   REQUIRE(incremental_ok(store, dir.path()) == 1);

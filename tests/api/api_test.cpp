@@ -233,14 +233,6 @@ TEST_CASE("bad table configs", "[api]") {
   c = good;
   c.struct_size = offsetof(embstore_table_config_t, evict_idle_steps);
   expect(c, EMBSTORE_INVALID_ARGUMENT, "struct_size");
-  if (embstore_store_backend(store) == EMBSTORE_BACKEND_CUDA) {
-    c = good;
-    c.evict_idle_steps = 10;
-    expect(c, EMBSTORE_UNSUPPORTED, "eviction");
-    c = good;
-    c.admit_after = 3;
-    expect(c, EMBSTORE_UNSUPPORTED, "admission");
-  }
 
   // Nothing above created a table.
   embstore_table_t* found = nullptr;

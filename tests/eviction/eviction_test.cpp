@@ -30,10 +30,6 @@ namespace {
 
 void ok(embstore_status_t s) { require_ok(s); }
 
-embstore_table_t* evicting_table(embstore_store_t* store, const embstore_table_config_t& c) {
-  return host_only_table(store, c, "eviction");
-}
-
 embstore_table_config_t config(const char* name, uint32_t dim = 4) {
   embstore_table_config_t c = table_config(name, dim);
   c.init = EMBSTORE_INIT_UNIFORM;
@@ -82,8 +78,7 @@ TEST_CASE("rows idle for more than evict_idle_steps are evicted", "[eviction]") 
   StoreGuard store(make_store());
   embstore_table_config_t c = config("t");
   c.evict_idle_steps = 80;  // embstore_step's passes at multiples of 10
-  embstore_table_t* t = evicting_table(store, c);
-  if (t == nullptr) return;
+  embstore_table_t* t = make_table(store, c);
 
   touch(store, t, 1, {1, 2, 3});
   touch(store, t, 5, {4, 5});
@@ -127,8 +122,7 @@ TEST_CASE("embstore_step runs the idle rule every ceil(N/8) steps", "[eviction]"
   StoreGuard store(make_store());
   embstore_table_config_t c = config("t");
   c.evict_idle_steps = 16;  // a pass at every even step
-  embstore_table_t* t = evicting_table(store, c);
-  if (t == nullptr) return;
+  embstore_table_t* t = make_table(store, c);
   touch(store, t, 1, {7});
   touch(store, t, 2, {8});
   ok(embstore_step(store, 17));  // a pass: cutoff 1, key 7 (step 1) is idle exactly 16 steps
@@ -149,8 +143,7 @@ TEST_CASE("rows idle for longer than evict_idle_seconds are evicted (injected cl
   FakeClock clock(store);  // before the table: it notes the time of its creation
   embstore_table_config_t c = config("t");
   c.evict_idle_seconds = 64;
-  embstore_table_t* t = evicting_table(store, c);
-  if (t == nullptr) return;
+  embstore_table_t* t = make_table(store, c);
 
   touch(store, t, 1, {1, 2});  // step 1 begins at t=1000
   clock.now = 1010;
@@ -181,8 +174,7 @@ TEST_CASE("at max_capacity an evicting table makes room, least recently used fir
   c.initial_capacity = 8;
   c.max_capacity = 8;
   c.evict_when_full = 1;
-  embstore_table_t* t = evicting_table(store, c);
-  if (t == nullptr) return;
+  embstore_table_t* t = make_table(store, c);
   for (int64_t k = 1; k <= 8; ++k) touch(store, t, static_cast<uint64_t>(k), {k});
   CHECK(stats(t).rows == 8);
 
@@ -224,8 +216,7 @@ TEST_CASE("a refused insert leaves the last-touched steps of the rows it read", 
   c.initial_capacity = 4;
   c.max_capacity = 4;
   c.evict_when_full = 1;
-  embstore_table_t* t = evicting_table(store, c);
-  if (t == nullptr) return;
+  embstore_table_t* t = make_table(store, c);
   touch(store, t, 1, {2, 3, 4, 1});  // rows 0..3 for keys 2, 3, 4, 1
   touch(store, t, 5, {2, 3, 4});     // key 1 is the least recently used, not the lowest row
   std::vector<float> out;
@@ -289,8 +280,7 @@ TEST_CASE("a delta records evicted keys as tombstones, and restore drops them", 
   StoreGuard store(make_store());
   embstore_table_config_t c = config("t");
   c.evict_idle_steps = 4;
-  embstore_table_t* t = evicting_table(store, c);
-  if (t == nullptr) return;
+  embstore_table_t* t = make_table(store, c);
   no_rebaseline(store);  // these tiny deltas would otherwise be taken as full ones
 
   touch(store, t, 1, {1, 2, 3, 4});
@@ -333,8 +323,7 @@ TEST_CASE("a failed delta leaves its tombstones to the next one", "[eviction]") 
   StoreGuard store(make_store());
   embstore_table_config_t c = config("t");
   c.evict_idle_steps = 2;
-  embstore_table_t* t = evicting_table(store, c);
-  if (t == nullptr) return;
+  embstore_table_t* t = make_table(store, c);
   no_rebaseline(store);
   touch(store, t, 1, {1, 2});
   incremental_ok(store, dir.path());
@@ -368,8 +357,7 @@ TEST_CASE("a captured row evicted before it is written keeps its captured value"
   StoreGuard store(make_store(sc));
   embstore_table_config_t c = config("t", 16);
   c.evict_idle_steps = 1;
-  embstore_table_t* t = evicting_table(store, c);
-  if (t == nullptr) return;
+  embstore_table_t* t = make_table(store, c);
   std::vector<int64_t> keys(20000);
   for (size_t i = 0; i < keys.size(); ++i) keys[i] = static_cast<int64_t>(i) * 3;
   touch(store, t, 1, keys);
@@ -415,8 +403,7 @@ TEST_CASE("every version of a chain with evictions restores the state training h
   c.evict_idle_steps = 6;
   c.max_capacity = 300;
   c.initial_capacity = 64;  // grows, then evicts at the bound too
-  embstore_table_t* t = evicting_table(store, c);
-  if (t == nullptr) return;
+  embstore_table_t* t = make_table(store, c);
   embstore_checkpoint_policy_t p;
   embstore_checkpoint_policy_init(&p);
   p.dir = dir.path().c_str();
@@ -495,8 +482,7 @@ TEST_CASE("a restore forgets the step times of the abandoned run (injected clock
   FakeClock clock(store);
   embstore_table_config_t c = config("t");
   c.evict_idle_seconds = 64;
-  embstore_table_t* t = evicting_table(store, c);
-  if (t == nullptr) return;
+  embstore_table_t* t = make_table(store, c);
   for (uint64_t s = 1; s <= 5; ++s, clock.now += 10) touch(store, t, s, {1, 2});
   uint64_t v = 0;
   ok(embstore_checkpoint(store, dir.path().c_str(), EMBSTORE_CKPT_FULL, &v));

@@ -48,18 +48,6 @@ embstore_table_t* make_table(embstore_store_t* store, const embstore_table_confi
   return table;
 }
 
-embstore_table_t* host_only_table(embstore_store_t* store, const embstore_table_config_t& config,
-                                  const char* feature) {
-  if (embstore_store_backend(store) != EMBSTORE_BACKEND_CUDA) return make_table(store, config);
-  embstore_table_t* table = nullptr;
-  REQUIRE(embstore_table_create(store, &config, &table) == EMBSTORE_UNSUPPORTED);
-  REQUIRE(table == nullptr);
-  const std::string error = embstore_last_error();
-  REQUIRE(error.find(feature) != std::string::npos);
-  REQUIRE(error.find("CUDA") != std::string::npos);
-  return nullptr;
-}
-
 namespace {
 
 #if defined(EMBSTORE_HAVE_CUDA)

@@ -32,10 +32,6 @@ struct StoreGuard {
 embstore_table_config_t table_config(const char* name, uint32_t dim);
 
 embstore_table_t* make_table(embstore_store_t* store, const embstore_table_config_t& config);
-// A table with a feature that only the host backend has in this version: on CUDA, checks that
-// creation is refused as UNSUPPORTED naming `feature`, and returns NULL (the test then ends).
-embstore_table_t* host_only_table(embstore_store_t* store, const embstore_table_config_t& config,
-                                  const char* feature);
 
 // Data path calls with host vectors, copied to and from the device where needed.
 embstore_status_t lookup(embstore_table_t* table, const std::vector<int64_t>& keys, uint32_t flags,
