@@ -166,8 +166,7 @@ EMBSTORE_API void embstore_table_config_init(embstore_table_config_t* config);
    non-finite hyperparameters, beta outside [0,1), NORMAL with negative deviation, UNIFORM with
    init_b < init_a, negative or non-finite evict_idle_seconds, evict_when_full not 0 or 1,
    admit_bloom_bytes set while admit_after <= 1, below 64 or with admit_after above 255);
-   ALREADY_EXISTS; UNSUPPORTED (admission or eviction on the CUDA backend, in this version);
-   OUT_OF_MEMORY. */
+   ALREADY_EXISTS; OUT_OF_MEMORY; DEVICE_ERROR. */
 EMBSTORE_API embstore_status_t embstore_table_create(embstore_store_t* store,
                                                      const embstore_table_config_t* config,
                                                      embstore_table_t** table_out);
@@ -295,7 +294,10 @@ EMBSTORE_API embstore_status_t embstore_table_stats(embstore_table_t* table,
    both. Restore loads them along the chain, so the restored counts are those at the restored
    version, and training restored from any version goes on as it would have. A capture does not
    copy the counts: it shares them in 64 KiB pieces, and counting copies a piece that a
-   checkpoint in flight still holds before it changes it. Admission alone evicts nothing. */
+   checkpoint in flight still holds before it changes it. Admission alone evicts nothing.
+   On CUDA the counts are kept in host memory, counted by the same code as on the host backend:
+   a lookup with EMBSTORE_LOOKUP_INSERT on a table with admission copies its keys without a row
+   to the host, so it waits for the table's earlier work and returns once its own is enqueued. */
 
 /* Runs the table's idle rules now, at the store's current step and time; *evicted_out (may be
    NULL) = the rows evicted. Returns OK; INVALID_ARGUMENT (NULL table);
@@ -434,9 +436,8 @@ EMBSTORE_API embstore_status_t embstore_checkpoint_info(embstore_store_t* store,
    if it had never stopped; an existing table must match in dim and optimizer, keeps its own
    hyperparameters and has its rows replaced. Tables of the store that the checkpoint lacks are
    left alone. The checkpoint's attachments become readable by embstore_restore_attachment.
-   Works across backends (a checkpoint of a HOST store restores into a CUDA one), except that
-   a table with eviction rules cannot be created on CUDA in this version (UNSUPPORTED). Waits for a
-   checkpoint in flight. Not concurrently with calls on the store's tables. Needs memory for
+   Works across backends (a checkpoint of a HOST store restores into a CUDA one, and back).
+   Waits for a checkpoint in flight. Not concurrently with calls on the store's tables. Needs memory for
    the restored tables beside the ones they replace.
    Returns OK; INVALID_ARGUMENT (NULL store or dir, dim or optimizer mismatch); NOT_FOUND (dir
    missing, no committed checkpoint, or no such version); CORRUPT (checksum, size or format
