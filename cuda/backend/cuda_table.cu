@@ -999,8 +999,14 @@ void CudaTable::reserve_rows(const int64_t* keys, size_t n, uint64_t step, const
              "(max_capacity {}); nothing was inserted",
              spec().name, fresh, live, limit, spec().max_capacity);
       }
-      make_room(live + fresh - limit, step, call_keys, call_n, d, stream);
-      d.free_rows += live + fresh - limit;
+      // Grown first to what the insert needs after the eviction, so that a failure to grow
+      // evicts nothing.
+      const uint64_t evict = live + fresh - limit;
+      const uint64_t free_after = d.free_rows + evict;
+      const uint64_t need_after = d.rows + (fresh > free_after ? fresh - free_after : 0);
+      if (need_after > capacity_rows()) grow(need_after, d.rows, stream);
+      make_room(evict, step, call_keys, call_n, d, stream);
+      d.free_rows = free_after;
     }
   }
   const uint64_t need = d.rows + fresh_ids(fresh);
@@ -1330,7 +1336,17 @@ void CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_keys
 void CudaTable::evict_rows(const uint32_t* victims, uint64_t n, int64_t* keys_out,
                            const DeviceCounters& d, cudaStream_t stream) {
   if (n == 0) return;
-  if (sink_ != nullptr && captured_left_ > 0) copy_on_write(victims, n, row::kNoRow, stream);
+  // The tombstones' room first: past this point only a device error can fail.
+  const size_t old = evicted_keys_.size();
+  evicted_keys_.resize(old + n);
+  if (sink_ != nullptr && captured_left_ > 0) {
+    try {
+      copy_on_write(victims, n, row::kNoRow, stream);
+    } catch (...) {
+      evicted_keys_.resize(old);
+      throw;
+    }
+  }
   free_rows_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
       arena_, victims, n, dirty_.get<uint64_t>(), freed_.get<uint64_t>(),
       free_list_.get<uint32_t>(), d.free_rows, keys_out);
@@ -1342,13 +1358,11 @@ void CudaTable::evict_rows(const uint32_t* victims, uint64_t n, int64_t* keys_ou
   rebuild_index_kernel<kBlock><<<blocks_for(d.rows), kBlock, 0, stream>>>(
       index_ref(), arena_, d.rows, freed_.get<uint64_t>());
   check_launch("rebuild_index_kernel");
-  const size_t old = evicted_keys_.size();
-  evicted_keys_.resize(old + n);
+  evicted_ += n;
   check(cudaMemcpyAsync(evicted_keys_.data() + old, keys_out, n * sizeof(int64_t),
                         cudaMemcpyDeviceToHost, stream),
         "cudaMemcpyAsync");
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  evicted_ += n;
 }
 
 uint64_t CudaTable::evict_before(uint64_t cutoff_step) {
@@ -1535,21 +1549,31 @@ uint64_t CudaTable::capture(bool full, SnapshotSink* sink, uint64_t* live_rows) 
     captured_ = std::move(captured);
     snapshot_set_ = std::move(snapshot_set);
   }
-  unsigned long long* total = &device_counters()->captured;
-  check(cudaMemsetAsync(total, 0, sizeof(*total), stream), "cudaMemsetAsync");
-  // Writes every word of captured_ (and clears every word of dirty_).
-  capture_kernel<kBlock><<<blocks_for(dirty_words_), kBlock, 0, stream>>>(
-      full, dirty_.get<uint64_t>(), captured_.get<uint64_t>(), dirty_words_, rows,
-      freed_.get<uint64_t>(), total);
-  check_launch("capture_kernel");
-  check(cudaMemcpyAsync(snapshot_set_.get(), captured_.get(), bitmap_bytes,
-                        cudaMemcpyDeviceToDevice, stream),
-        "cudaMemcpyAsync");
-  const uint64_t captured = read_counters(stream).captured;
+  // The counts are frozen before the dirty bits move (freezing allocates: a failure there
+  // changes nothing); from then on only end_snapshot settles them.
+  std::unique_ptr<const AdmissionCounter::Frozen> frozen;
+  if (admission_) frozen = admission_->freeze(full);
+  uint64_t captured = 0;
+  try {
+    unsigned long long* total = &device_counters()->captured;
+    check(cudaMemsetAsync(total, 0, sizeof(*total), stream), "cudaMemsetAsync");
+    // Writes every word of captured_ (and clears every word of dirty_).
+    capture_kernel<kBlock><<<blocks_for(dirty_words_), kBlock, 0, stream>>>(
+        full, dirty_.get<uint64_t>(), captured_.get<uint64_t>(), dirty_words_, rows,
+        freed_.get<uint64_t>(), total);
+    check_launch("capture_kernel");
+    check(cudaMemcpyAsync(snapshot_set_.get(), captured_.get(), bitmap_bytes,
+                          cudaMemcpyDeviceToDevice, stream),
+          "cudaMemcpyAsync");
+    captured = read_counters(stream).captured;
+  } catch (...) {
+    if (frozen) admission_->end_freeze(false);
+    throw;
+  }
 
-  // The counts last (only end_snapshot settles them once frozen), and the tombstones: the
-  // checkpoint's worker sorts them out, not this training thread.
-  if (admission_) snapshot_admission_ = admission_->freeze(full);
+  // The tombstones go with the snapshot: the checkpoint's worker sorts them out, not this
+  // training thread.
+  snapshot_admission_ = std::move(frozen);
   snapshot_evicted_keys_.swap(evicted_keys_);
   evicted_keys_.clear();
   sink_ = sink;
@@ -1836,32 +1860,34 @@ void CudaTable::load_rows(const int64_t* keys, const float* values, const float*
 bool CudaTable::load_admission(const std::vector<std::string>& files, std::string* why) {
   Call call(*this, own_stream_);
   const cudaStream_t stream = call.stream;
-  if (!load_admission_files(admission_.get(), files, why)) return false;
-
-  // The keys that have a row, from the rows' metadata (once per restore).
-  const DeviceCounters d = read_counters(stream);
-  std::vector<uint64_t> freed(row::bitmap_words(d.rows), 0);
-  if (freed_.get() != nullptr && !freed.empty()) {
-    check(cudaMemcpyAsync(freed.data(), freed_.get(), freed.size() * sizeof(uint64_t),
-                          cudaMemcpyDeviceToHost, stream),
-          "cudaMemcpyAsync");
-  }
-  std::vector<row::RowMeta> meta(d.rows);
-  uint64_t first = 0;
-  for (uint32_t c = 0; c < chunks_ && first < d.rows; ++c) {
-    const uint64_t n = std::min<uint64_t>(row::chunk_rows(c, arena_.base_shift), d.rows - first);
-    check(cudaMemcpyAsync(meta.data() + first, meta_[c].get(), n * sizeof(row::RowMeta),
-                          cudaMemcpyDeviceToHost, stream),
-          "cudaMemcpyAsync");
-    first += n;
-  }
-  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  // The keys that have a row, from the rows' metadata (once per restore), before the counts
+  // change: a failure here leaves them as they were.
   std::vector<int64_t> keys;
-  keys.reserve(d.rows);
-  for (uint64_t r = 0; r < d.rows; ++r) {
-    if (!row::bitmap_test(freed.data(), r)) keys.push_back(meta[r].key);
+  if (admission_) {
+    const DeviceCounters d = read_counters(stream);
+    std::vector<uint64_t> freed(row::bitmap_words(d.rows), 0);
+    if (freed_.get() != nullptr && !freed.empty()) {
+      check(cudaMemcpyAsync(freed.data(), freed_.get(), freed.size() * sizeof(uint64_t),
+                            cudaMemcpyDeviceToHost, stream),
+            "cudaMemcpyAsync");
+    }
+    std::vector<row::RowMeta> meta(d.rows);
+    uint64_t first = 0;
+    for (uint32_t c = 0; c < chunks_ && first < d.rows; ++c) {
+      const uint64_t n = std::min<uint64_t>(row::chunk_rows(c, arena_.base_shift), d.rows - first);
+      check(cudaMemcpyAsync(meta.data() + first, meta_[c].get(), n * sizeof(row::RowMeta),
+                            cudaMemcpyDeviceToHost, stream),
+            "cudaMemcpyAsync");
+      first += n;
+    }
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    keys.reserve(d.rows);
+    for (uint64_t r = 0; r < d.rows; ++r) {
+      if (!row::bitmap_test(freed.data(), r)) keys.push_back(meta[r].key);
+    }
+    std::sort(keys.begin(), keys.end());
   }
-  std::sort(keys.begin(), keys.end());
+  if (!load_admission_files(admission_.get(), files, why)) return false;
   admission_->drop_if(
       [&](int64_t key) { return std::binary_search(keys.begin(), keys.end(), key); });
   return true;
