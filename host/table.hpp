@@ -46,6 +46,16 @@ void check_name(const char* what, const char* name);
 // The inverse, for manifests: make_table_spec(to_config(s)) == s. name points into s.
 embstore_table_config_t to_config(const TableSpec& s);
 
+// CAPACITY_EXCEEDED: `added` rows (`what`: an insert's "new rows", a load's "rows to load") on
+// top of the `live` ones would pass the table's row limit, and nothing was `undone` ("inserted",
+// "loaded").
+[[noreturn]] void fail_over_limit(const TableSpec& spec, uint64_t added, uint64_t live,
+                                  const char* what, const char* undone);
+// CAPACITY_EXCEEDED: an insert at the row limit needs `need` rows evicted, but only `candidates`
+// may go at `step`; nothing was inserted or evicted.
+[[noreturn]] void fail_no_room(const TableSpec& spec, uint64_t need, uint64_t candidates,
+                               uint64_t step);
+
 struct TableCounters {
   uint64_t rows = 0, capacity = 0, dirty_rows = 0, inserted = 0, evicted = 0, pending_admission = 0,
            skipped_keys = 0, admitted = 0;

@@ -162,9 +162,8 @@ TableSpec make_table_spec(const embstore_table_config_t& config) {
   s.admit_bloom_bytes = c.admit_bloom_bytes;
   s.evict_idle_steps = c.evict_idle_steps;
   if (!std::isfinite(c.evict_idle_seconds) || c.evict_idle_seconds < 0.0) {
-    fail(EMBSTORE_INVALID_ARGUMENT,
-         "table '{}': evict_idle_seconds must be finite and >= 0, is {}", s.name,
-         c.evict_idle_seconds);
+    fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': evict_idle_seconds must be finite and >= 0, is {}",
+         s.name, c.evict_idle_seconds);
   }
   s.evict_idle_seconds = c.evict_idle_seconds;
   if (c.evict_when_full > 1) {
@@ -199,6 +198,22 @@ embstore_table_config_t to_config(const TableSpec& s) {
   c.evict_when_full = s.evict_when_full ? 1 : 0;
   c.admit_bloom_bytes = s.admit_bloom_bytes;
   return c;
+}
+
+void fail_over_limit(const TableSpec& spec, uint64_t added, uint64_t live, const char* what,
+                     const char* undone) {
+  fail(EMBSTORE_CAPACITY_EXCEEDED,
+       "table '{}': {} {} on top of {} would pass the limit of {} rows (max_capacity {}); "
+       "nothing was {}",
+       spec.name, added, what, live, row::row_limit(spec.max_capacity), spec.max_capacity, undone);
+}
+
+void fail_no_room(const TableSpec& spec, uint64_t need, uint64_t candidates, uint64_t step) {
+  fail(EMBSTORE_CAPACITY_EXCEEDED,
+       "table '{}': {} rows must be evicted to stay within max_capacity {}, but only {} were "
+       "neither read by this call nor touched in the current step {}; nothing was inserted or "
+       "evicted",
+       spec.name, need, spec.max_capacity, candidates, step);
 }
 
 }  // namespace embstore

@@ -31,13 +31,14 @@
 
 #include "cuda/row/arena.h"
 #include "cuda/row/bitmap.h"
+#include "cuda/row/eviction.h"
 #include "cuda/row/index.h"
 #include "cuda/row/init.h"
 #include "cuda/row/optimizer.h"
 #include "cuda/row/snapshot.h"
-#include "host/admission/admission.hpp"
 #include "host/backend/backends.hpp"
 #include "host/error.hpp"
+#include "host/key_ledger.hpp"
 #include "host/table.hpp"
 
 namespace embstore::detail {
@@ -159,7 +160,7 @@ __global__ void __launch_bounds__(BlockSize)
               free_rows > 0 ? atomicAdd(&counters->free_taken, 1ull) : free_rows;
           if (k < free_rows) {
             found = params.free_list[free_rows - 1 - k];
-            (void)row::atomic_and(&params.freed[found >> 6], ~(uint64_t{1} << (found & 63)));
+            row::bitmap_clear<true>(params.freed, found);
           } else {
             found = static_cast<uint32_t>(atomicAdd(&counters->rows, 1ull));
           }
@@ -348,15 +349,14 @@ __global__ void __launch_bounds__(BlockSize)
 // ------------------------------------------------------------ eviction, admission kernels --
 
 // Selection predicates (cub::DeviceSelect::If over row ids or batch positions).
-// A live row last touched before `before` and not among the spared rows (spared may be null).
+// A row that an eviction with cutoff `before` may take (row::evictable).
 struct EvictionCandidate {
   row::ArenaRef arena;
   const uint64_t* freed;
   const uint64_t* spared;
   uint64_t before;
   __device__ bool operator()(uint32_t r) const {
-    return !row::bitmap_test(freed, r) && (spared == nullptr || !row::bitmap_test(spared, r)) &&
-           arena.row_meta(r)->step < before;
+    return row::evictable(freed, spared, r, arena.row_meta(r)->step, before);
   }
 };
 
@@ -410,8 +410,7 @@ __global__ void __launch_bounds__(BlockSize)
   for (uint64_t i = grid_thread<BlockSize>(); i < n; i += grid_threads<BlockSize>()) {
     const uint32_t r = victims[i];
     keys_out[i] = arena.row_meta(r)->key;
-    (void)row::atomic_and(&dirty[r >> 6], ~(uint64_t{1} << (r & 63)));
-    row::bitmap_set<true>(freed, r);
+    row::release_row<true>(dirty, freed, r);
     free_list[free_base + i] = r;
   }
 }
@@ -443,7 +442,7 @@ __global__ void __launch_bounds__(BlockSize)
     restore_dirty_kernel(uint64_t* dirty, const uint64_t* snapshot_set, const uint64_t* freed,
                          uint64_t n_words) {
   for (uint64_t w = grid_thread<BlockSize>(); w < n_words; w += grid_threads<BlockSize>()) {
-    dirty[w] |= snapshot_set[w] & ~(freed != nullptr ? freed[w] : 0);
+    row::restore_dirty_word(dirty, snapshot_set, w, freed != nullptr ? freed[w] : 0);
   }
 }
 
@@ -704,10 +703,10 @@ class CudaTable final : public Table {
     dirty_tracking_ = on;
   }
   uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows) override;
-  const std::vector<int64_t>& evicted_at_capture() const override { return snapshot_evicted_keys_; }
-  std::vector<char> admission_at_capture() const override {
-    return snapshot_admission_ ? snapshot_admission_->bytes() : std::vector<char>{};
+  const std::vector<int64_t>& evicted_at_capture() const override {
+    return ledger_.evicted_at_capture();
   }
+  std::vector<char> admission_at_capture() const override { return ledger_.admission_at_capture(); }
   uint64_t drain(SnapshotSink* sink, uint64_t max_rows) override;
   void end_snapshot(bool failed) override;
   uint64_t evict_before(uint64_t cutoff_step) override;
@@ -792,9 +791,11 @@ class CudaTable final : public Table {
                     size_t call_n, cudaStream_t stream);
   void make_room(uint64_t need, uint64_t step, const int64_t* call_keys, size_t call_n,
                  const DeviceCounters& d, cudaStream_t stream);
-  uint64_t select_rows(const EvictionCandidate& candidate, uint64_t rows, uint32_t* out, void* temp,
-                       size_t temp_bytes, cudaStream_t stream);
-  size_t select_temp_bytes(uint64_t items, cudaStream_t stream) const;
+  template <typename Predicate>
+  size_t select_bytes(Predicate predicate, uint64_t items, cudaStream_t stream) const;
+  template <typename Predicate>
+  uint64_t select(Predicate predicate, uint64_t items, uint32_t* out, void* temp, size_t temp_bytes,
+                  cudaStream_t stream);
   void evict_rows(const uint32_t* victims, uint64_t n, int64_t* keys_out, const DeviceCounters& d,
                   cudaStream_t stream);
   uint64_t count_new_keys(const int64_t* keys, size_t n, cudaStream_t stream);
@@ -831,18 +832,15 @@ class CudaTable final : public Table {
 
   // Eviction (tables with a rule): the rows on the free list have their freed_ bit set;
   // free_list_ holds a row id per row of capacity, the first DeviceCounters::free_rows of them
-  // free. The keys evicted since the last capture (the next delta's tombstones), and those the
-  // snapshot in progress took over.
+  // free. evicted_keys_: where an eviction's keys arrive on the host.
   DeviceBuffer freed_;
   DeviceBuffer free_list_;
-  uint64_t evicted_ = 0;
-  std::vector<int64_t> evicted_keys_, snapshot_evicted_keys_;
+  std::vector<int64_t> evicted_keys_;
 
-  // Admission counts on the host, as on the host backend (null: every key is admitted at
-  // once). An inserting lookup copies the keys without a row here and counts them in batch
-  // order: admit_keys_ (device copy admit_) get rows, pending_pos_ read initial values.
-  std::unique_ptr<AdmissionCounter> admission_;
-  std::unique_ptr<const AdmissionCounter::Frozen> snapshot_admission_;
+  // Admission counts and tombstones, in host memory as on the host backend. An inserting
+  // lookup on a table with admission copies the keys without a row here and counts them in
+  // batch order: admit_keys_ (device copy admit_) get rows, pending_pos_ read initial values.
+  KeyLedger ledger_;
   std::vector<uint32_t> missing_pos_, pending_pos_;
   std::vector<int64_t> missing_keys_, admit_keys_;
   DeviceBuffer admit_;
@@ -867,7 +865,7 @@ class CudaTable final : public Table {
 };
 
 CudaTable::CudaTable(TableSpec spec, int device)
-    : Table(std::move(spec)), device_(device), admission_(AdmissionCounter::make(this->spec())) {
+    : Table(std::move(spec)), device_(device), ledger_(this->spec()) {
   DeviceGuard guard(device_);
   try {
     int sms = 0;
@@ -993,12 +991,7 @@ void CudaTable::reserve_rows(const int64_t* keys, size_t n, uint64_t step, const
     // insert really adds (a batch of known or duplicate keys must not double the arena).
     fresh = count_new_keys(keys, n, stream);
     if (live + fresh > limit) {
-      if (!spec().evicts()) {
-        fail(EMBSTORE_CAPACITY_EXCEEDED,
-             "table '{}': {} new rows on top of {} would pass the limit of {} rows "
-             "(max_capacity {}); nothing was inserted",
-             spec().name, fresh, live, limit, spec().max_capacity);
-      }
+      if (!spec().evicts()) fail_over_limit(spec(), fresh, live, "new rows", "inserted");
       // Grown first to what the insert needs after the eviction, so that a failure to grow
       // evicts nothing.
       const uint64_t evict = live + fresh - limit;
@@ -1122,7 +1115,8 @@ void CudaTable::lookup(const int64_t* keys, size_t n, float* values_out, bool in
   Call call(*this, stream_ptr);
   const cudaStream_t stream = call.stream;
 
-  const bool admitting = insert && admission_ != nullptr;
+  AdmissionCounter* const admission = insert ? ledger_.admission() : nullptr;
+  const bool admitting = admission != nullptr;
   if (admitting) {
     count_admission(keys, n, step, stream);
     if (!admit_keys_.empty()) {
@@ -1179,7 +1173,7 @@ void CudaTable::lookup(const int64_t* keys, size_t n, float* values_out, bool in
   check_launch("gather_rows_kernel");
   // Every admitted key has its row now (reserve_rows made room for all of them).
   if (admitting) {
-    for (const int64_t key : admit_keys_) admission_->admitted(key);
+    for (const int64_t key : admit_keys_) admission->admitted(key);
   }
 }
 
@@ -1189,12 +1183,12 @@ void CudaTable::lookup(const int64_t* keys, size_t n, float* values_out, bool in
 void CudaTable::count_admission(const int64_t* keys, size_t n, uint64_t step, cudaStream_t stream) {
   admit_keys_.clear();
   pending_pos_.clear();
-  const size_t select_bytes = select_temp_bytes(n, stream);
+  const size_t select_temp = select_bytes(MissingAt{}, n, stream);
   ScratchLayout layout;
   const size_t rows_at = layout.take(n * sizeof(uint32_t));
   const size_t positions_at = layout.take(n * sizeof(uint32_t));
   const size_t keys_at = layout.take(n * sizeof(int64_t));
-  const size_t temp_at = layout.take(select_bytes);
+  const size_t temp_at = layout.take(select_temp);
   char* base = scratch(layout.bytes, stream);
   auto* rows = reinterpret_cast<uint32_t*>(base + rows_at);
   auto* positions = reinterpret_cast<uint32_t*>(base + positions_at);
@@ -1203,13 +1197,7 @@ void CudaTable::count_admission(const int64_t* keys, size_t n, uint64_t step, cu
   resolve_rows_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
       index_ref(), keys, n, row::kNoRow, rows, nullptr, nullptr);
   check_launch("resolve_rows_kernel");
-  unsigned long long* selected = &device_counters()->selected;
-  size_t temp_bytes = select_bytes;
-  check(
-      cub::DeviceSelect::If(base + temp_at, temp_bytes, thrust::counting_iterator<uint32_t>(0),
-                            positions, selected, static_cast<int64_t>(n), MissingAt{rows}, stream),
-      "cub::DeviceSelect::If");
-  const uint64_t m = read_counters(stream).selected;
+  const uint64_t m = select(MissingAt{rows}, n, positions, base + temp_at, select_temp, stream);
   if (m == 0) return;
   gather_keys_kernel<kBlock>
       <<<blocks_for(m), kBlock, 0, stream>>>(keys, positions, m, missing_keys);
@@ -1225,7 +1213,7 @@ void CudaTable::count_admission(const int64_t* keys, size_t n, uint64_t step, cu
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 
   for (uint64_t j = 0; j < m; ++j) {
-    if (admission_->count(missing_keys_[j], step)) {
+    if (ledger_.admission()->count(missing_keys_[j], step)) {
       admit_keys_.push_back(missing_keys_[j]);
     } else {
       pending_pos_.push_back(missing_pos_[j]);
@@ -1241,29 +1229,26 @@ void CudaTable::count_admission(const int64_t* keys, size_t n, uint64_t step, cu
         "cudaMemcpyAsync");
 }
 
-size_t CudaTable::select_temp_bytes(uint64_t items, cudaStream_t stream) const {
+// cub::DeviceSelect::If's temporary storage for select(predicate, items).
+template <typename Predicate>
+size_t CudaTable::select_bytes(Predicate predicate, uint64_t items, cudaStream_t stream) const {
   size_t bytes = 0;
   check(cub::DeviceSelect::If(nullptr, bytes, thrust::counting_iterator<uint32_t>(0),
                               static_cast<uint32_t*>(nullptr),
                               static_cast<unsigned long long*>(nullptr),
-                              static_cast<int64_t>(items), MissingAt{nullptr}, stream),
+                              static_cast<int64_t>(items), predicate, stream),
         "cub::DeviceSelect::If");
-  size_t candidate_bytes = 0;
-  check(cub::DeviceSelect::If(nullptr, candidate_bytes, thrust::counting_iterator<uint32_t>(0),
-                              static_cast<uint32_t*>(nullptr),
-                              static_cast<unsigned long long*>(nullptr),
-                              static_cast<int64_t>(items), EvictionCandidate{}, stream),
-        "cub::DeviceSelect::If");
-  return std::max(bytes, candidate_bytes);
+  return bytes;
 }
 
-// The rows of [0, rows) that are candidates, in ascending order, to out; returns how many.
+// The i of [0, items) for which predicate(i), in ascending order, to out; returns how many.
 // Synchronous.
-uint64_t CudaTable::select_rows(const EvictionCandidate& candidate, uint64_t rows, uint32_t* out,
-                                void* temp, size_t temp_bytes, cudaStream_t stream) {
+template <typename Predicate>
+uint64_t CudaTable::select(Predicate predicate, uint64_t items, uint32_t* out, void* temp,
+                           size_t temp_bytes, cudaStream_t stream) {
   unsigned long long* selected = &device_counters()->selected;
   check(cub::DeviceSelect::If(temp, temp_bytes, thrust::counting_iterator<uint32_t>(0), out,
-                              selected, static_cast<int64_t>(rows), candidate, stream),
+                              selected, static_cast<int64_t>(items), predicate, stream),
         "cub::DeviceSelect::If");
   return read_counters(stream).selected;
 }
@@ -1283,7 +1268,7 @@ void CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_keys
                                           64, stream),
           "cub::DeviceRadixSort::SortPairs");
   }
-  const size_t temp_bytes = std::max(sort_bytes, select_temp_bytes(rows, stream));
+  const size_t temp_bytes = std::max(sort_bytes, select_bytes(EvictionCandidate{}, rows, stream));
   ScratchLayout layout;
   const size_t spared_at = layout.take(row::bitmap_words(rows) * sizeof(uint64_t));
   const size_t call_rows_at = layout.take(call_n * sizeof(uint32_t));
@@ -1307,15 +1292,9 @@ void CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_keys
   mark_rows_kernel<kBlock><<<blocks_for(call_n), kBlock, 0, stream>>>(call_rows, call_n, spared);
   check_launch("mark_rows_kernel");
   const uint64_t candidates =
-      select_rows(EvictionCandidate{arena_, freed_.get<uint64_t>(), spared, step}, rows, rows0,
-                  base + temp_at, temp_bytes, stream);
-  if (candidates < need) {
-    fail(EMBSTORE_CAPACITY_EXCEEDED,
-         "table '{}': {} rows must be evicted to stay within max_capacity {}, but only {} were "
-         "neither read by this call nor touched in the current step {}; nothing was inserted "
-         "or evicted",
-         spec().name, need, spec().max_capacity, candidates, step);
-  }
+      select(EvictionCandidate{arena_, freed_.get<uint64_t>(), spared, step}, rows, rows0,
+             base + temp_at, temp_bytes, stream);
+  if (candidates < need) fail_no_room(spec(), need, candidates, step);
   gather_steps_kernel<kBlock>
       <<<blocks_for(candidates), kBlock, 0, stream>>>(arena_, rows0, candidates, steps0);
   check_launch("gather_steps_kernel");
@@ -1336,17 +1315,10 @@ void CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_keys
 void CudaTable::evict_rows(const uint32_t* victims, uint64_t n, int64_t* keys_out,
                            const DeviceCounters& d, cudaStream_t stream) {
   if (n == 0) return;
-  // The tombstones' room first: past this point only a device error can fail.
-  const size_t old = evicted_keys_.size();
-  evicted_keys_.resize(old + n);
-  if (sink_ != nullptr && captured_left_ > 0) {
-    try {
-      copy_on_write(victims, n, row::kNoRow, stream);
-    } catch (...) {
-      evicted_keys_.resize(old);
-      throw;
-    }
-  }
+  // Host room first: past this point only a device error can fail.
+  evicted_keys_.resize(n);
+  ledger_.reserve_evicted(n);
+  if (sink_ != nullptr && captured_left_ > 0) copy_on_write(victims, n, row::kNoRow, stream);
   free_rows_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
       arena_, victims, n, dirty_.get<uint64_t>(), freed_.get<uint64_t>(),
       free_list_.get<uint32_t>(), d.free_rows, keys_out);
@@ -1358,11 +1330,11 @@ void CudaTable::evict_rows(const uint32_t* victims, uint64_t n, int64_t* keys_ou
   rebuild_index_kernel<kBlock><<<blocks_for(d.rows), kBlock, 0, stream>>>(
       index_ref(), arena_, d.rows, freed_.get<uint64_t>());
   check_launch("rebuild_index_kernel");
-  evicted_ += n;
-  check(cudaMemcpyAsync(evicted_keys_.data() + old, keys_out, n * sizeof(int64_t),
-                        cudaMemcpyDeviceToHost, stream),
+  check(cudaMemcpyAsync(evicted_keys_.data(), keys_out, n * sizeof(int64_t), cudaMemcpyDeviceToHost,
+                        stream),
         "cudaMemcpyAsync");
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  ledger_.evicted(evicted_keys_.data(), n);
 }
 
 uint64_t CudaTable::evict_before(uint64_t cutoff_step) {
@@ -1373,20 +1345,19 @@ uint64_t CudaTable::evict_before(uint64_t cutoff_step) {
     const DeviceCounters d = read_counters(stream);  // exact: synchronizes after the wait
     rows_bound_ = d.rows;
     if (d.rows > d.free_rows) {
-      const size_t temp_bytes = select_temp_bytes(d.rows, stream);
+      const EvictionCandidate idle{arena_, freed_.get<uint64_t>(), nullptr, cutoff_step};
+      const size_t temp_bytes = select_bytes(idle, d.rows, stream);
       ScratchLayout layout;
       const size_t victims_at = layout.take(d.rows * sizeof(uint32_t));
       const size_t keys_at = layout.take(d.rows * sizeof(int64_t));
       const size_t temp_at = layout.take(temp_bytes);
       char* base = scratch(layout.bytes, stream);
       auto* victims = reinterpret_cast<uint32_t*>(base + victims_at);
-      evicted = select_rows(EvictionCandidate{arena_, freed_.get<uint64_t>(), nullptr, cutoff_step},
-                            d.rows, victims, base + temp_at, temp_bytes, stream);
+      evicted = select(idle, d.rows, victims, base + temp_at, temp_bytes, stream);
       evict_rows(victims, evicted, reinterpret_cast<int64_t*>(base + keys_at), d, stream);
     }
   }
-  // Counts of keys idle as long go too: otherwise they only grow.
-  if (admission_) admission_->forget_before(cutoff_step);
+  ledger_.forget_before(cutoff_step);
   return evicted;
 }
 
@@ -1509,8 +1480,8 @@ TableCounters CudaTable::counters() {
   c.dirty_rows = d.dirty_rows;
   c.inserted = d.inserted;
   c.admitted = d.inserted - loaded_rows_;  // every row training inserted
-  c.evicted = evicted_;
-  c.pending_admission = admission_ ? admission_->pending() : 0;
+  c.evicted = ledger_.evicted_total();
+  c.pending_admission = ledger_.pending_admission();
   c.skipped_keys = d.skipped_keys;
   return c;
 }
@@ -1549,10 +1520,9 @@ uint64_t CudaTable::capture(bool full, SnapshotSink* sink, uint64_t* live_rows) 
     captured_ = std::move(captured);
     snapshot_set_ = std::move(snapshot_set);
   }
-  // The counts are frozen before the dirty bits move (freezing allocates: a failure there
-  // changes nothing); from then on only end_snapshot settles them.
-  std::unique_ptr<const AdmissionCounter::Frozen> frozen;
-  if (admission_) frozen = admission_->freeze(full);
+  // The counts are frozen before the dirty bits move; from then on only end_snapshot settles
+  // them.
+  ledger_.begin_capture(full);
   uint64_t captured = 0;
   try {
     unsigned long long* total = &device_counters()->captured;
@@ -1567,15 +1537,10 @@ uint64_t CudaTable::capture(bool full, SnapshotSink* sink, uint64_t* live_rows) 
           "cudaMemcpyAsync");
     captured = read_counters(stream).captured;
   } catch (...) {
-    if (frozen) admission_->end_freeze(false);
+    ledger_.abort_capture();
     throw;
   }
-
-  // The tombstones go with the snapshot: the checkpoint's worker sorts them out, not this
-  // training thread.
-  snapshot_admission_ = std::move(frozen);
-  snapshot_evicted_keys_.swap(evicted_keys_);
-  evicted_keys_.clear();
+  ledger_.commit_capture();
   sink_ = sink;
   snapshot_active_ = true;
   captured_left_ = captured;
@@ -1764,15 +1729,7 @@ void CudaTable::end_snapshot(bool failed) {
   captured_left_seen_.store(0);
   drain_word_ = 0;
   drain_end_word_ = 0;
-  if (failed) {
-    evicted_keys_.insert(evicted_keys_.end(), snapshot_evicted_keys_.begin(),
-                         snapshot_evicted_keys_.end());
-  }
-  snapshot_evicted_keys_.clear();
-  if (snapshot_admission_) {
-    admission_->end_freeze(!failed);
-    snapshot_admission_.reset();  // later counting stops copying what it changes
-  }
+  ledger_.end_snapshot(failed);
   if (!active) return;
   DeviceGuard guard(device_);
   CallScope scope(done_, own_stream_);
@@ -1798,12 +1755,7 @@ void CudaTable::load_rows(const int64_t* keys, const float* values, const float*
   uint64_t rows = read_counters(stream).rows;  // exact: synchronizes after the wait
   rows_bound_ = rows;
   const uint64_t limit = row::row_limit(spec().max_capacity);
-  if (rows + n > limit) {
-    fail(EMBSTORE_CAPACITY_EXCEEDED,
-         "table '{}': {} rows to load on top of {} would pass the limit of {} rows "
-         "(max_capacity {}); nothing was loaded",
-         spec().name, n, rows, limit, spec().max_capacity);
-  }
+  if (rows + n > limit) fail_over_limit(spec(), n, rows, "rows to load", "loaded");
 
   const uint32_t dim = arena_.dim;
   const uint32_t state_dim = arena_.stride - dim;
@@ -1863,7 +1815,7 @@ bool CudaTable::load_admission(const std::vector<std::string>& files, std::strin
   // The keys that have a row, from the rows' metadata (once per restore), before the counts
   // change: a failure here leaves them as they were.
   std::vector<int64_t> keys;
-  if (admission_) {
+  if (ledger_.admission() != nullptr) {
     const DeviceCounters d = read_counters(stream);
     std::vector<uint64_t> freed(row::bitmap_words(d.rows), 0);
     if (freed_.get() != nullptr && !freed.empty()) {
@@ -1887,10 +1839,8 @@ bool CudaTable::load_admission(const std::vector<std::string>& files, std::strin
     }
     std::sort(keys.begin(), keys.end());
   }
-  if (!load_admission_files(admission_.get(), files, why)) return false;
-  admission_->drop_if(
-      [&](int64_t key) { return std::binary_search(keys.begin(), keys.end(), key); });
-  return true;
+  return ledger_.load_admission(
+      files, why, [&](int64_t key) { return std::binary_search(keys.begin(), keys.end(), key); });
 }
 
 }  // namespace

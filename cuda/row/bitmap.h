@@ -23,8 +23,14 @@ EMBSTORE_HD void bitmap_set(uint64_t* words, uint64_t row) {
   }
 }
 
+template <bool Concurrent>
 EMBSTORE_HD void bitmap_clear(uint64_t* words, uint64_t row) {
-  words[row >> 6] &= ~(uint64_t{1} << (row & 63));
+  const uint64_t bit = uint64_t{1} << (row & 63);
+  if constexpr (Concurrent) {
+    (void)atomic_and(&words[row >> 6], ~bit);
+  } else {
+    words[row >> 6] &= ~bit;
+  }
 }
 
 EMBSTORE_HD uint64_t bitmap_count(const uint64_t* words, uint64_t first_word, uint64_t end_word) {

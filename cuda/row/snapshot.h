@@ -28,6 +28,13 @@ EMBSTORE_HD uint64_t capture_word(bool full, uint64_t* dirty, uint64_t* captured
   return taken;
 }
 
+// After a failed snapshot, word `word` of dirty gets back the rows the snapshot captured that
+// are still live (freed: the word's evicted rows, written off with tombstones).
+EMBSTORE_HD void restore_dirty_word(uint64_t* dirty, const uint64_t* snapshot_set, uint64_t word,
+                                    uint64_t freed = 0) {
+  dirty[word] |= snapshot_set[word] & ~freed;
+}
+
 // Takes `row` out of the captured bitmap; true for the one caller that found it captured (the
 // one that must write the row's captured contents). Concurrent as in bitmap_set.
 template <bool Concurrent>

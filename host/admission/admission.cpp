@@ -409,18 +409,4 @@ std::unique_ptr<AdmissionCounter> AdmissionCounter::make(const TableSpec& spec) 
   return std::make_unique<ExactCounter>(spec.admit_after);
 }
 
-bool load_admission_files(AdmissionCounter* counter, const std::vector<std::string>& files,
-                          std::string* why) {
-  if (counter == nullptr) {
-    *why = "the table has no admission (admit_after <= 1)";
-    return false;
-  }
-  std::vector<char> merged;
-  std::string detail;
-  if (io::merge_admission_files(files, &merged, &detail) < 0) {
-    fail(EMBSTORE_CORRUPT, "the admission counts do not merge: {}", detail);
-  }
-  return counter->load(std::string(merged.begin(), merged.end()), why);
-}
-
 }  // namespace embstore

@@ -61,10 +61,4 @@ class AdmissionCounter {
   virtual bool load(const std::string& bytes, std::string* why) = 0;
 };
 
-// Table::load_admission's part common to the backends: merges a chain's count files and loads
-// them into counter (null: the table has no admission). Returns false, with the reason in
-// *why, when the table cannot use them; throws Error(CORRUPT) when they do not merge.
-bool load_admission_files(AdmissionCounter* counter, const std::vector<std::string>& files,
-                          std::string* why);
-
 }  // namespace embstore

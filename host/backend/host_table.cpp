@@ -17,13 +17,14 @@
 
 #include "cuda/row/arena.h"
 #include "cuda/row/bitmap.h"
+#include "cuda/row/eviction.h"
 #include "cuda/row/index.h"
 #include "cuda/row/init.h"
 #include "cuda/row/optimizer.h"
 #include "cuda/row/snapshot.h"
-#include "host/admission/admission.hpp"
 #include "host/backend/backends.hpp"
 #include "host/error.hpp"
+#include "host/key_ledger.hpp"
 #include "host/thread_pool.hpp"
 
 namespace embstore {
@@ -112,7 +113,7 @@ void prefetch_row(const float* row, uint32_t floats) {
 class HostTable final : public Table {
  public:
   HostTable(TableSpec spec, ThreadPool& pool)
-      : Table(std::move(spec)), pool_(pool), admission_(AdmissionCounter::make(this->spec())) {
+      : Table(std::move(spec)), pool_(pool), ledger_(this->spec()) {
     arena_.base_shift = row::base_shift_for(this->spec().initial_capacity);
     arena_.dim = this->spec().dim;
     arena_.stride = this->spec().stride();
@@ -157,10 +158,10 @@ class HostTable final : public Table {
     c.capacity = row::arena_capacity(chunks_, arena_.base_shift);
     c.dirty_rows = row::bitmap_count(dirty_.data(), 0, dirty_.size());
     c.inserted = inserted_;
-    c.evicted = evicted_;
+    c.evicted = ledger_.evicted_total();
     c.skipped_keys = skipped_;
     c.admitted = admitted_;
-    if (admission_) c.pending_admission = admission_->pending();
+    c.pending_admission = ledger_.pending_admission();
     return c;
   }
 
@@ -176,17 +177,14 @@ class HostTable final : public Table {
     // last: once frozen, only end_snapshot settles them.
     captured_.assign(words, 0);
     snapshot_set_.assign(words, 0);
-    if (admission_) snapshot_admission_ = admission_->freeze(full);
+    ledger_.begin_capture(full);
     uint64_t taken = 0;
     for (uint64_t w = 0; w < words; ++w) {
-      taken += row::popcount64(row::capture_word(full, dirty_.data(), captured_.data(), w,
-                                                 next_row_, freed_[w]));
+      taken += row::popcount64(
+          row::capture_word(full, dirty_.data(), captured_.data(), w, next_row_, freed_[w]));
     }
     std::copy(captured_.begin(), captured_.end(), snapshot_set_.begin());
-    // The checkpoint's worker sorts out the tombstones (not this, the training thread); a
-    // failed snapshot makes them pending again.
-    snapshot_evicted_keys_.swap(evicted_keys_);
-    evicted_keys_.clear();
+    ledger_.commit_capture();
     sink_ = sink;
     captured_left_.store(taken);
     drain_word_ = 0;
@@ -232,28 +230,21 @@ class HostTable final : public Table {
   }
 
   const std::vector<int64_t>& evicted_at_capture() const override {
-    return snapshot_evicted_keys_;
+    return ledger_.evicted_at_capture();
   }
 
-  std::vector<char> admission_at_capture() const override {
-    return snapshot_admission_ ? snapshot_admission_->bytes() : std::vector<char>{};
-  }
+  std::vector<char> admission_at_capture() const override { return ledger_.admission_at_capture(); }
 
   void end_snapshot(bool failed) override {
     std::lock_guard lock(mutex_);
     if (failed) {
-      // Rows evicted since were written off with tombstones: only live rows become dirty.
-      for (size_t w = 0; w < snapshot_set_.size(); ++w) dirty_[w] |= snapshot_set_[w] & ~freed_[w];
-      evicted_keys_.insert(evicted_keys_.end(), snapshot_evicted_keys_.begin(),
-                           snapshot_evicted_keys_.end());
+      for (size_t w = 0; w < snapshot_set_.size(); ++w) {
+        row::restore_dirty_word(dirty_.data(), snapshot_set_.data(), w, freed_[w]);
+      }
     }
+    ledger_.end_snapshot(failed);
     captured_.clear();
     snapshot_set_.clear();
-    snapshot_evicted_keys_.clear();
-    if (snapshot_admission_) {
-      admission_->end_freeze(!failed);
-      snapshot_admission_.reset();  // later counting stops copying what it changes
-    }
     captured_left_.store(0);
     sink_ = nullptr;
   }
@@ -263,10 +254,7 @@ class HostTable final : public Table {
     std::lock_guard lock(mutex_);
     if (n == 0) return;
     const uint64_t limit = row::row_limit(spec().max_capacity);
-    if (rows_ + n > limit) {
-      fail(EMBSTORE_CAPACITY_EXCEEDED, "table '{}': {} rows to load, max_capacity is {}",
-           spec().name, rows_ + n, limit);
-    }
+    if (rows_ + n > limit) fail_over_limit(spec(), n, rows_, "rows to load", "loaded");
     reserve_rows(next_row_ + n);
     const uint32_t dim = spec().dim;
     const uint32_t state_dim = spec().state_dim();
@@ -283,10 +271,9 @@ class HostTable final : public Table {
 
   bool load_admission(const std::vector<std::string>& files, std::string* why) override {
     std::lock_guard lock(mutex_);
-    if (!load_admission_files(admission_.get(), files, why)) return false;
     const row::IndexRef index = index_;
-    admission_->drop_if([&](int64_t key) { return index.find(key) != row::kNoRow; });
-    return true;
+    return ledger_.load_admission(files, why,
+                                  [&](int64_t key) { return index.find(key) != row::kNoRow; });
   }
 
  private:
@@ -349,7 +336,7 @@ class HostTable final : public Table {
     if (inserted) {
       if (reuse) {
         free_rows_.pop_back();
-        row::bitmap_clear(freed_.data(), r);
+        row::bitmap_clear<false>(freed_.data(), r);
       } else {
         ++next_row_;
       }
@@ -369,36 +356,37 @@ class HostTable final : public Table {
       for (const uint32_t r : victims) take_for_copy(r);
       copy_out_taken();
     }
+    // Room first: past this point nothing can fail.
+    free_rows_.reserve(free_rows_.size() + victims.size());
+    ledger_.reserve_evicted(victims.size());
     for (const uint32_t r : victims) {
       const int64_t key = arena_.row_meta(r)->key;
       index_.erase_serial(key);
-      row::bitmap_clear(dirty_.data(), r);
-      row::bitmap_set<false>(freed_.data(), r);
+      row::release_row<false>(dirty_.data(), freed_.data(), r);
       free_rows_.push_back(r);
-      evicted_keys_.push_back(key);
+      ledger_.evicted(&key, 1);
     }
     rows_ -= victims.size();
-    evicted_ += victims.size();
   }
 
  public:
   uint64_t evict_before(uint64_t cutoff_step) override {
     std::lock_guard lock(mutex_);
     victims_.clear();
-    for_each_live_before(cutoff_step, [&](uint32_t r, uint64_t) { victims_.push_back(r); });
+    for_each_candidate(cutoff_step, nullptr, [&](uint32_t r, uint64_t) { victims_.push_back(r); });
     evict_rows(victims_);
-    // Counts of keys idle as long go too: otherwise the side table only grows.
-    if (admission_) admission_->forget_before(cutoff_step);
+    ledger_.forget_before(cutoff_step);
     return victims_.size();
   }
 
  private:
-  // f(row, its last-touched step) for every live row last touched before `step`.
+  // f(row, its last-touched step) for every row that an eviction with cutoff `before` may take
+  // (row::evictable; spared may be null).
   template <typename F>
-  void for_each_live_before(uint64_t step, F&& f) const {
+  void for_each_candidate(uint64_t before, const uint64_t* spared, F&& f) const {
     for (uint64_t r = 0; r < next_row_; ++r) {
       const uint64_t s = arena_.row_meta(r)->step;
-      if (s < step && !row::bitmap_test(freed_.data(), r)) f(static_cast<uint32_t>(r), s);
+      if (row::evictable(freed_.data(), spared, r, s, before)) f(static_cast<uint32_t>(r), s);
     }
   }
 
@@ -418,38 +406,28 @@ class HostTable final : public Table {
       size_t n;
       ~Clear() {
         for (size_t i = 0; i < n; ++i) {
-          if (rows[i] != row::kNoRow) row::bitmap_clear(bits.data(), rows[i]);
+          if (rows[i] != row::kNoRow) row::bitmap_clear<false>(bits.data(), rows[i]);
         }
       }
     } clear{reading_, reading, n};
-    // f(row, stamp) for every row that may make room.
-    auto for_each_candidate = [&](auto&& f) {
-      for_each_live_before(step, [&](uint32_t r, uint64_t s) {
-        if (!row::bitmap_test(reading_.data(), r)) f(r, s);
-      });
-    };
+    const uint64_t* spared = reading_.data();
     uint64_t oldest = UINT64_MAX, candidates = 0;
-    for_each_candidate([&](uint32_t, uint64_t s) {
+    for_each_candidate(step, spared, [&](uint32_t, uint64_t s) {
       oldest = std::min(oldest, s);
       ++candidates;
     });
-    if (candidates < need) {
-      fail(EMBSTORE_CAPACITY_EXCEEDED,
-           "table '{}': {} rows must be evicted to stay within max_capacity {}, but only {} were "
-           "neither read by this call nor touched in the current step {}; nothing was inserted "
-           "or evicted",
-           spec().name, need, spec().max_capacity, candidates, step);
-    }
+    if (candidates < need) fail_no_room(spec(), need, candidates, step);
     constexpr uint64_t kBuckets = 4096;
     const uint64_t width = (step - oldest + kBuckets - 1) / kBuckets;
     std::vector<uint64_t> histogram(kBuckets, 0);
-    for_each_candidate([&](uint32_t, uint64_t s) { ++histogram[(s - oldest) / width]; });
+    for_each_candidate(step, spared,
+                       [&](uint32_t, uint64_t s) { ++histogram[(s - oldest) / width]; });
     uint64_t boundary = 0, below = 0;  // every row of the buckets below `boundary` goes
     while (below + histogram[boundary] < need) below += histogram[boundary++];
     const uint64_t lo = oldest + boundary * width, hi = lo + width;
     victims_.clear();
     std::vector<std::pair<uint64_t, uint32_t>> edge;  // (step, row) in [lo, hi)
-    for_each_candidate([&](uint32_t r, uint64_t s) {
+    for_each_candidate(step, spared, [&](uint32_t r, uint64_t s) {
       if (s < lo) {
         victims_.push_back(r);
       } else if (s < hi) {
@@ -510,11 +488,11 @@ class HostTable final : public Table {
     for (size_t i = 0; i < n; ++i) {
       if (rows[i] == row::kNoRow) missing_pos_.push_back(static_cast<uint32_t>(i));
     }
-    if (admission_) {
+    if (AdmissionCounter* admission = ledger_.admission()) {
       // Every occurrence counts, in batch order; the positions of admitted keys stay.
       size_t kept = 0;
       for (const uint32_t i : missing_pos_) {
-        if (admission_->count(keys[i], step)) {
+        if (admission->count(keys[i], step)) {
           missing_pos_[kept++] = i;
         } else {
           pending_pos_.push_back(i);
@@ -537,11 +515,7 @@ class HostTable final : public Table {
       const uint64_t fresh =
           std::unique(missing_keys_.begin(), missing_keys_.end()) - missing_keys_.begin();
       if (rows_ + fresh > limit) {
-        if (!spec().evicts()) {
-          fail(EMBSTORE_CAPACITY_EXCEEDED,
-               "table '{}': {} new keys need {} rows, max_capacity is {}; nothing was inserted",
-               spec().name, fresh, rows_ + fresh, limit);
-        }
+        if (!spec().evicts()) fail_over_limit(spec(), fresh, rows_, "new rows", "inserted");
         make_room(rows_ + fresh - limit, step, rows, n);
       }
     }
@@ -561,8 +535,8 @@ class HostTable final : public Table {
     }
     inserted_ += new_rows_.size();
     admitted_ += new_rows_.size();
-    if (admission_) {
-      for (const uint32_t r : new_rows_) admission_->admitted(arena_.row_meta(r)->key);
+    if (AdmissionCounter* admission = ledger_.admission()) {
+      for (const uint32_t r : new_rows_) admission->admitted(arena_.row_meta(r)->key);
     }
 
     const TableSpec& s = spec();
@@ -714,14 +688,9 @@ class HostTable final : public Table {
   // set) for a new key. rows_: the live rows.
   std::vector<uint64_t> freed_;
   std::vector<uint32_t> free_rows_;
-  uint64_t next_row_ = 0, rows_ = 0, inserted_ = 0, evicted_ = 0, skipped_ = 0, admitted_ = 0;
-  std::unique_ptr<AdmissionCounter> admission_;  // null: every key is admitted at once
+  uint64_t next_row_ = 0, rows_ = 0, inserted_ = 0, skipped_ = 0, admitted_ = 0;
+  KeyLedger ledger_;   // admission counts and tombstones
   uint64_t room_ = 0;  // next_row_ may reach this before the arena or the index must grow
-  // Keys evicted since the last capture (tombstones of the next delta), and those that the
-  // snapshot in progress took over.
-  std::vector<int64_t> evicted_keys_, snapshot_evicted_keys_;
-  // The snapshot's admission counts, shared with the live ones until they change.
-  std::unique_ptr<const AdmissionCounter::Frozen> snapshot_admission_;
   bool dirty_tracking_ = true;
   // The snapshot in progress: the copy-on-write sink, the rows still to write, the rows it
   // captured, where drain resumes, and drain's copy counter (odd while it copies).
