@@ -9,14 +9,10 @@
 #include "cuda/row/index.h"
 #include "host/error.hpp"
 #include "host/table.hpp"
+#include "io/layout.hpp"
 
 namespace embstore {
 namespace {
-
-bool valid_name_char(char c) {
-  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
-         c == '.' || c == '-';
-}
 
 void check_finite(const char* field, float v) {
   if (!std::isfinite(v)) fail(EMBSTORE_INVALID_ARGUMENT, "table {} is not finite", field);
@@ -29,22 +25,11 @@ void check_non_negative(const char* field, float v) {
 
 }  // namespace
 
-// Table and attachment names become file names in checkpoints, hence the narrow alphabet.
+// Table and attachment names become file names in checkpoints (io/layout.hpp).
 void check_name(const char* what, const char* name) {
   if (name == nullptr) fail(EMBSTORE_INVALID_ARGUMENT, "{} name is NULL", what);
-  const size_t len = std::strlen(name);
-  if (len == 0 || len > 128) {
-    fail(EMBSTORE_INVALID_ARGUMENT, "{} name must have 1 to 128 characters, has {}", what, len);
-  }
-  for (size_t i = 0; i < len; ++i) {
-    if (!valid_name_char(name[i])) {
-      fail(EMBSTORE_INVALID_ARGUMENT,
-           "{} name '{}' has character {:#04x} at {}: allowed are [A-Za-z0-9_.-]", what, name,
-           static_cast<unsigned char>(name[i]), i);
-    }
-  }
-  if (std::strcmp(name, ".") == 0 || std::strcmp(name, "..") == 0) {
-    fail(EMBSTORE_INVALID_ARGUMENT, "{} name '{}' is reserved", what, name);
+  if (std::string why = io::name_problem(what, name); !why.empty()) {
+    fail(EMBSTORE_INVALID_ARGUMENT, "{}", why);
   }
 }
 

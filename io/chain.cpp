@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <memory>
+#include <optional>
 #include <unordered_set>
 #include <utility>
 
@@ -42,6 +43,33 @@ int read_version_manifest(const std::string& parent, const VersionDir& v, Manife
     return -EBADMSG;
   }
   return r;
+}
+
+int check_link(const Manifest& child, const Manifest& parent, std::string* why) {
+  auto broken = [&](std::string reason) {
+    if (why != nullptr) *why = std::move(reason);
+    return -EBADMSG;
+  };
+  if (!child.parent || *child.parent != parent.version) {
+    return broken(fmt::format("it is not the parent of version {}", child.version));
+  }
+  if (parent.version >= child.version) {
+    return broken(fmt::format("parent version {} is not older than the delta (version {})",
+                              parent.version, child.version));
+  }
+  if (child.lineage != parent.lineage) {
+    return broken(
+        fmt::format("parent version {} is of lineage {:016x}, the delta of {:016x}: "
+                    "another run's version",
+                    parent.version, parent.lineage, child.lineage));
+  }
+  if (child.parent_xxh3 && *child.parent_xxh3 != parent.xxh3) {
+    return broken(
+        fmt::format("parent version {} has manifest checksum {:016x}, the delta was "
+                    "written on {:016x}: not the version it applies on",
+                    parent.version, parent.xxh3, *child.parent_xxh3));
+  }
+  return 0;
 }
 
 CheckpointDir::CheckpointDir(std::string path, std::vector<VersionDir> versions)
@@ -114,34 +142,56 @@ int CheckpointDir::choose(uint64_t version, std::optional<bool> full, size_t* in
 
 int CheckpointDir::chain(size_t index, std::vector<ChainLink>* out, std::string* detail) {
   out->clear();
+  const Manifest* m = nullptr;
+  std::string why;
+  if (int r = manifest(index, &m, &why); r < 0) {
+    return manifest_error(index, r, why, "it is not a committed checkpoint", detail);
+  }
   for (;;) {
-    const Manifest* m = nullptr;
-    std::string why;
-    const int r = manifest(index, &m, &why);
-    if (r < 0) {
-      const std::string child = out->empty() ? std::string() : out->back().path;
-      return manifest_error(index, r, why,
-                            out->empty() ? "it is not a committed checkpoint"
-                                         : child + " needs it (the chain is broken)",
-                            detail);
-    }
     out->push_back({&versions_[index], m, version_path(index)});
     if (m->full) return 0;
     const uint64_t parent = *m->parent;
-    const std::string& child = out->back().path;
+    const std::string child = out->back().path;
     if (parent >= versions_[index].version) {
       return corrupt(detail, fmt::format("{}/{}: parent version {} is not older than the delta",
                                          child, kManifestName, parent));
     }
-    // A full checkpoint comes before a delta of the same version.
-    auto it = std::find_if(versions_.begin(), versions_.end(),
-                           [&](const VersionDir& v) { return v.version == parent; });
-    if (it == versions_.end()) {
+    // The parent: the version of that number whose manifest the delta names (of a full
+    // checkpoint and a delta of one version, the full is tried first).
+    std::optional<size_t> found;
+    int first_rc = 0;
+    size_t first = 0;
+    std::string first_why;
+    for (size_t i = 0; i < versions_.size() && !found; ++i) {
+      if (versions_[i].version != parent) continue;
+      const Manifest* pm = nullptr;
+      std::string reason;
+      int r = manifest(i, &pm, &reason);
+      if (r == 0 && check_link(*m, *pm, &reason) < 0) r = 1;  // reads, but is not the parent
+      if (r == 0) {
+        found = i;
+        m = pm;
+      } else if (first_rc == 0) {
+        first_rc = r;
+        first = i;
+        first_why = std::move(reason);
+      }
+    }
+    if (found) {
+      index = *found;
+      continue;
+    }
+    if (first_rc == 0) {
       return corrupt(detail,
                      fmt::format("{}: its parent version {} is not in '{}': the chain is broken",
                                  child, parent, path_));
     }
-    index = static_cast<size_t>(it - versions_.begin());
+    if (first_rc == 1) {
+      return corrupt(
+          detail, fmt::format("{}/{}: {}: the chain is broken", child, kManifestName, first_why));
+    }
+    return manifest_error(first, first_rc, first_why, child + " needs it (the chain is broken)",
+                          detail);
   }
 }
 
@@ -150,8 +200,7 @@ namespace {
 // Reads one row file of a chain and hands its surviving rows to sink. With seen (a chain
 // read newest first), a key is handed over once, and a tombstone hides it from older files.
 int read_file(const std::string& path, const FileEntry& f, const TableEntry& t, bool full,
-              const ChainReadOptions& options, std::unordered_set<int64_t>* seen,
-              const RowSink& sink, std::string* detail) {
+              std::unordered_set<int64_t>* seen, const RowSink& sink, std::string* detail) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return corrupt(detail, path + " is missing");
@@ -218,14 +267,10 @@ int read_file(const std::string& path, const FileEntry& f, const TableEntry& t, 
     return corrupt(detail,
                    fmt::format("{}: holds {} rows, the manifest says {}", path, rows, f.rows));
   }
-  if (options.file_checksums) {
-    uint64_t xxh3 = 0, bytes = 0;
-    if (int e = checksum_file(path, &xxh3, &bytes); e < 0) return path_error(path, e, detail);
-    if (bytes != f.bytes || xxh3 != f.xxh3) {
-      return corrupt(detail, fmt::format("{}: XXH3 checksum mismatch: the file hashes to {:016x}, "
-                                         "the manifest says {:016x}",
-                                         path, xxh3, f.xxh3));
-    }
+  if (reader->checksum() != f.xxh3) {
+    return corrupt(detail, fmt::format("{}: XXH3 checksum mismatch: the file hashes to {:016x}, "
+                                       "the manifest says {:016x}",
+                                       path, reader->checksum(), f.xxh3));
   }
   return 0;
 }
@@ -246,8 +291,7 @@ int read_chain_rows(const std::vector<ChainLink>& chain, const TableEntry& table
           detail, fmt::format("{}: table '{}' changes shape along the chain", c.path, table.name));
     }
     for (const FileEntry& f : it->files) {
-      if (int r = read_file(c.path + "/" + f.path, f, *it, c.manifest->full, options, filter, sink,
-                            detail);
+      if (int r = read_file(c.path + "/" + f.path, f, *it, c.manifest->full, filter, sink, detail);
           r < 0) {
         return r;
       }

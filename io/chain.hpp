@@ -41,6 +41,13 @@ inline constexpr uint64_t kLatestVersion = UINT64_MAX;
 int read_version_manifest(const std::string& parent, const VersionDir& v, Manifest* out,
                           std::string* detail);
 
+// Whether parent is the version that the delta child applies on: child names parent's version,
+// which is older, and (format 2) parent's lineage and manifest checksum, so that a delta never
+// applies on another version of the same number, nor on a version of another run. 0, or
+// -EBADMSG with the reason (without paths) in *why. The checkpointer checks each delta with it
+// before its commit, restore and embstore-ckpt along every chain they follow.
+int check_link(const Manifest& child, const Manifest& parent, std::string* why);
+
 // One version of a chain. The pointers stay valid while the CheckpointDir lives.
 struct ChainLink {
   const VersionDir* dir = nullptr;
@@ -76,8 +83,8 @@ class CheckpointDir {
              std::vector<std::string>* skipped);
 
   // The chain of versions()[index]: itself, then each parent back to a full checkpoint (newest
-  // first). -EBADMSG when a parent is missing, not older, or has no valid manifest. Reads
-  // manifests only, no row data.
+  // first). -EBADMSG when a parent is missing, has no valid manifest, or fails check_link.
+  // Reads manifests only, no row data.
   int chain(size_t index, std::vector<ChainLink>* out, std::string* detail);
 
  private:
@@ -97,9 +104,6 @@ class CheckpointDir {
 };
 
 struct ChainReadOptions {
-  // Also checks each file's whole-file XXH3 against the manifest (a second read of the file);
-  // the block checksums, sizes and row counts are always checked.
-  bool file_checksums = false;
   // Drops repeated keys also when the chain is a full checkpoint alone (with deltas, always).
   bool unique_keys = false;
 };
@@ -111,9 +115,10 @@ using RowSink = std::function<int(const RowBlock& block, std::string* detail)>;
 // Hands sink the rows that chain (newest first, as CheckpointDir::chain gives it) holds for
 // table (an entry of chain.front()'s manifest): every file of the table in every version that
 // has it, each key's newest row only, and no key whose newest row is a tombstone. Checks each
-// file's size, blocks (checksums, kind, shape) and row count against its manifest, and that
-// the table keeps its shape along the chain. The sum of the rows handed over is the table's
-// rows at that version only if the chain is intact; callers compare it with table_rows.
+// file's size, blocks (checksums, kind, shape), row count and whole-file XXH3 (hashed as it is
+// read, not read twice) against its manifest, and that the table keeps its shape along the
+// chain. The sum of the rows handed over is the table's rows at that version only if the chain
+// is intact; callers compare it with table_rows.
 int read_chain_rows(const std::vector<ChainLink>& chain, const TableEntry& table,
                     const ChainReadOptions& options, const RowSink& sink, std::string* detail);
 

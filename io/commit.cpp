@@ -268,7 +268,8 @@ int fsync_path(const std::string& path) {
   return guard.close();
 }
 
-int commit_staging_dir(const std::string& staging, const std::string& final_path) {
+int commit_staging_dir(const std::string& staging, const std::string& final_path, bool* renamed) {
+  if (renamed != nullptr) *renamed = false;
   {
     Fd fd(::open(staging.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (fd.get() < 0) return neg_errno();
@@ -276,6 +277,7 @@ int commit_staging_dir(const std::string& staging, const std::string& final_path
   }
   if (int r = injected("rename"); r < 0) return r;
   if (int r = rename_noreplace(staging, final_path); r < 0) return r;
+  if (renamed != nullptr) *renamed = true;
   // The rename is only durable once the directory holding the new name is.
   if (int r = injected("fsync_parent"); r < 0) return r;
   return fsync_path(parent_of(final_path));

@@ -48,8 +48,10 @@ int fsync_path(const std::string& path);
 // On failure before the rename, staging is left as it was (the caller removes it) and
 // final_path does not exist. When only the last fsync fails, the rename has happened:
 // final_path exists, staging does not, and the error is still reported because the commit may
-// not survive a crash.
-int commit_staging_dir(const std::string& staging, const std::string& final_path);
+// not survive a crash. *renamed (may be null) tells which: a caller rolls back only what it
+// renamed, never a final_path that was there before (-EEXIST leaves it alone).
+int commit_staging_dir(const std::string& staging, const std::string& final_path,
+                       bool* renamed = nullptr);
 
 // rm -rf without following symlinks. A missing path is 0. Goes on after an error and returns
 // the first one (ENOENT, from entries removed concurrently, is not an error).

@@ -1,6 +1,7 @@
 #include "io/manifest.hpp"
 
 #include <fcntl.h>
+#include <sys/random.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -9,7 +10,10 @@
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <stdexcept>
+
+#include "io/layout.hpp"
 
 namespace embstore::io {
 namespace {
@@ -84,7 +88,7 @@ int get_enum(const json& j, const char* key, const char* const (&names)[N]) {
   for (size_t i = 0; i < N; ++i) {
     if (s == names[i]) return static_cast<int>(i);
   }
-  throw Bad(std::string("'") + key + "' has unknown value '" + s + "'");
+  throw Bad(std::string("'") + key + "' has unknown value '" + printable(s) + "'");
 }
 
 // Paths inside a version directory: relative, no "..", no empty components.
@@ -99,7 +103,7 @@ std::string get_path(const json& j, const char* key) {
     ok = !part.empty() && part != "." && part != "..";
     start = end + 1;
   }
-  if (!ok) throw Bad(std::string("'") + key + "' is not a relative path: '" + p + "'");
+  if (!ok) throw Bad(std::string("'") + key + "' is not a relative path: '" + printable(p) + "'");
   return p;
 }
 
@@ -156,16 +160,21 @@ json manifest_json(const Manifest& m) {
     f["name"] = a.name;
     attachments.push_back(f);
   }
-  return json{{"format", kFormat},
-              {"format_version", m.format_version},
-              {"kind", m.full ? "full" : "delta"},
-              {"version", m.version},
-              {"step", m.version},
-              {"parent", m.parent ? json(*m.parent) : json(nullptr)},
-              {"world_size", m.world_size},
-              {"embstore_version", m.embstore_version},
-              {"tables", tables},
-              {"attachments", attachments}};
+  json j{{"format", kFormat},
+         {"format_version", m.format_version},
+         {"kind", m.full ? "full" : "delta"},
+         {"version", m.version},
+         {"step", m.version},
+         {"parent", m.parent ? json(*m.parent) : json(nullptr)},
+         {"world_size", m.world_size},
+         {"embstore_version", m.embstore_version},
+         {"tables", tables},
+         {"attachments", attachments}};
+  if (m.format_version >= 2) {
+    j["lineage"] = hex64(m.lineage);
+    j["parent_manifest_xxh3"] = m.parent_xxh3 ? json(hex64(*m.parent_xxh3)) : json(nullptr);
+  }
+  return j;
 }
 
 uint64_t body_checksum(const json& body) {
@@ -181,6 +190,17 @@ struct FdCloser {
 };
 
 }  // namespace
+
+uint64_t new_lineage() {
+  uint64_t id = 0;
+  while (id == 0) {
+    if (::getrandom(&id, sizeof(id), 0) != static_cast<ssize_t>(sizeof(id))) {
+      std::random_device rd;  // old kernels or seccomp filters without getrandom
+      id = (uint64_t{rd()} << 32) ^ rd();
+    }
+  }
+  return id;
+}
 
 const char* optimizer_name(int optimizer) {
   return optimizer >= 0 && optimizer < 4 ? kOptimizers[optimizer] : "unknown";
@@ -201,10 +221,11 @@ std::string state_layout(int optimizer) {
   }
 }
 
-std::string format_manifest(const Manifest& m) {
+std::string format_manifest(const Manifest& m, uint64_t* xxh3) {
   json j = manifest_json(m);
   const uint64_t sum = body_checksum(j);
   j["manifest_xxh3"] = hex64(sum);
+  if (xxh3 != nullptr) *xxh3 = sum;
   return j.dump(2) + "\n";
 }
 
@@ -216,13 +237,16 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
     if (body_checksum(j) != expected) throw Bad("checksum mismatch (manifest_xxh3)");
     if (get_string(j, "format") != kFormat) throw Bad("'format' is not " + std::string(kFormat));
     Manifest m;
+    m.xxh3 = expected;
     m.format_version = get_u32(j, "format_version");
-    if (m.format_version != kManifestFormatVersion) {
+    if (m.format_version < kOldestManifestFormatVersion ||
+        m.format_version > kManifestFormatVersion) {
       throw Bad("format_version " + std::to_string(m.format_version) + " is not supported (" +
-                std::to_string(kManifestFormatVersion) + " is)");
+                std::to_string(kOldestManifestFormatVersion) + " to " +
+                std::to_string(kManifestFormatVersion) + " are)");
     }
     const std::string kind = get_string(j, "kind");
-    if (kind != "full" && kind != "delta") throw Bad("'kind' is '" + kind + "'");
+    if (kind != "full" && kind != "delta") throw Bad("'kind' is '" + printable(kind) + "'");
     m.full = kind == "full";
     m.version = get_u64(j, "version");
     if (get_u64(j, "step") != m.version) throw Bad("'step' differs from 'version'");
@@ -234,11 +258,23 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
     const json& ev = member(j, "embstore_version");
     if (!ev.is_number_integer()) throw Bad("'embstore_version' is not an integer");
     m.embstore_version = ev.get<int32_t>();
+    if (m.format_version >= 2) {
+      m.lineage = get_hex64(j, "lineage");
+      if (m.lineage == 0) throw Bad("'lineage' is 0");
+      if (!member(j, "parent_manifest_xxh3").is_null()) {
+        m.parent_xxh3 = get_hex64(j, "parent_manifest_xxh3");
+      }
+      if (m.full == m.parent_xxh3.has_value()) {
+        throw Bad("'parent_manifest_xxh3' does not match 'kind'");
+      }
+    }
     const json& tables = member(j, "tables");
     if (!tables.is_array()) throw Bad("'tables' is not an array");
     for (const json& t : tables) {
       TableEntry e;
       e.name = get_string(t, "name");
+      // Named first: every message below may quote the name.
+      if (std::string why = name_problem("table", e.name); !why.empty()) throw Bad(why);
       const json& c = member(t, "config");
       embstore_table_config_init(&e.config);
       e.config.name = nullptr;
@@ -270,24 +306,24 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
       uint64_t rows = 0;
       for (const json& f : files) {
         e.files.push_back(file_from(f));
+        if (rows > UINT64_MAX - e.files.back().rows) {
+          throw Bad("table '" + e.name + "': file rows overflow");
+        }
         rows += e.files.back().rows;
       }
       if (rows != e.rows) throw Bad("table '" + e.name + "': file rows do not add up to 'rows'");
       if (t.contains("admission")) e.admission = file_from(member(t, "admission"));
-      for (const TableEntry& other : m.tables) {
-        if (other.name == e.name) throw Bad("table '" + e.name + "' is listed twice");
-      }
       m.tables.push_back(std::move(e));
     }
     const json& attachments = member(j, "attachments");
     if (!attachments.is_array()) throw Bad("'attachments' is not an array");
     for (const json& a : attachments) {
       AttachmentEntry e{get_string(a, "name"), file_from(a)};
-      for (const AttachmentEntry& other : m.attachments) {
-        if (other.name == e.name) throw Bad("attachment '" + e.name + "' is listed twice");
-      }
+      if (std::string why = name_problem("attachment", e.name); !why.empty()) throw Bad(why);
       m.attachments.push_back(std::move(e));
     }
+    std::string why;
+    if (check_layout(m, &why) < 0) throw Bad(why);
     *out = std::move(m);
     for (TableEntry& t : out->tables) t.config.name = t.name.c_str();
     return 0;
@@ -301,10 +337,10 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
   return -EBADMSG;
 }
 
-int write_manifest(const std::string& version_dir, const Manifest& m) {
+int write_manifest(const std::string& version_dir, const Manifest& m, uint64_t* xxh3) {
   std::string text;
   try {
-    text = format_manifest(m);
+    text = format_manifest(m, xxh3);
   } catch (...) {
     return -ENOMEM;
   }

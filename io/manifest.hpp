@@ -19,10 +19,13 @@
 namespace embstore::io {
 
 inline constexpr const char* kManifestName = "MANIFEST.json";
-inline constexpr uint32_t kManifestFormatVersion = 1;
+// The format written (io/layout.hpp): 2 since 0.4 (tables/ namespace, lineage, parent
+// checksum). Versions 1 and 2 are read.
+inline constexpr uint32_t kManifestFormatVersion = 2;
+inline constexpr uint32_t kOldestManifestFormatVersion = 1;
 
 struct FileEntry {
-  std::string path;  // relative to the version directory
+  std::string path;  // relative to the version directory, as io/layout.hpp names it
   uint64_t bytes = 0;
   uint64_t rows = 0;  // row files only
   uint64_t xxh3 = 0;  // XXH3_64bits of the whole file
@@ -54,9 +57,20 @@ struct Manifest {
   std::optional<uint64_t> parent;  // deltas: the version they apply on
   uint32_t world_size = 1;
   int32_t embstore_version = 0;
+  // The chain this version belongs to: a random non-zero id drawn by its full checkpoint and
+  // copied by every delta on it. 0 in format 1, and along chains that grew from a format 1 one.
+  uint64_t lineage = 0;
+  // Deltas, format 2: the manifest_xxh3 of the parent's manifest, so that a delta names the
+  // exact version it applies on, not merely its number.
+  std::optional<uint64_t> parent_xxh3;
   std::vector<TableEntry> tables;
   std::vector<AttachmentEntry> attachments;
+  // This manifest's own manifest_xxh3: set by parse_manifest and format_manifest, not stored.
+  uint64_t xxh3 = 0;
 };
+
+// A new chain's lineage: random, never 0 (0 means "unknown", as in format 1).
+uint64_t new_lineage();
 
 // "sgd", "adagrad", "rowwise_adagrad", "adam" / "zeros", "constant", "uniform", "normal".
 const char* optimizer_name(int optimizer);
@@ -64,13 +78,17 @@ const char* init_name(int init);
 // The optimizer state after a row's value, in words: "" for SGD.
 std::string state_layout(int optimizer);
 
-// The manifest as JSON text (pretty-printed, with manifest_xxh3).
-std::string format_manifest(const Manifest& m);
-// Parses and checks text (checksum, format version, every field present and typed).
+// The manifest as JSON text (pretty-printed, with manifest_xxh3; *xxh3, when given, gets it),
+// in m.format_version's format.
+std::string format_manifest(const Manifest& m, uint64_t* xxh3 = nullptr);
+// Parses and checks text: checksum, format version, every field present and typed, and every
+// name and path against the layout (io/layout.hpp: check_layout). A manifest is input, never
+// an instruction: whatever passes names only files inside its version directory, each once.
 int parse_manifest(const std::string& text, Manifest* out, std::string* detail);
 
-// Writes <version_dir>/MANIFEST.json (not fsynced: the commit protocol fsyncs every file).
-int write_manifest(const std::string& version_dir, const Manifest& m);
+// Writes <version_dir>/MANIFEST.json (not fsynced: the commit protocol fsyncs every file);
+// *xxh3 (may be null) = its manifest_xxh3.
+int write_manifest(const std::string& version_dir, const Manifest& m, uint64_t* xxh3 = nullptr);
 // -ENOENT when the file is missing, -EBADMSG when it does not parse or check.
 int read_manifest(const std::string& version_dir, Manifest* out, std::string* detail);
 

@@ -45,7 +45,7 @@ uint32_t block_capacity(size_t buffer_bytes, uint64_t row_bytes) {
 
 // ------------------------------------------------------------------------------ writer --
 
-void RowFileWriter::HashDeleter::operator()(XXH3_state_s* s) const { XXH3_freeState(s); }
+void detail::HashDeleter::operator()(XXH3_state_s* s) const { XXH3_freeState(s); }
 
 RowFileWriter::~RowFileWriter() = default;
 
@@ -179,6 +179,8 @@ int RowFileReader::open(const std::string& path, const ReaderOptions& options,
                         std::unique_ptr<RowFileReader>* out) {
   if (out == nullptr) return -EINVAL;
   std::unique_ptr<RowFileReader> r(new RowFileReader());
+  r->hash_.reset(XXH3_createState());
+  if (!r->hash_ || XXH3_64bits_reset(r->hash_.get()) != XXH_OK) return -ENOMEM;
   if (const int e = FileReader::open(path, options, &r->reader_); e < 0) return e;
   *out = std::move(r);
   return 0;
@@ -199,6 +201,7 @@ int RowFileReader::take(size_t n, const char** data) {
   }
   if (chunk_bytes_ - chunk_at_ >= n) {
     *data = chunk_ + chunk_at_;
+    XXH3_64bits_update(hash_.get(), *data, n);
     chunk_at_ += n;
     offset_ += n;
     return 0;
@@ -222,8 +225,11 @@ int RowFileReader::take(size_t n, const char** data) {
   }
   offset_ += n;
   *data = dst;
+  XXH3_64bits_update(hash_.get(), dst, n);
   return 0;
 }
+
+uint64_t RowFileReader::checksum() const { return XXH3_64bits_digest(hash_.get()); }
 
 int RowFileReader::next_block(RowBlock* out) {
   if (error_ != 0) return error_;

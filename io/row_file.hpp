@@ -53,6 +53,12 @@ struct XXH3_state_s;
 
 namespace embstore::io {
 
+namespace detail {
+struct HashDeleter {
+  void operator()(XXH3_state_s* s) const;
+};
+}  // namespace detail
+
 inline constexpr char kRowFileMagic[8] = {'E', 'M', 'B', 'R', 'O', 'W', 'S', '1'};
 inline constexpr uint32_t kRowFileVersion = 1;
 inline constexpr size_t kRowBlockHeaderBytes = 64;
@@ -115,12 +121,8 @@ class RowFileWriter {
   // Compacts, checksums and submits the block being filled.
   int flush_block();
 
-  struct HashDeleter {
-    void operator()(XXH3_state_s* s) const;
-  };
-
   std::unique_ptr<FileWriter> writer_;
-  std::unique_ptr<XXH3_state_s, HashDeleter> hash_;
+  std::unique_ptr<XXH3_state_s, detail::HashDeleter> hash_;
   uint32_t dim_ = 0;
   uint32_t state_dim_ = 0;
   uint32_t upsert_capacity_ = 0;
@@ -150,6 +152,9 @@ class RowFileReader {
   int next_block(RowBlock* out);
   // "block at offset N: what was wrong" after -EBADMSG; empty otherwise.
   const std::string& error_detail() const { return error_detail_; }
+  // XXH3_64bits of every byte read so far (headers, payloads, padding): the whole file's
+  // checksum once next_block() returned 0, checked against the manifest without a second read.
+  uint64_t checksum() const;
 
  private:
   RowFileReader() = default;
@@ -159,6 +164,7 @@ class RowFileReader {
   int take(size_t n, const char** data);
 
   std::unique_ptr<FileReader> reader_;
+  std::unique_ptr<XXH3_state_s, detail::HashDeleter> hash_;
   const char* chunk_ = nullptr;  // the current chunk of FileReader
   size_t chunk_bytes_ = 0;
   size_t chunk_at_ = 0;            // bytes of the chunk already consumed

@@ -1,6 +1,6 @@
 #include "host/checkpoint/checkpointer.hpp"
 
-#include <sys/stat.h>
+#include <errno.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -15,8 +15,10 @@
 #include "host/checkpoint/staging.hpp"
 #include "host/error.hpp"
 #include "host/store.hpp"
+#include "io/chain.hpp"
 #include "io/commit.hpp"
 #include "io/engine.hpp"
+#include "io/layout.hpp"
 #include "io/manifest.hpp"
 #include "io/row_file.hpp"
 
@@ -32,8 +34,8 @@ double seconds_since(Clock::time_point t) {
 
 using io::detail::errno_text;
 
-constexpr const char* kShardFile = "shard-00000-of-00001.rows";
-constexpr const char* kAdmissionFile = "admission.counts";
+// The format this version writes.
+constexpr uint32_t kFormat = io::kManifestFormatVersion;
 // Row file staging buffers of all tables together stay near this.
 constexpr size_t kWriterBudget = size_t{64} << 20;
 
@@ -74,6 +76,11 @@ struct Job {
   uint64_t version = 0;
   bool full = true;
   std::optional<uint64_t> parent;  // deltas: the version they apply on
+  io::VersionDir parent_dir;       // deltas: its directory in dir
+  uint64_t parent_xxh3 = 0;        // deltas: its manifest's checksum
+  uint64_t lineage = 0;
+  uint64_t xxh3 = 0;     // this version's manifest checksum, once written
+  bool renamed = false;  // the commit renamed the staging directory into place
   bool from_policy = false;
   bool started = false;
   std::string dir, staging, final_path;
@@ -127,6 +134,7 @@ uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy
   if (int r = io::create_directories(dir); r < 0) {
     fail(EMBSTORE_IO_ERROR, "cannot create checkpoint directory '{}': {}", dir, errno_text(r));
   }
+  lock_dir(dir);  // before anything in dir is looked at, removed or written
   std::vector<io::VersionDir> versions;
   if (int r = io::list_versions(dir, &versions); r < 0) {
     fail(EMBSTORE_IO_ERROR, "cannot list checkpoint directory '{}': {}", dir, errno_text(r));
@@ -138,20 +146,38 @@ uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy
     }
   }
   // A delta holds the rows dirty since the last capture, so it can only follow the version
-  // that capture committed, in this directory, and only while the chain is short enough.
+  // that capture committed, in this directory, unchanged there, older than this one (steps may
+  // go backwards), and only while the chain is short enough. Anything else is taken as a full
+  // checkpoint: a delta that restore could not apply is never written.
   std::optional<uint64_t> parent;
+  io::VersionDir parent_dir;
+  Chain chain;
   if (!full) {
     std::lock_guard lock(mutex_);
-    const bool parent_here =
-        chain_.valid && same_dir(chain_.dir, dir) &&
-        std::any_of(versions.begin(), versions.end(),
-                    [&](const io::VersionDir& v) { return v.version == chain_.version; });
+    chain = chain_;
     const bool rebaseline =
         (policy_.max_chain_length > 0 && chain_.deltas >= policy_.max_chain_length) ||
         (policy_.rebaseline_fraction > 0 &&
          static_cast<double>(chain_.delta_bytes) >
              policy_.rebaseline_fraction * static_cast<double>(chain_.full_bytes));
-    if (parent_here && !rebaseline) parent = chain_.version;
+    if (rebaseline) chain.valid = false;
+  }
+  if (chain.valid && chain.version < version && same_dir(chain.dir, dir)) {
+    auto it = std::find_if(versions.begin(), versions.end(), [&](const io::VersionDir& v) {
+      return v.version == chain.version && v.full == chain.full;
+    });
+    io::Manifest pm;
+    std::string why;
+    if (it != versions.end() && io::read_version_manifest(dir, *it, &pm, &why) == 0 &&
+        pm.xxh3 == chain.xxh3) {
+      parent = chain.version;
+      parent_dir = *it;
+    } else if (it != versions.end()) {
+      log_line(
+          fmt::format("version {} in '{}' is not the one this store committed ({}): the "
+                      "incremental checkpoint {} is taken as a full one",
+                      chain.version, dir, why.empty() ? "its manifest changed" : why, version));
+    }
   }
   full = !parent.has_value();
 
@@ -169,6 +195,9 @@ uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy
   job->version = version;
   job->full = full;
   job->parent = parent;
+  job->parent_dir = parent_dir;
+  job->parent_xxh3 = full ? 0 : chain.xxh3;
+  job->lineage = full ? io::new_lineage() : chain.lineage;
   job->from_policy = from_policy;
   job->wait_seconds = wait_seconds;
   job->dir = dir;
@@ -211,7 +240,7 @@ uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy
       t.handle = tables[i];
       t.impl = tables[i]->impl.get();
       t.spec = t.impl->spec();
-      t.file = t.spec.name + "/" + kShardFile;
+      t.file = io::row_file_path(kFormat, t.spec.name, 0, 1);
       for (auto* sink : {&t.sink, &t.drain_sink}) {
         *sink = std::make_unique<StagingRing::Sink>(*ring_, static_cast<uint32_t>(i),
                                                     row::record_bytes(t.spec.stride()));
@@ -295,7 +324,7 @@ namespace {
 
 // Opens t's row file in job's staging directory, sized for the rows it captured.
 void open_writer(const Job& job, TableJob& t) {
-  const std::string table_dir = job.staging + "/" + t.spec.name;
+  const std::string table_dir = job.staging + "/" + io::table_dir(kFormat, t.spec.name);
   if (int r = io::create_directories(table_dir); r < 0) {
     fail(EMBSTORE_IO_ERROR, "cannot create '{}': {}", table_dir, errno_text(r));
   }
@@ -455,6 +484,8 @@ void Checkpointer::run(Job& job) {
     io::Manifest m;
     m.full = job.full;
     m.parent = job.parent;
+    if (!job.full) m.parent_xxh3 = job.parent_xxh3;
+    m.lineage = job.lineage;
     m.version = job.version;
     m.world_size = 1;
     m.embstore_version = EMBSTORE_VERSION_CODE;
@@ -473,7 +504,7 @@ void Checkpointer::run(Job& job) {
         rows_total += e.rows;
         bytes_total += t.writer->bytes();
         if (const std::vector<char> counts = t.impl->admission_at_capture(); !counts.empty()) {
-          const std::string rel = t.spec.name + "/" + kAdmissionFile;
+          const std::string rel = io::admission_file_path(kFormat, t.spec.name);
           if (int r = io::write_whole_file(job.staging + "/" + rel, counts.data(), counts.size());
               r < 0) {
             failed(EMBSTORE_IO_ERROR, fmt::format("{}: writing {}: {}", what, rel, errno_text(r)));
@@ -485,13 +516,13 @@ void Checkpointer::run(Job& job) {
         m.tables.push_back(std::move(e));
       }
       if (!job.attachments.empty()) {
-        const std::string adir = job.staging + "/attachments";
+        const std::string adir = job.staging + "/" + io::kAttachmentsDir;
         if (int r = io::create_directories(adir); r < 0) {
           failed(EMBSTORE_IO_ERROR, fmt::format("{}: {}: {}", what, adir, errno_text(r)));
         }
         for (const auto& [name, data] : job.attachments) {
           if (status != EMBSTORE_OK) break;
-          const std::string rel = "attachments/" + name;
+          const std::string rel = io::attachment_path(name);
           if (int r = io::write_whole_file(job.staging + "/" + rel, data.data(), data.size());
               r < 0) {
             failed(EMBSTORE_IO_ERROR, fmt::format("{}: writing {}: {}", what, rel, errno_text(r)));
@@ -503,13 +534,28 @@ void Checkpointer::run(Job& job) {
       }
     }
     if (status == EMBSTORE_OK) {
-      if (int r = io::write_manifest(job.staging, m); r < 0) {
+      if (int r = io::write_manifest(job.staging, m, &job.xxh3); r < 0) {
         failed(EMBSTORE_IO_ERROR,
                fmt::format("{}: writing {}: {}", what, io::kManifestName, errno_text(r)));
       }
+      m.xxh3 = job.xxh3;
+    }
+    // A delta commits only while its parent is still in place and is the version it names, as
+    // restore will check: "committed" means "restorable".
+    if (status == EMBSTORE_OK && !job.full) {
+      io::Manifest parent;
+      std::string why;
+      int r = io::read_version_manifest(job.dir, job.parent_dir, &parent, &why);
+      if (r == 0) r = io::check_link(m, parent, &why);
+      if (r < 0) {
+        failed(EMBSTORE_IO_ERROR,
+               fmt::format(
+                   "{}: its parent {} {}: the delta would not restore", what, job.parent_dir.name,
+                   r == -ENOENT ? std::string("is gone") : (why.empty() ? errno_text(r) : why)));
+      }
     }
     if (status == EMBSTORE_OK) {
-      if (int r = io::commit_staging_dir(job.staging, job.final_path); r < 0) {
+      if (int r = io::commit_staging_dir(job.staging, job.final_path, &job.renamed); r < 0) {
         failed(EMBSTORE_IO_ERROR, fmt::format("{}: commit: {}", what, errno_text(r)));
       }
     }
@@ -547,9 +593,9 @@ void Checkpointer::run(Job& job) {
   if (!ok) {
     io::remove_tree(job.staging);
     // A commit whose last fsync failed has renamed the version into place: take it back out,
-    // so that a failed checkpoint never exists for readers.
-    struct stat st;
-    if (::stat(job.final_path.c_str(), &st) == 0) retire(job.dir, job.final_path);
+    // so that a failed checkpoint never exists for readers. Only what this job renamed: a
+    // version that was there before is never touched.
+    if (job.renamed) retire(job.dir, job.final_path);
     // The attachments go with the next checkpoint instead, unless attached again since.
     std::lock_guard lock(mutex_);
     for (auto& [name, data] : job.attachments) attachments_.emplace(name, std::move(data));
@@ -615,9 +661,11 @@ void Checkpointer::finish(Job& job, embstore_status_t status, const std::string&
     last_version_ = job.version;
     const uint64_t bytes = job.bytes;
     if (job.full) {
-      chain_ = Chain{true, job.dir, job.version, bytes, 0, 0};
+      chain_ = Chain{true, job.dir, job.version, true, job.lineage, job.xxh3, bytes, 0, 0};
     } else {
       chain_.version = job.version;
+      chain_.full = false;
+      chain_.xxh3 = job.xxh3;
       chain_.delta_bytes += bytes;
       ++chain_.deltas;
     }
@@ -692,7 +740,29 @@ void Checkpointer::attach(const std::string& name, const void* data, size_t byte
   attachments_[name] = std::move(copy);
 }
 
+void Checkpointer::lock_dir(const std::string& dir) {
+  std::error_code ec;
+  const std::filesystem::path canonical = std::filesystem::canonical(dir, ec);
+  const std::string key = ec ? dir : canonical.string();
+  std::lock_guard lock(locks_mutex_);
+  if (locks_.count(key) != 0) return;
+  std::unique_ptr<io::DirLock> taken;
+  std::string detail;
+  const int r = io::DirLock::acquire(
+      key, fmt::format("a store of {}", program_invocation_short_name), &taken, &detail);
+  if (r == -EBUSY) fail(EMBSTORE_BUSY, "{}", detail);
+  if (r < 0) fail(EMBSTORE_IO_ERROR, "{}", detail);
+  locks_.emplace(key, std::move(taken));
+}
+
 void Checkpointer::set_policy(Policy policy) {
+  if (!policy.dir.empty()) {
+    if (int r = io::create_directories(policy.dir); r < 0) {
+      fail(EMBSTORE_IO_ERROR, "cannot create checkpoint directory '{}': {}", policy.dir,
+           errno_text(r));
+    }
+    lock_dir(policy.dir);
+  }
   std::lock_guard lock(mutex_);
   policy_ = std::move(policy);
   policy_full_step_ = policy_incr_step_ = store_.step.load(std::memory_order_relaxed);

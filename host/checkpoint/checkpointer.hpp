@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "host/checkpoint/staging.hpp"
+#include "io/dir_lock.hpp"
 
 struct embstore_store;
 
@@ -52,6 +53,8 @@ class Checkpointer {
   embstore_status_t wait_idle(std::string* message);
 
   void attach(const std::string& name, const void* data, size_t bytes);
+  // Creates the policy's dir and takes its writer lock (throws Error BUSY or IO_ERROR), then
+  // replaces the policy.
   void set_policy(Policy policy);
   // embstore_step: runs the policy at step. Returns a failure to report (see embstore.h).
   embstore_status_t on_step(uint64_t step, std::string* message);
@@ -85,11 +88,18 @@ class Checkpointer {
   void apply_retention(const Job& job);
   // Deletes a version directory: renamed out of sight, then removed.
   void retire(const std::string& dir, const std::string& path);
+  // Takes dir's writer lock unless this store holds it already; kept until the store is
+  // destroyed. Throws Error: BUSY (another writer holds it), IO_ERROR.
+  void lock_dir(const std::string& dir);
   // Wait under lock for the job in flight to end; the wait counts as a stall when stall.
   void wait_for_job(std::unique_lock<std::mutex>& lock, bool stall);
 
   embstore_store& store_;
   std::mutex op_mutex_;  // one checkpoint() / restore() at a time
+
+  std::mutex locks_mutex_;
+  // The directories this store writes into, by canonical path: one writer per directory.
+  std::map<std::string, std::unique_ptr<io::DirLock>> locks_;
 
   mutable std::mutex mutex_;  // everything below
   std::condition_variable changed_;
@@ -108,11 +118,14 @@ class Checkpointer {
   bool policy_full_due_ = false, policy_incr_due_ = false;
 
   // The chain a delta can extend: the last committed (or restored) version and its directory,
-  // with the sizes the rebaseline rule looks at.
+  // what a delta on it must name (its kind, lineage and manifest checksum), and the sizes the
+  // rebaseline rule looks at.
   struct Chain {
     bool valid = false;
     std::string dir;
     uint64_t version = 0;
+    bool full = true;
+    uint64_t lineage = 0, xxh3 = 0;
     uint64_t full_bytes = 0, delta_bytes = 0;
     uint32_t deltas = 0;
   };

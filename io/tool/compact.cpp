@@ -2,8 +2,11 @@
 // V's chain into one full checkpoint of version V in OUT, without a store: per table, each
 // key's newest row (value and optimizer state), tombstoned keys left out. The files and the
 // manifest are laid out as the checkpointer lays out a full checkpoint
-// (host/checkpoint/checkpointer.cpp), so embstore_restore(OUT) restores it, and committed with
-// io/commit's protocol, so an interrupted or failed compact leaves no version in OUT.
+// (host/checkpoint/checkpointer.cpp), in the current format, so embstore_restore(OUT) restores
+// it, and committed with io/commit's protocol, so an interrupted or failed compact leaves no
+// version in OUT. OUT's writer lock is held throughout (io/dir_lock.hpp): a trainer writing
+// there makes compact fail, and the other way round. Every output path comes from io/layout,
+// never from the input's manifests.
 #include <fmt/core.h>
 #include <sys/stat.h>
 #include <xxhash.h>
@@ -19,6 +22,8 @@
 #include "io/admission_file.hpp"
 #include "io/chain.hpp"
 #include "io/commit.hpp"
+#include "io/dir_lock.hpp"
+#include "io/layout.hpp"
 #include "io/manifest.hpp"
 #include "io/row_file.hpp"
 #include "io/tool/ckpt.hpp"
@@ -26,8 +31,7 @@
 namespace embstore::ckpt {
 namespace {
 
-// The checkpointer's name for a table's one row file (world size 1).
-constexpr const char* kShardFile = "shard-00000-of-00001.rows";
+constexpr uint32_t kFormat = io::kManifestFormatVersion;
 
 // The staging directory of the new version: removed unless committed.
 struct Staging {
@@ -41,10 +45,11 @@ struct Staging {
 // Writes table's merged rows into <staging>/<table>/<kShardFile> and returns its entry.
 io::TableEntry write_table(const std::vector<io::ChainLink>& chain, const io::TableEntry& t,
                            const std::string& staging) {
-  const std::string rel = t.name + "/" + kShardFile;
+  const std::string rel = io::row_file_path(kFormat, t.name, 0, 1);
   const std::string path = staging + "/" + rel;
-  if (int r = io::create_directories(staging + "/" + t.name); r < 0) {
-    throw Problem(fmt::format("{}/{}: cannot create: {}", staging, t.name, errno_text(r)));
+  const std::string dir = staging + "/" + io::table_dir(kFormat, t.name);
+  if (int r = io::create_directories(dir); r < 0) {
+    throw Problem(fmt::format("{}: cannot create: {}", dir, errno_text(r)));
   }
   // Preallocated for the rows the table had at that version, as the checkpointer does.
   io::WriterOptions options;
@@ -70,8 +75,7 @@ io::TableEntry write_table(const std::vector<io::ChainLink>& chain, const io::Ta
     return 0;
   };
   io::ChainReadOptions read;
-  read.file_checksums = true;  // compact is offline: every checksum of the inputs
-  read.unique_keys = true;     // a full checkpoint alone too
+  read.unique_keys = true;  // a full checkpoint alone too
   std::string detail;
   const int r = io::read_chain_rows(chain, t, read, sink, &detail);
   if (write_error == 0 && r < 0) throw Problem(detail);
@@ -89,7 +93,6 @@ io::TableEntry write_table(const std::vector<io::ChainLink>& chain, const io::Ta
   // The admission counts of the chain's files, merged into the counts at this version.
   e.admission.reset();
   std::vector<std::string> counts;  // oldest first
-  std::string counts_path;
   for (auto link = chain.rbegin(); link != chain.rend(); ++link) {
     for (const io::TableEntry& f : link->manifest->tables) {
       if (f.name != t.name || !f.admission) continue;
@@ -98,7 +101,6 @@ io::TableEntry write_table(const std::vector<io::ChainLink>& chain, const io::Ta
         throw Problem(detail);
       }
       counts.push_back(std::move(data));
-      counts_path = f.admission->path;
     }
   }
   if (!counts.empty()) {
@@ -107,6 +109,7 @@ io::TableEntry write_table(const std::vector<io::ChainLink>& chain, const io::Ta
       throw Problem(
           fmt::format("{}: table '{}': admission counts: {}", chain.front().path, t.name, detail));
     }
+    const std::string counts_path = io::admission_file_path(kFormat, t.name);
     const std::string out = staging + "/" + counts_path;
     if (int w = io::write_whole_file(out, merged.data(), merged.size()); w < 0) {
       throw Problem(fmt::format("{}: cannot write: {}", out, errno_text(w)));
@@ -141,6 +144,8 @@ int cmd_compact(const std::string& dir, const std::string& version_text, const s
   if (int r = io::create_directories(out); r < 0) {
     throw Problem(fmt::format("{}: cannot create: {}", out, errno_text(r)));
   }
+  std::unique_ptr<io::DirLock> lock;
+  if (io::DirLock::acquire(out, "embstore-ckpt compact", &lock, &detail) < 0) throw Problem(detail);
   // Either kind of V in OUT would stand beside the new one; restore could pick it instead.
   for (const io::VersionDir& v : versions_of(out)) {
     if (v.version == source.version) {
@@ -155,6 +160,7 @@ int cmd_compact(const std::string& dir, const std::string& version_text, const s
 
   io::Manifest m;
   m.full = true;
+  m.lineage = io::new_lineage();  // a new base: deltas written on it start a new chain
   m.version = source.version;
   m.world_size = 1;
   m.embstore_version = EMBSTORE_VERSION_CODE;
@@ -166,7 +172,7 @@ int cmd_compact(const std::string& dir, const std::string& version_text, const s
     if (m.tables.back().admission) bytes += m.tables.back().admission->bytes;
   }
   if (!source.attachments.empty()) {
-    const std::string adir = staging.path + "/attachments";
+    const std::string adir = staging.path + "/" + io::kAttachmentsDir;
     if (int r = io::create_directories(adir); r < 0) {
       throw Problem(fmt::format("{}: cannot create: {}", adir, errno_text(r)));
     }
@@ -175,11 +181,12 @@ int cmd_compact(const std::string& dir, const std::string& version_text, const s
     std::string data;
     if (io::read_checked_file(chain.front().path, a.file, &data, &detail) < 0)
       throw Problem(detail);
-    const std::string path = staging.path + "/" + a.file.path;
+    const std::string rel = io::attachment_path(a.name);
+    const std::string path = staging.path + "/" + rel;
     if (int r = io::write_whole_file(path, data.data(), data.size()); r < 0) {
       throw Problem(fmt::format("{}: cannot write: {}", path, errno_text(r)));
     }
-    m.attachments.push_back(a);
+    m.attachments.push_back({a.name, {rel, a.file.bytes, 0, a.file.xxh3}});
     bytes += a.file.bytes;
   }
   if (int r = io::write_manifest(staging.path, m); r < 0) {
@@ -187,13 +194,11 @@ int cmd_compact(const std::string& dir, const std::string& version_text, const s
         fmt::format("{}/{}: cannot write: {}", staging.path, io::kManifestName, errno_text(r)));
   }
   const std::string final_path = out + "/" + io::version_dir_name(m.version, true);
-  if (int r = io::commit_staging_dir(staging.path, final_path); r < 0) {
+  bool renamed = false;
+  if (int r = io::commit_staging_dir(staging.path, final_path, &renamed); r < 0) {
     // When only the last fsync failed, the version is in place but may not survive a crash:
     // take it back out of sight (to the staging name, gone since the rename) and remove it.
-    struct stat st;
-    if (::stat(staging.path.c_str(), &st) != 0 && errno == ENOENT) {
-      std::rename(final_path.c_str(), staging.path.c_str());
-    }
+    if (renamed) std::rename(final_path.c_str(), staging.path.c_str());
     throw Problem(fmt::format("{}: commit failed: {}", final_path, errno_text(r)));
   }
   staging.committed = true;

@@ -22,6 +22,7 @@
 #include "host/error.hpp"
 #include "host/table.hpp"
 #include "io/admission_file.hpp"
+#include "io/layout.hpp"
 #include "support/backend.hpp"
 #include "support/checkpoint_helpers.hpp"
 #include "tests/io/io_fixtures.hpp"
@@ -80,7 +81,8 @@ embstore_table_t* get_table(embstore_store_t* store, const char* name) {
 std::string admission_file(const std::string& dir, uint64_t version, const char* table) {
   char name[64];
   std::snprintf(name, sizeof(name), "%020llu.full", static_cast<unsigned long long>(version));
-  return dir + "/" + name + "/" + table + "/admission.counts";
+  return dir + "/" + name + "/" +
+         embstore::io::admission_file_path(embstore::io::kManifestFormatVersion, table);
 }
 
 }  // namespace

@@ -27,7 +27,9 @@
 #include <vector>
 
 #include "io/commit.hpp"
+#include "io/dir_lock.hpp"
 #include "io/fault.hpp"
+#include "io/layout.hpp"
 #include "io/row_file.hpp"
 #include "support/backend.hpp"
 #include "support/checkpoint_helpers.hpp"
@@ -166,8 +168,13 @@ std::map<int64_t, std::vector<float>> read_rows(const std::string& path) {
   return rows;
 }
 
+// A table's row file, in the layout this version writes.
+std::string row_file(const std::string& table) {
+  return embstore::io::row_file_path(embstore::io::kManifestFormatVersion, table, 0, 1);
+}
+
 std::string table_file(const std::string& dir, uint64_t version, const std::string& table) {
-  return version_dir(dir, version) + "/" + table + "/shard-00000-of-00001.rows";
+  return version_dir(dir, version) + "/" + row_file(table);
 }
 
 void flip_byte(const std::string& path, uint64_t offset) {
@@ -418,7 +425,8 @@ TEST_CASE("the policy checkpoints on schedule and keeps the newest full checkpoi
     names.push_back(e.path().filename().string());
   }
   std::sort(names.begin(), names.end());
-  REQUIRE(names.size() == 2);
+  REQUIRE(names.size() == 3);
+  REQUIRE(names[2] == embstore::io::kLockFileName);  // held by the store
   REQUIRE(names[1] == fs::path(version_dir(dir.path(), 45)).filename().string());
   uint64_t v = 0;
   require_status(embstore_restore(store, dir.path().c_str(), 10, &v), EMBSTORE_NOT_FOUND, "10");
@@ -538,6 +546,7 @@ TEST_CASE("a failed write fails only that checkpoint, and training and later che
   // No trace on disk but the earlier version; every row is dirty again for the next one.
   size_t entries = 0;
   for (const auto& e : fs::directory_iterator(dir.path())) {
+    if (e.path().filename() == embstore::io::kLockFileName) continue;
     ++entries;
     REQUIRE(e.path().filename().string().rfind(".tmp-", 0) != 0);
   }
@@ -825,7 +834,7 @@ TEST_CASE("a chain of deltas restores every version exactly", "[checkpoint][incr
       REQUIRE(fs::exists(version_dir(dir.path(), 1)));
     } else {
       REQUIRE(fs::exists(delta_dir(dir.path(), s)));
-      const std::string file = delta_dir(dir.path(), s) + "/emb/shard-00000-of-00001.rows";
+      const std::string file = delta_dir(dir.path(), s) + "/" + row_file("emb");
       REQUIRE(read_rows(file).size() == dirty);  // only what changed
     }
   }
@@ -842,19 +851,25 @@ TEST_CASE("a chain of deltas restores every version exactly", "[checkpoint][incr
     REQUIRE(stats(tb).rows == rows_at[s]);
     REQUIRE(same_bits(lookup_ok(tb, all, 0), at[s]));
   }
-  // Training goes on from a restored delta and extends the chain.
+  // Training goes on from a restored delta and extends the chain, once the store that wrote
+  // it has let go of the directory (one writer per directory).
+  train_step(store, t, 9, 3000, 64);
+  const std::vector<float> at9 = lookup_ok(t, all, 0);
   StoreGuard b(make_store());
   REQUIRE(restore_ok(b, dir.path(), EMBSTORE_LATEST) == 8);
   no_rebaseline(b);
   embstore_table_t* tb = get_table(b, "emb");
-  train_step(store, t, 9, 3000, 64);
   train_step(b, tb, 9, 3000, 64);
-  TempDir other;
+  uint64_t v = 0;
+  REQUIRE(embstore_checkpoint(b, dir.path().c_str(), EMBSTORE_CKPT_INCREMENTAL, &v) ==
+          EMBSTORE_BUSY);
+  ok(embstore_store_destroy(store.store));
+  store.store = nullptr;
   REQUIRE(incremental_ok(b, dir.path()) == 9);
   REQUIRE(fs::exists(delta_dir(dir.path(), 9)));
   StoreGuard c(make_store());
   restore_ok(c, dir.path(), 9);
-  REQUIRE(same_bits(lookup_ok(get_table(c, "emb"), all, 0), lookup_ok(t, all, 0)));
+  REQUIRE(same_bits(lookup_ok(get_table(c, "emb"), all, 0), at9));
 }
 
 TEST_CASE("a broken or corrupt chain is reported, never loaded", "[checkpoint][incremental]") {
@@ -869,13 +884,13 @@ TEST_CASE("a broken or corrupt chain is reported, never loaded", "[checkpoint][i
   StoreGuard b(make_store());
   uint64_t v = 0;
   SECTION("a flipped byte in a middle delta") {
-    flip_byte(delta_dir(dir.path(), 2) + "/emb/shard-00000-of-00001.rows", 200);
+    flip_byte(delta_dir(dir.path(), 2) + "/" + row_file("emb"), 200);
     require_status(embstore_restore(b, dir.path().c_str(), EMBSTORE_LATEST, &v), EMBSTORE_CORRUPT,
-                   "00000000000000000002.delta/emb/shard-00000-of-00001.rows");
+                   ("00000000000000000002.delta/" + row_file("emb")).c_str());
     REQUIRE(restore_ok(b, dir.path(), 1) == 1);  // the full alone is fine
   }
   SECTION("a truncated middle delta") {
-    const std::string file = delta_dir(dir.path(), 3) + "/emb/shard-00000-of-00001.rows";
+    const std::string file = delta_dir(dir.path(), 3) + "/" + row_file("emb");
     fs::resize_file(file, fs::file_size(file) - 4096);
     require_status(embstore_restore(b, dir.path().c_str(), 4, &v), EMBSTORE_CORRUPT, "truncated");
   }
@@ -990,7 +1005,7 @@ TEST_CASE("a delta taken while training goes on holds the rows at its step",
   ok(embstore_checkpoint_stats(store, &cs));
   REQUIRE(cs.copy_on_write_rows > 0);  // training met rows of the delta before they were written
   REQUIRE(fs::exists(delta_dir(dir.path(), 1)));
-  const auto rows = read_rows(delta_dir(dir.path(), 1) + "/emb/shard-00000-of-00001.rows");
+  const auto rows = read_rows(delta_dir(dir.path(), 1) + "/" + row_file("emb"));
   REQUIRE(rows.size() == dirty);
   StoreGuard b(make_store());
   REQUIRE(restore_ok(b, dir.path(), 1) == 1);
@@ -1231,12 +1246,13 @@ TEST_CASE("a kill while a delta checkpoint is written leaves the last committed 
   for (const auto& e : fs::directory_iterator(dir.path())) {
     const std::string name = e.path().filename().string();
     if (std::any_of(versions.begin(), versions.end(),
-                    [&](const embstore::io::VersionDir& v) { return v.name == name; })) {
+                    [&](const embstore::io::VersionDir& v) { return v.name == name; }) ||
+        name == embstore::io::kLockFileName) {
       continue;
     }
     INFO(name);
     REQUIRE(name.rfind(".tmp-40-", 0) == 0);
-    REQUIRE(fs::exists(e.path() / "emb" / "shard-00000-of-00001.rows"));
+    REQUIRE(fs::exists(e.path() / row_file("emb")));
     REQUIRE_FALSE(fs::exists(e.path() / "MANIFEST.json"));
     ++leftovers;
   }
@@ -1523,13 +1539,13 @@ TEST_CASE("two stores checkpoint into two directories at once and each restores 
     REQUIRE(versions.size() == recs.size());
     size_t entries = 0;
     for (const auto& e : fs::directory_iterator(run.dir)) {
-      (void)e;
-      ++entries;
+      if (e.path().filename() != embstore::io::kLockFileName) ++entries;  // this store's lock
     }
     REQUIRE(entries == versions.size());
-    std::vector<std::string> want_names = {"MANIFEST.json"};
-    for (const auto& c : run.configs) want_names.push_back(c.name);
-    std::sort(want_names.begin(), want_names.end());
+    const std::vector<std::string> want_names = {"MANIFEST.json", "tables"};
+    std::vector<std::string> want_tables;
+    for (const auto& c : run.configs) want_tables.push_back(c.name);
+    std::sort(want_tables.begin(), want_tables.end());
     for (size_t i = 0; i < versions.size(); ++i) {
       REQUIRE(recs[i].version == run.first_step + 4 * i + 2);
       REQUIRE(versions[i].version == recs[i].version);
@@ -1541,6 +1557,12 @@ TEST_CASE("two stores checkpoint into two directories at once and each restores 
       }
       std::sort(names.begin(), names.end());
       REQUIRE(names == want_names);
+      names.clear();
+      for (const auto& e : fs::directory_iterator(run.dir + "/" + versions[i].name + "/tables")) {
+        names.push_back(e.path().filename().string());
+      }
+      std::sort(names.begin(), names.end());
+      REQUIRE(names == want_tables);
     }
 
     // Each version restores into a fresh store as this store had it.

@@ -19,6 +19,7 @@
 
 #include "host/store.hpp"
 #include "io/chain.hpp"
+#include "io/layout.hpp"
 #include "io/row_file.hpp"
 #include "support/backend.hpp"
 #include "support/checkpoint_helpers.hpp"
@@ -167,8 +168,7 @@ TEST_CASE("rows idle for longer than evict_idle_seconds are evicted (injected cl
   CHECK(stats(t).evicted == 2);
 }
 
-TEST_CASE("at max_capacity an evicting table makes room, least recently used first",
-          "[eviction]") {
+TEST_CASE("at max_capacity an evicting table makes room, least recently used first", "[eviction]") {
   StoreGuard store(make_store());
   embstore_table_config_t c = config("t");
   c.initial_capacity = 8;
@@ -259,7 +259,9 @@ DeltaFile newest_rows(const std::string& dir, const std::string& table) {
   REQUIRE(d.choose(embstore::io::kLatestVersion, std::nullopt, &v, &detail, nullptr) == 0);
   std::unique_ptr<embstore::io::RowFileReader> reader;
   REQUIRE(embstore::io::RowFileReader::open(
-              d.version_path(v) + "/" + table + "/shard-00000-of-00001.rows", {}, &reader) == 0);
+              d.version_path(v) + "/" +
+                  embstore::io::row_file_path(embstore::io::kManifestFormatVersion, table, 0, 1),
+              {}, &reader) == 0);
   DeltaFile out;
   embstore::io::RowBlock b;
   int r;
@@ -304,8 +306,8 @@ TEST_CASE("a delta records evicted keys as tombstones, and restore drops them", 
   CHECK(d.tombstones == std::vector<int64_t>{3});
 
   const std::vector<int64_t> keys = {1, 2, 3, 4};
-  for (const auto& [v, want] : std::map<uint64_t, std::vector<int64_t>>{
-           {1, {1, 2, 3, 4}}, {v1, {2, 3, 4}}, {v2, {2, 4}}}) {
+  for (const auto& [v, want] :
+       std::map<uint64_t, std::vector<int64_t>>{{1, {1, 2, 3, 4}}, {v1, {2, 3, 4}}, {v2, {2, 4}}}) {
     StoreGuard other(make_store());
     uint64_t restored = 0;
     ok(embstore_restore(other, dir.path().c_str(), v, &restored));
@@ -348,8 +350,7 @@ TEST_CASE("a failed delta leaves its tombstones to the next one", "[eviction]") 
   CHECK(present(r, {1, 2}) == std::vector<int64_t>{2});
 }
 
-TEST_CASE("a captured row evicted before it is written keeps its captured value",
-          "[eviction]") {
+TEST_CASE("a captured row evicted before it is written keeps its captured value", "[eviction]") {
   TempDir dir;
   embstore_store_config_t sc;
   embstore_store_config_init(&sc);
@@ -395,8 +396,7 @@ TEST_CASE("a captured row evicted before it is written keeps its captured value"
   CHECK(stats(r).rows == keys.size());
 }
 
-TEST_CASE("every version of a chain with evictions restores the state training had",
-          "[eviction]") {
+TEST_CASE("every version of a chain with evictions restores the state training had", "[eviction]") {
   TempDir dir;
   StoreGuard store(make_store());
   embstore_table_config_t c = config("t", 8);
@@ -464,11 +464,12 @@ TEST_CASE("every version of a chain with evictions restores the state training h
       REQUIRE(m.tables.size() == 1);
       if (m.tables[0].rows > 0) {
         std::unique_ptr<embstore::io::RowFileReader> reader;
-        REQUIRE(embstore::io::RowFileReader::open(dir.file(vd.name) + "/" + m.tables[0].files[0].path,
-                                                  {}, &reader) == 0);
+        REQUIRE(embstore::io::RowFileReader::open(
+                    dir.file(vd.name) + "/" + m.tables[0].files[0].path, {}, &reader) == 0);
         embstore::io::RowBlock b;
         bool tomb = false;
-        while (reader->next_block(&b) == 1) tomb |= b.kind == embstore::io::RowBlockKind::kTombstones;
+        while (reader->next_block(&b) == 1)
+          tomb |= b.kind == embstore::io::RowBlockKind::kTombstones;
         deltas_with_tombstones += tomb;
       }
     }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "tests/io/io_fixtures.hpp"
@@ -21,6 +22,7 @@ Manifest sample() {
   Manifest m;
   m.version = std::numeric_limits<uint64_t>::max() - 1;  // above 2^53: exact as an integer
   m.embstore_version = 100;
+  m.lineage = 0x8000000000000001ull;
   TableEntry t;
   t.name = "emb.v2-x";
   embstore_table_config_init(&t.config);
@@ -43,8 +45,8 @@ Manifest sample() {
   t.state_layout = state_layout(EMBSTORE_OPT_ADAM);
   t.rows = 7;
   t.table_rows = 9;
-  t.files.push_back({"emb.v2-x/shard-00000-of-00001.rows", 8192, 7, 0xfedcba9876543210ull});
-  t.admission = FileEntry{"emb.v2-x/admission.counts", 1048, 0, 0x123456789abcdefull};
+  t.files.push_back({"tables/emb.v2-x/shard-00000-of-00001.rows", 8192, 7, 0xfedcba9876543210ull});
+  t.admission = FileEntry{"tables/emb.v2-x/admission.counts", 1048, 0, 0x123456789abcdefull};
   m.tables.push_back(t);
   m.attachments.push_back({"rng", {"attachments/rng", 3, 0, 0x1ull}});
   return m;
@@ -105,7 +107,7 @@ TEST_CASE("manifest: every field round-trips exactly", "[io][manifest]") {
   REQUIRE(t.config.admit_after == 4);
   REQUIRE(t.config.admit_bloom_bytes == (uint64_t{1} << 40) + 3);
   REQUIRE(t.admission.has_value());
-  REQUIRE(t.admission->path == "emb.v2-x/admission.counts");
+  REQUIRE(t.admission->path == "tables/emb.v2-x/admission.counts");
   REQUIRE(t.admission->bytes == 1048);
   REQUIRE(t.admission->xxh3 == 0x123456789abcdefull);
   // Tables without admission list no file, and read back without one.
@@ -116,6 +118,54 @@ TEST_CASE("manifest: every field round-trips exactly", "[io][manifest]") {
   REQUIRE_FALSE(back.tables[0].admission.has_value());
   REQUIRE(back.attachments.size() == 1);
   REQUIRE(back.attachments[0].file.path == "attachments/rng");
+  REQUIRE(back.lineage == 0x8000000000000001ull);
+  REQUIRE_FALSE(back.parent_xxh3.has_value());
+  uint64_t sum = 0;
+  REQUIRE(parse_manifest(format_manifest(m, &sum), &back, &detail) == 0);
+  REQUIRE(back.xxh3 == sum);
+  REQUIRE(sum != 0);
+}
+
+TEST_CASE("manifest: a delta names its parent's version, lineage and manifest checksum",
+          "[io][manifest]") {
+  Manifest d = sample();
+  d.full = false;
+  d.parent = 12;
+  d.parent_xxh3 = 0xabcdef0123456789ull;
+  Manifest back;
+  std::string detail;
+  REQUIRE(parse_manifest(format_manifest(d), &back, &detail) == 0);
+  REQUIRE(back.parent == std::optional<uint64_t>(12));
+  REQUIRE(back.parent_xxh3 == std::optional<uint64_t>(0xabcdef0123456789ull));
+  REQUIRE(back.lineage == d.lineage);
+  SECTION("a delta without its parent's checksum is refused") {
+    REQUIRE(parse_error(edit(d, "\"abcdef0123456789\"", "null")).find("parent_manifest_xxh3") !=
+            std::string::npos);
+  }
+  SECTION("a lineage of 0 is refused") {
+    REQUIRE(parse_error(edit(d, "\"8000000000000001\"", "\"0000000000000000\"")).find("lineage") !=
+            std::string::npos);
+  }
+}
+
+TEST_CASE("manifest: format 1 reads without lineage, in its own layout", "[io][manifest]") {
+  Manifest m = sample();
+  m.format_version = 1;
+  m.lineage = 0;
+  m.tables[0].files[0].path = "emb.v2-x/shard-00000-of-00001.rows";
+  m.tables[0].admission->path = "emb.v2-x/admission.counts";
+  const std::string text = format_manifest(m);
+  REQUIRE(text.find("lineage") == std::string::npos);
+  Manifest back;
+  std::string detail;
+  INFO(detail);
+  REQUIRE(parse_manifest(text, &back, &detail) == 0);
+  REQUIRE(back.format_version == 1);
+  REQUIRE(back.lineage == 0);
+  // Format 2's paths are not format 1's.
+  Manifest mixed = m;
+  mixed.tables[0].files[0].path = "tables/emb.v2-x/shard-00000-of-00001.rows";
+  REQUIRE(parse_error(format_manifest(mixed)).find("not one of its") != std::string::npos);
 }
 
 TEST_CASE("manifest: a changed byte, a torn file or a bad field is refused", "[io][manifest]") {
@@ -130,7 +180,7 @@ TEST_CASE("manifest: a changed byte, a torn file or a bad field is refused", "[i
   SECTION("torn") { parse_error(text.substr(0, text.size() / 2)); }
   SECTION("empty") { parse_error(""); }
   SECTION("a future format version") {
-    REQUIRE(parse_error(edit(m, "\"format_version\": 1", "\"format_version\": 2"))
+    REQUIRE(parse_error(edit(m, "\"format_version\": 2", "\"format_version\": 3"))
                 .find("not supported") != std::string::npos);
   }
   SECTION("a path out of the version directory") {
@@ -138,7 +188,7 @@ TEST_CASE("manifest: a changed byte, a torn file or a bad field is refused", "[i
             std::string::npos);
   }
   SECTION("an admission file out of the version directory") {
-    REQUIRE(parse_error(edit(m, "\"emb.v2-x/admission.counts\"", "\"/etc/passwd\""))
+    REQUIRE(parse_error(edit(m, "\"tables/emb.v2-x/admission.counts\"", "\"/etc/passwd\""))
                 .find("relative path") != std::string::npos);
   }
   SECTION("a table listed twice") {

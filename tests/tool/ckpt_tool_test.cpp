@@ -28,6 +28,8 @@
 
 #include "io/admission_file.hpp"
 #include "io/commit.hpp"
+#include "io/dir_lock.hpp"
+#include "io/layout.hpp"
 #include "io/manifest.hpp"
 #include "io/row_file.hpp"
 #include "tests/io/io_fixtures.hpp"
@@ -41,7 +43,13 @@ using embstore::io::version_dir_name;
 
 namespace {
 
-constexpr const char* kShard = "shard-00000-of-00001.rows";
+// Paths inside a version directory, in the layout this version writes.
+std::string row_rel(const std::string& table) {
+  return embstore::io::row_file_path(embstore::io::kManifestFormatVersion, table, 0, 1);
+}
+std::string table_rel(const std::string& table) {
+  return embstore::io::table_dir(embstore::io::kManifestFormatVersion, table);
+}
 
 using embstore_test::TempDir;
 
@@ -194,7 +202,12 @@ class Checkpoints {
     ok(embstore_checkpoint_attach(store_, "dense.bin", "dense weights, step 20", 22));
     REQUIRE(checkpoint() == 20);
   }
-  ~Checkpoints() { embstore_store_destroy(store_); }
+  ~Checkpoints() { close(); }
+  // Destroys the store: it no longer holds the directory's writer lock.
+  void close() {
+    embstore_store_destroy(store_);
+    store_ = nullptr;
+  }
   Checkpoints(const Checkpoints&) = delete;
   Checkpoints& operator=(const Checkpoints&) = delete;
 
@@ -210,7 +223,7 @@ class Checkpoints {
     return checkpoint(full);
   }
   std::string row_file(uint64_t version, const std::string& table) const {
-    return vdir(version) + "/" + table + "/" + kShard;
+    return vdir(version) + "/" + row_rel(table);
   }
   // Every table's rows at version 20 (the current ones).
   uint64_t rows(const std::string& table) const {
@@ -412,11 +425,16 @@ TEST_CASE("ls marks what is not a checkpoint and counts leftovers") {
     text.replace(at, 12, "\"rows\": 2501");
     std::ofstream(manifest, std::ios::trunc) << text;
   }
+  embstore::io::Manifest v20;
+  std::string why;
+  REQUIRE(embstore::io::read_manifest(c.vdir(20), &v20, &why) == 0);
   for (auto [version, parent] : {std::pair<uint64_t, uint64_t>{25, 20}, {60, 55}}) {
     embstore::io::Manifest m;
     m.full = false;
     m.version = version;
     m.parent = parent;
+    m.lineage = v20.lineage;
+    m.parent_xxh3 = v20.xxh3;  // 55's would be another
     m.embstore_version = embstore_version();
     const std::string d = c.dir() + "/" + version_dir_name(version, false);
     REQUIRE(embstore::io::create_directories(d) == 0);
@@ -630,7 +648,7 @@ TEST_CASE("verify names a corrupt or missing manifest") {
 
 TEST_CASE("verify names a missing, altered or missized attachment") {
   Checkpoints c;
-  const std::string path = c.vdir(10) + "/attachments/reader.offsets";
+  const std::string path = c.vdir(10) + "/" + embstore::io::attachment_path("reader.offsets");
   REQUIRE(read_file(path) == "0123456789");
   SECTION("deleted") {
     fs::remove(path);
@@ -725,10 +743,11 @@ TEST_CASE("inspect shows a delta's tombstones") {
   Checkpoints c;
   // A delta of one table written with the io/ layer (the library writes none yet).
   const std::string vdir = c.dir() + "/" + version_dir_name(30, false);
-  REQUIRE(embstore::io::create_directories(vdir + "/bias") == 0);
+  REQUIRE(embstore::io::create_directories(vdir + "/" + table_rel("bias")) == 0);
   embstore::io::Manifest m;
   std::string detail;
   REQUIRE(embstore::io::read_manifest(c.vdir(20), &m, &detail) == 0);
+  m.parent_xxh3 = m.xxh3;
   m.full = false;
   m.version = 30;
   m.parent = 20;
@@ -738,13 +757,13 @@ TEST_CASE("inspect shows a delta's tombstones") {
                  m.tables.end());
   REQUIRE(m.tables.size() == 1);
   std::unique_ptr<embstore::io::RowFileWriter> w;
-  REQUIRE(embstore::io::RowFileWriter::open(vdir + "/bias/" + kShard, 1, 0, {}, &w) == 0);
+  REQUIRE(embstore::io::RowFileWriter::open(vdir + "/" + row_rel("bias"), 1, 0, {}, &w) == 0);
   const float one = 1.5f;
   REQUIRE(w->add(42, &one, nullptr) == 0);
   REQUIRE(w->add_tombstone(43) == 0);
   REQUIRE(w->add_tombstone(44) == 0);
   REQUIRE(w->finish() == 0);
-  m.tables[0].files = {{std::string("bias/") + kShard, w->bytes(), w->rows(), w->checksum()}};
+  m.tables[0].files = {{row_rel("bias"), w->bytes(), w->rows(), w->checksum()}};
   m.tables[0].rows = w->rows();
   REQUIRE(embstore::io::write_manifest(vdir, m) == 0);
 
@@ -1074,9 +1093,14 @@ bool restores(const std::string& dir, uint64_t version) {
 }
 
 // The names in dir, sorted.
+// The entries of dir but its writer lock file.
 std::vector<std::string> entries(const std::string& dir) {
   std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename() != embstore::io::kLockFileName) {
+      names.push_back(e.path().filename().string());
+    }
+  }
   std::sort(names.begin(), names.end());
   return names;
 }
@@ -1107,12 +1131,13 @@ void write_delta(const std::string& dir, uint64_t version, const std::string& pa
   std::string detail;
   REQUIRE(embstore::io::read_manifest(parent_dir, &m, &detail) == 0);
   const std::string vdir = dir + "/" + version_dir_name(version, false);
+  m.parent_xxh3 = m.xxh3;
   m.parent = m.version;
   m.full = false;
   m.version = version;
   for (embstore::io::TableEntry& t : m.tables) {
-    REQUIRE(embstore::io::create_directories(vdir + "/" + t.name) == 0);
-    const std::string rel = t.name + "/" + kShard;
+    REQUIRE(embstore::io::create_directories(vdir + "/" + table_rel(t.name)) == 0);
+    const std::string rel = row_rel(t.name);
     std::unique_ptr<embstore::io::RowFileWriter> w;
     REQUIRE(embstore::io::RowFileWriter::open(vdir + "/" + rel, t.config.dim, t.state_dim, {},
                                               &w) == 0);
@@ -1182,7 +1207,7 @@ void check_manifest(const std::string& vdir, const std::string& source_vdir) {
     CHECK(a.table_rows == b.table_rows);
     CHECK(a.rows == a.table_rows);
     REQUIRE(a.files.size() == 1);
-    CHECK(a.files[0].path == a.name + "/" + kShard);
+    CHECK(a.files[0].path == row_rel(a.name));
     CHECK(a.files[0].rows == a.rows);
     CHECK(a.files[0].bytes == fs::file_size(vdir + "/" + a.files[0].path));
     // The rest formats alike: configuration, state_dim and layout.
@@ -1279,7 +1304,8 @@ TEST_CASE("compact merges the chain's admission counts; verify checks them") {
   ok(embstore_checkpoint(store, dir.c_str(), EMBSTORE_CKPT_INCREMENTAL, &v));
   ok(embstore_checkpoint_wait(store, v));
   embstore_store_destroy(store);
-  const std::string counts = "ids/admission.counts";
+  const std::string counts =
+      embstore::io::admission_file_path(embstore::io::kManifestFormatVersion, "ids");
   const std::string full_counts = dir + "/" + version_dir_name(10, true) + "/" + counts;
   REQUIRE(fs::exists(full_counts));
   REQUIRE(fs::exists(dir + "/" + version_dir_name(20, false) + "/" + counts));
@@ -1383,7 +1409,7 @@ TEST_CASE("compact of a corrupt chain fails naming the file and leaves no versio
   make_chain(c);
   std::string expect;
   SECTION("a flipped byte in a middle delta's second block") {
-    const std::string path = c.delta_dir(20) + "/users/" + kShard;
+    const std::string path = c.delta_dir(20) + "/" + row_rel("users");
     const std::vector<uint64_t> blocks = block_offsets(path);
     REQUIRE(blocks.size() >= 2);
     flip_byte(path, blocks[1] + embstore::io::kRowBlockHeaderBytes + 2 * 8 + 3);
@@ -1394,14 +1420,15 @@ TEST_CASE("compact of a corrupt chain fails naming the file and leaves no versio
     // Blocks intact, the manifest itself valid: only the whole file's XXH3 tells.
     embstore::io::Manifest m;
     std::string detail;
-    REQUIRE(embstore::io::read_manifest(c.delta_dir(30), &m, &detail) == 0);
+    // The newest version's: a middle one rewritten would no longer be the one its child names.
+    REQUIRE(embstore::io::read_manifest(c.delta_dir(40), &m, &detail) == 0);
     auto items = std::find_if(m.tables.begin(), m.tables.end(),
                               [](const embstore::io::TableEntry& t) { return t.name == "items"; });
     REQUIRE(items != m.tables.end());
     items->files.at(0).xxh3 ^= 1;
-    REQUIRE(embstore::io::write_manifest(c.delta_dir(30), m) == 0);
-    REQUIRE(restores(c.dir(), 40));  // restore checks the block checksums only
-    expect = c.delta_dir(30) + "/items/" + kShard + ": XXH3 checksum mismatch";
+    REQUIRE(embstore::io::write_manifest(c.delta_dir(40), m) == 0);
+    REQUIRE_FALSE(restores(c.dir(), 40));  // restore hashes every file as it reads it
+    expect = c.delta_dir(40) + "/" + row_rel("items") + ": XXH3 checksum mismatch";
   }
   SECTION("a missing middle delta") {
     fs::remove_all(c.delta_dir(20));
@@ -1440,7 +1467,16 @@ TEST_CASE("compact refuses an --out that already holds the version") {
     CHECK(run_tool({"compact", c.dir(), "--version", "10", "--out", out.path()}).status == 0);
     CHECK(entries(out.path()).size() == 2);
   }
-  SECTION("as a delta: the source directory itself") {
+  SECTION("as a delta: the source directory itself, while its store writes there") {
+    const std::vector<std::string> source = entries(c.dir());
+    const Result r = run_tool({"compact", c.dir(), "--version", "20", "--out", c.dir()});
+    INFO(describe(r));
+    CHECK(r.status == 1);
+    CHECK(contains(r.err, "checkpoint directory '" + c.dir() + "' is locked by another writer"));
+    CHECK(entries(c.dir()) == source);
+  }
+  SECTION("as a delta: the source directory itself, once its store is gone") {
+    c.close();
     const std::vector<std::string> source = entries(c.dir());
     const Result r = run_tool({"compact", c.dir(), "--version", "20", "--out", c.dir()});
     INFO(describe(r));

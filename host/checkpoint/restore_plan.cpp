@@ -1,0 +1,118 @@
+#include "host/checkpoint/restore_plan.hpp"
+
+#include <cerrno>
+
+#include "cuda/row/index.h"
+#include "host/error.hpp"
+#include "io/admission_file.hpp"
+#include "io/manifest.hpp"
+
+namespace embstore::checkpoint {
+
+namespace {
+
+// io/chain's errors as statuses: corrupt data, or an I/O error; the message names the file.
+[[noreturn]] void fail_chain(int err, const std::string& detail) {
+  fail(err == -EBADMSG ? EMBSTORE_CORRUPT : EMBSTORE_IO_ERROR, "{}", detail);
+}
+
+}  // namespace
+
+size_t choose_version(const std::string& dir, uint64_t version, std::optional<bool> full,
+                      io::CheckpointDir* checkpoints, std::vector<std::string>* skipped) {
+  static_assert(EMBSTORE_LATEST == io::kLatestVersion);
+  std::string detail;
+  if (int r = checkpoints->open(dir, &detail); r < 0) {
+    if (r == -ENOENT) fail(EMBSTORE_NOT_FOUND, "{}", detail);
+    fail_chain(r, detail);
+  }
+  size_t index = 0;
+  const int r = checkpoints->choose(version, full, &index, &detail, skipped);
+  if (r == -ENOENT) fail(EMBSTORE_NOT_FOUND, "{}", detail);
+  if (r < 0) fail_chain(r, detail);
+  return index;
+}
+
+RestorePlan plan_version(io::CheckpointDir& checkpoints, size_t index) {
+  RestorePlan plan;
+  std::string detail;
+  if (int r = checkpoints.chain(index, &plan.chain, &detail); r < 0) fail_chain(r, detail);
+  for (const io::ChainLink& c : plan.chain) {
+    if (c.manifest->world_size != 1) {
+      fail(EMBSTORE_UNSUPPORTED, "{} was written by {} ranks: resharding is not supported yet",
+           c.path, c.manifest->world_size);
+    }
+  }
+  const std::string manifest = plan.path() + "/" + io::kManifestName;
+  for (const io::TableEntry& t : plan.manifest().tables) {
+    TablePlan p;
+    p.entry = &t;
+    try {
+      p.spec = make_table_spec(t.config);
+    } catch (const Error& e) {
+      fail(EMBSTORE_CORRUPT, "{}: table '{}': {}", manifest, t.name, e.what());
+    }
+    if (p.spec.state_dim() != t.state_dim) {
+      fail(EMBSTORE_CORRUPT, "{}: table '{}' has state_dim {}, its optimizer needs {}", manifest,
+           t.name, t.state_dim, p.spec.state_dim());
+    }
+    // A table never holds more rows than its limit, so a manifest that says so is wrong.
+    if (t.table_rows > row::row_limit(p.spec.max_capacity)) {
+      fail(EMBSTORE_CORRUPT, "{}: table '{}' has {} rows, more than its limit of {}", manifest,
+           t.name, t.table_rows, row::row_limit(p.spec.max_capacity));
+    }
+    plan.tables.push_back(std::move(p));
+  }
+  return plan;
+}
+
+void read_table(const RestorePlan& plan, const TablePlan& table, bool unique_keys,
+                const io::RowSink& sink, const std::function<uint64_t()>& rows_held) {
+  io::ChainReadOptions options;
+  options.unique_keys = unique_keys;
+  std::string detail;
+  if (int r = io::read_chain_rows(plan.chain, *table.entry, options, sink, &detail); r < 0) {
+    fail_chain(r, detail);
+  }
+  // Every file checked out; the rows must also be the table's rows at that version.
+  if (const uint64_t rows = rows_held(); rows != table.entry->table_rows) {
+    fail(EMBSTORE_CORRUPT, "{}: table '{}' has {} rows after loading, the manifest says {}",
+         plan.path(), table.entry->name, rows, table.entry->table_rows);
+  }
+}
+
+std::vector<std::string> read_admission(const RestorePlan& plan, const TablePlan& table) {
+  std::vector<std::string> files;  // oldest first
+  for (auto link = plan.chain.rbegin(); link != plan.chain.rend(); ++link) {
+    for (const io::TableEntry& e : link->manifest->tables) {
+      if (e.name != table.entry->name || !e.admission) continue;
+      std::string detail;
+      files.emplace_back();
+      if (int r = io::read_checked_file(link->path, *e.admission, &files.back(), &detail); r < 0) {
+        fail_chain(r, detail);
+      }
+    }
+  }
+  if (files.empty() || !table.spec.admits()) return files;
+  std::vector<char> merged;
+  std::string detail;
+  if (io::merge_admission_files(files, &merged, &detail) < 0) {
+    fail(EMBSTORE_CORRUPT, "{}: table '{}': the admission counts do not merge: {}", plan.path(),
+         table.entry->name, detail);
+  }
+  return {std::string(merged.begin(), merged.end())};
+}
+
+std::map<std::string, std::vector<char>> read_attachments(const RestorePlan& plan) {
+  std::map<std::string, std::vector<char>> out;
+  for (const io::AttachmentEntry& a : plan.manifest().attachments) {
+    std::string data, detail;
+    if (int r = io::read_checked_file(plan.path(), a.file, &data, &detail); r < 0) {
+      fail_chain(r, detail);
+    }
+    out[a.name].assign(data.begin(), data.end());
+  }
+  return out;
+}
+
+}  // namespace embstore::checkpoint

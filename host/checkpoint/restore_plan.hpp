@@ -1,0 +1,70 @@
+// What a restore of one version does before it changes anything, in stages that restore
+// (restore.cpp) and embstore-ckpt's verify and ls share, so that the tool says exactly what
+// restore would do:
+//
+//   choose_version  the version asked for (EMBSTORE_LATEST: the newest committed one)
+//   plan_version    its chain back to a full checkpoint, every link checked (io::check_link),
+//                   the world size, and each table's configuration as embstore_table_create
+//                   would take it
+//   read_table      a table's rows along the chain into a sink: every file's size, blocks, row
+//                   count and checksum, then the table's rows at that version
+//   read_admission  a table's admission counts along the chain, checked and merged
+//   read_attachments
+//
+// Each throws Error with the status embstore_restore returns: NOT_FOUND (no directory, no
+// committed version, no such version), CORRUPT (a manifest, a link, a configuration, a file:
+// the message names the file), UNSUPPORTED (written by several ranks), IO_ERROR.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "host/table.hpp"
+#include "io/chain.hpp"
+
+namespace embstore::checkpoint {
+
+struct TablePlan {
+  const io::TableEntry* entry = nullptr;  // in the version's manifest
+  TableSpec spec;                         // its configuration, validated
+};
+
+// The pointers point into the io::CheckpointDir the plan was made from: keep it alive.
+struct RestorePlan {
+  std::vector<io::ChainLink> chain;  // the version, then each parent back to a full checkpoint
+  std::vector<TablePlan> tables;     // the version's tables, in its manifest's order
+
+  const io::Manifest& manifest() const { return *chain.front().manifest; }
+  const std::string& path() const { return chain.front().path; }
+};
+
+// Opens dir into *checkpoints and returns the index of version in it: an exact version (of the
+// given kind when full is set), or the newest with a manifest for EMBSTORE_LATEST (those
+// without one are skipped, and their paths appended to *skipped, which may be null).
+size_t choose_version(const std::string& dir, uint64_t version, std::optional<bool> full,
+                      io::CheckpointDir* checkpoints, std::vector<std::string>* skipped);
+
+// The plan of checkpoints->versions()[index]. Reads manifests only.
+RestorePlan plan_version(io::CheckpointDir& checkpoints, size_t index);
+
+// Hands sink the table's rows along the plan's chain (io::read_chain_rows: each key once, the
+// newest row, tombstoned keys left out; with unique_keys also for a full checkpoint alone),
+// then requires rows_held() (the rows the sink ended up with) to be the table's rows at the
+// version.
+void read_table(const RestorePlan& plan, const TablePlan& table, bool unique_keys,
+                const io::RowSink& sink, const std::function<uint64_t()>& rows_held);
+
+// The table's admission count files along the chain, oldest first, each checked against its
+// manifest; empty when there are none. For a table that counts (admit_after > 1) they must
+// merge (io::merge_admission_files): a table that counts takes them, one that does not leaves
+// them (restore says so on stderr).
+std::vector<std::string> read_admission(const RestorePlan& plan, const TablePlan& table);
+
+// The version's attachments, each checked against its manifest.
+std::map<std::string, std::vector<char>> read_attachments(const RestorePlan& plan);
+
+}  // namespace embstore::checkpoint
