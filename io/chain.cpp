@@ -113,6 +113,13 @@ int CheckpointDir::manifest_error(size_t index, int rc, const std::string& why,
 int CheckpointDir::choose(uint64_t version, std::optional<bool> full, size_t* index,
                           std::string* detail, std::vector<std::string>* skipped) {
   const bool latest = version == kLatestVersion;
+  // A bare version number takes the full checkpoint when there are both kinds (only a hand
+  // can put them there): as embstore-ckpt inspect does, and needing no chain.
+  if (!latest && !full && std::any_of(versions_.begin(), versions_.end(), [&](const VersionDir& v) {
+        return v.version == version && v.full;
+      })) {
+    full = true;
+  }
   for (size_t i = versions_.size(); i-- > 0;) {
     const VersionDir& v = versions_[i];
     if (!latest && (v.version != version || (full && *full != v.full))) continue;
@@ -195,68 +202,54 @@ int CheckpointDir::chain(size_t index, std::vector<ChainLink>* out, std::string*
   }
 }
 
-namespace {
-
-// Reads one row file of a chain and hands its surviving rows to sink. With seen (a chain
-// read newest first), a key is handed over once, and a tombstone hides it from older files.
-int read_file(const std::string& path, const FileEntry& f, const TableEntry& t, bool full,
-              std::unordered_set<int64_t>* seen, const RowSink& sink, std::string* detail) {
+int check_file_size(const std::string& path, const FileEntry& f, std::string* detail) {
   struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT) return corrupt(detail, path + " is missing");
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) {
+      return corrupt(detail, fmt::format("{} is missing (the manifest lists it with {} bytes)",
+                                         path, f.bytes));
+    }
     return path_error(path, -errno, detail);
   }
-  if (static_cast<uint64_t>(st.st_size) != f.bytes) {
-    return corrupt(detail,
-                   fmt::format("{}: the file is {} bytes, the manifest says {} (truncated at "
-                               "offset {}?)",
-                               path, st.st_size, f.bytes, std::min<uint64_t>(st.st_size, f.bytes)));
+  if (!S_ISREG(st.st_mode)) return corrupt(detail, path + ": not a regular file");
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < f.bytes) {
+    return corrupt(detail, fmt::format("{}: truncated: the file is {} bytes, the manifest says {} "
+                                       "(data ends at offset {})",
+                                       path, size, f.bytes, size));
   }
+  if (size > f.bytes) {
+    return corrupt(detail, fmt::format("{}: the file is {} bytes, the manifest says {} ({} "
+                                       "unexpected bytes from offset {})",
+                                       path, size, f.bytes, size - f.bytes, f.bytes));
+  }
+  return 0;
+}
+
+int read_row_file(const std::string& path, const FileEntry& f, const TableEntry& t, bool full,
+                  const RowSink& on_block, std::string* detail) {
+  if (int r = check_file_size(path, f, detail); r < 0) return r;
   std::unique_ptr<RowFileReader> reader;
   if (int r = RowFileReader::open(path, {}, &reader); r < 0) return path_error(path, r, detail);
   RowBlock b;
   uint64_t rows = 0;
   int r;
-  std::vector<int64_t> keys;
-  std::vector<float> values, state;
   while ((r = reader->next_block(&b)) == 1) {
     if (b.kind != RowBlockKind::kUpserts && full) {
       return corrupt(
           detail, fmt::format("{}: block at offset {} holds tombstones in a full checkpoint", path,
                               b.offset));
     }
-    rows += b.rows;
-    if (seen != nullptr) {
-      if (b.kind == RowBlockKind::kTombstones) {
-        for (uint32_t i = 0; i < b.rows; ++i) seen->insert(b.keys[i]);
-        continue;
-      }
-      keys.clear();
-      values.clear();
-      state.clear();
-      for (uint32_t i = 0; i < b.rows; ++i) {
-        if (!seen->insert(b.keys[i]).second) continue;
-        keys.push_back(b.keys[i]);
-        values.insert(values.end(), b.values + size_t{i} * b.dim, b.values + size_t{i + 1} * b.dim);
-        if (b.state_dim > 0) {
-          state.insert(state.end(), b.state + size_t{i} * b.state_dim,
-                       b.state + size_t{i + 1} * b.state_dim);
-        }
-      }
-      b.keys = keys.data();
-      b.values = values.data();
-      b.state = b.state_dim > 0 ? state.data() : nullptr;
-      b.rows = static_cast<uint32_t>(keys.size());
-    }
     if (b.dim != t.config.dim || b.state_dim != t.state_dim) {
       return corrupt(detail,
                      fmt::format("{}: block at offset {} has dim {} and state_dim {}, the "
-                                 "manifest {} and {}",
+                                 "manifest says {} and {}",
                                  path, b.offset, b.dim, b.state_dim, t.config.dim, t.state_dim));
     }
-    if (b.rows == 0) continue;
+    rows += b.rows;
+    if (!on_block) continue;
     std::string why;
-    if (int e = sink(b, &why); e < 0) {
+    if (int e = on_block(b, &why); e < 0) {
       *detail = fmt::format("{}: block at offset {}: {}", path, b.offset, why);
       return e;
     }
@@ -275,13 +268,42 @@ int read_file(const std::string& path, const FileEntry& f, const TableEntry& t, 
   return 0;
 }
 
-}  // namespace
-
 int read_chain_rows(const std::vector<ChainLink>& chain, const TableEntry& table,
                     const ChainReadOptions& options, const RowSink& sink, std::string* detail) {
-  // Newest first: a key's newest row wins, and each key is handed over once.
+  // Newest first: a key's newest row wins, and each key is handed over once; a tombstone hides
+  // the key from older files.
   std::unordered_set<int64_t> seen;
-  std::unordered_set<int64_t>* filter = chain.size() > 1 || options.unique_keys ? &seen : nullptr;
+  const bool filter = chain.size() > 1 || options.unique_keys;
+  std::vector<int64_t> keys;
+  std::vector<float> values, state;
+  const RowSink hand_over = [&](const RowBlock& block, std::string* why) {
+    if (block.rows == 0) return 0;
+    if (!filter) return sink(block, why);
+    if (block.kind == RowBlockKind::kTombstones) {
+      for (uint32_t i = 0; i < block.rows; ++i) seen.insert(block.keys[i]);
+      return 0;
+    }
+    keys.clear();
+    values.clear();
+    state.clear();
+    for (uint32_t i = 0; i < block.rows; ++i) {
+      if (!seen.insert(block.keys[i]).second) continue;
+      keys.push_back(block.keys[i]);
+      values.insert(values.end(), block.values + size_t{i} * block.dim,
+                    block.values + size_t{i + 1} * block.dim);
+      if (block.state_dim > 0) {
+        state.insert(state.end(), block.state + size_t{i} * block.state_dim,
+                     block.state + size_t{i + 1} * block.state_dim);
+      }
+    }
+    if (keys.empty()) return 0;
+    RowBlock b = block;
+    b.keys = keys.data();
+    b.values = values.data();
+    b.state = b.state_dim > 0 ? state.data() : nullptr;
+    b.rows = static_cast<uint32_t>(keys.size());
+    return sink(b, why);
+  };
   for (const ChainLink& c : chain) {
     auto it = std::find_if(c.manifest->tables.begin(), c.manifest->tables.end(),
                            [&](const TableEntry& e) { return e.name == table.name; });
@@ -291,7 +313,7 @@ int read_chain_rows(const std::vector<ChainLink>& chain, const TableEntry& table
           detail, fmt::format("{}: table '{}' changes shape along the chain", c.path, table.name));
     }
     for (const FileEntry& f : it->files) {
-      if (int r = read_file(c.path + "/" + f.path, f, *it, c.manifest->full, filter, sink, detail);
+      if (int r = read_row_file(c.path + "/" + f.path, f, *it, c.manifest->full, hand_over, detail);
           r < 0) {
         return r;
       }
@@ -303,18 +325,17 @@ int read_chain_rows(const std::vector<ChainLink>& chain, const TableEntry& table
 int read_checked_file(const std::string& vdir, const FileEntry& f, std::string* data,
                       std::string* detail) {
   const std::string path = vdir + "/" + f.path;
-  if (int r = read_whole_file(path, data); r < 0) {
-    if (r == -ENOENT) return corrupt(detail, path + " is missing");
-    return path_error(path, r, detail);
-  }
+  if (int r = check_file_size(path, f, detail); r < 0) return r;
+  if (int r = read_whole_file(path, data); r < 0) return path_error(path, r, detail);
   if (data->size() != f.bytes) {
-    return corrupt(detail,
-                   fmt::format("{}: the file is {} bytes, the manifest says {} (offset {})", path,
-                               data->size(), f.bytes, std::min<uint64_t>(data->size(), f.bytes)));
+    return corrupt(detail, fmt::format("{}: read {} bytes, the manifest says {}: it changed while "
+                                       "read",
+                                       path, data->size(), f.bytes));
   }
-  if (XXH3_64bits(data->data(), data->size()) != f.xxh3) {
-    return corrupt(detail,
-                   fmt::format("{}: checksum mismatch over bytes [0, {})", path, data->size()));
+  if (const uint64_t sum = XXH3_64bits(data->data(), data->size()); sum != f.xxh3) {
+    return corrupt(detail, fmt::format("{}: XXH3 checksum mismatch: the file hashes to {:016x}, "
+                                       "the manifest says {:016x}",
+                                       path, sum, f.xxh3));
   }
   return 0;
 }

@@ -77,7 +77,7 @@ class CheckpointDir {
 
   // The version to restore: the newest one with a manifest (version kLatestVersion; those
   // without one are skipped and their paths appended to *skipped, which may be null), or the
-  // exact version, of the given kind when full is set (the newest kind when both exist).
+  // exact version, of the given kind when full is set (the full one when both exist).
   // -ENOENT when there is none; -EBADMSG when the chosen one has no valid manifest.
   int choose(uint64_t version, std::optional<bool> full, size_t* index, std::string* detail,
              std::vector<std::string>* skipped);
@@ -112,13 +112,25 @@ struct ChainReadOptions {
 // reason in *detail; read_chain_rows then returns it as "<file>: block at offset N: <reason>".
 using RowSink = std::function<int(const RowBlock& block, std::string* detail)>;
 
+// Whether path (f's file) is there, a regular file, and f.bytes long: 0, or -EBADMSG with
+// "<path> is missing ...", "<path>: truncated ..." in *detail; other -errno from lstat.
+int check_file_size(const std::string& path, const FileEntry& f, std::string* detail);
+
+// Reads one row file of a version (path; f its entry in table t of a manifest of kind full)
+// with every check restore makes: size, every block (checksums, no tombstones in a full
+// checkpoint, the manifest's dim and state_dim), row count, and the whole file's XXH3 (hashed
+// as it is read). Hands each block to on_block (may be empty), in file order. 0; -EBADMSG with
+// *detail naming the file (and the block's offset); other -errno from reading.
+int read_row_file(const std::string& path, const FileEntry& f, const TableEntry& t, bool full,
+                  const RowSink& on_block, std::string* detail);
+
 // Hands sink the rows that chain (newest first, as CheckpointDir::chain gives it) holds for
 // table (an entry of chain.front()'s manifest): every file of the table in every version that
-// has it, each key's newest row only, and no key whose newest row is a tombstone. Checks each
-// file's size, blocks (checksums, kind, shape), row count and whole-file XXH3 (hashed as it is
-// read, not read twice) against its manifest, and that the table keeps its shape along the
-// chain. The sum of the rows handed over is the table's rows at that version only if the chain
-// is intact; callers compare it with table_rows.
+// has it, each key's newest row only, and no key whose newest row is a tombstone: a key's status
+// is that of its first occurrence in the newest file that holds it. Each file is read with
+// read_row_file's checks; the table must keep its shape along the chain. The sum of the rows handed
+// over is the table's rows at that version only if the chain is intact; callers compare it with
+// table_rows.
 int read_chain_rows(const std::vector<ChainLink>& chain, const TableEntry& table,
                     const ChainReadOptions& options, const RowSink& sink, std::string* detail);
 

@@ -7,7 +7,9 @@
 
 #include <cerrno>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -60,7 +62,15 @@ double get_double(const json& j, const char* key) {
   return v.get<double>();
 }
 
-float get_float(const json& j, const char* key) { return static_cast<float>(get_double(j, key)); }
+// A double outside float's range would become infinity (undefined as a conversion), and
+// format_manifest could not write it back.
+float get_float(const json& j, const char* key) {
+  const double v = get_double(j, key);
+  if (!(std::fabs(v) <= std::numeric_limits<float>::max())) {
+    throw Bad(std::string("'") + key + "' is out of the range of a float");
+  }
+  return static_cast<float>(v);
+}
 
 // A member that manifests written before it existed lack: absent means `fallback`.
 template <typename T>
@@ -276,8 +286,10 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
       // Named first: every message below may quote the name.
       if (std::string why = name_problem("table", e.name); !why.empty()) throw Bad(why);
       const json& c = member(t, "config");
-      embstore_table_config_init(&e.config);
-      e.config.name = nullptr;
+      // Every member is set below (members that older manifests lack get their defaults
+      // there), so io/ needs nothing of the library's C API.
+      e.config = embstore_table_config_t{};
+      e.config.struct_size = sizeof(e.config);
       e.config.dim = get_u32(c, "dim");
       e.config.initial_capacity = get_u64(c, "initial_capacity");
       e.config.max_capacity = get_u64(c, "max_capacity");

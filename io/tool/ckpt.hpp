@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "io/chain.hpp"
 #include "io/commit.hpp"
 #include "io/engine.hpp"
 
@@ -49,5 +50,13 @@ VersionSpec parse_version_spec(const std::string& text);
 
 // embstore-ckpt compact DIR --version V --out OUT.
 int cmd_compact(const std::string& dir, const std::string& version_text, const std::string& out);
+
+// embstore-ckpt verify DIR [--version V] (verify.cpp).
+int cmd_verify(const std::string& dir, const std::optional<std::string>& version_text);
+
+// Why restore of versions()[index] would fail before it reads a row: its plan (manifests,
+// links, world size, configurations) and every file it would read there with its size, as
+// "EMBSTORE_CORRUPT: <why>"; "" when nothing is wrong so far. ls's RESTORABLE column.
+std::string restore_problem(io::CheckpointDir& checkpoints, size_t index);
 
 }  // namespace embstore::ckpt

@@ -2,8 +2,9 @@
 // (../shared/DESIGN.md, "On-disk layout and commit") with the io/ layer's own readers, and the
 // chain resolution that restore uses (io/chain.hpp).
 //
-//   embstore-ckpt ls DIR                 RESTORABLE: the chain resolves back to a full
-//   embstore-ckpt verify DIR [--version V]
+//   embstore-ckpt ls DIR                 RESTORABLE: restore's checks short of reading data
+//   embstore-ckpt verify DIR [--version V]   exit 0 exactly when restore would succeed
+//                                            (verify.cpp)
 //   embstore-ckpt inspect DIR --version V --table T [--rows N] [--floats K]
 //   embstore-ckpt compact DIR --version V --out OUT   (compact.cpp)
 //
@@ -30,6 +31,7 @@
 
 #include "io/chain.hpp"
 #include "io/commit.hpp"
+#include "io/dir_lock.hpp"
 #include "io/engine.hpp"
 #include "io/manifest.hpp"
 #include "io/row_file.hpp"
@@ -93,8 +95,6 @@ std::vector<io::VersionDir> versions_of(const std::string& dir) {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
 
 std::string join(const std::vector<std::string>& parts, const char* sep) {
   std::string out;
@@ -220,9 +220,8 @@ int cmd_ls(const std::string& dir) {
       return names.empty() ? std::string("0")
                            : fmt::format("{}: {}", names.size(), join(names, ", "));
     };
-    // What restore checks before it reads rows: every manifest back to a full checkpoint.
-    std::vector<io::ChainLink> links;
-    const bool restorable = checkpoints.chain(i, &links, &detail) == 0;
+    // What restore checks before it reads rows (verify reads them too).
+    const bool restorable = restore_problem(checkpoints, i).empty();
     rows.push_back({v.name, std::to_string(m.version), m.full ? "full" : "delta",
                     std::to_string(m.version), fmt::format("{} ({})", bytes, human(bytes)),
                     counted(table_names), std::to_string(table_rows), counted(attachment_names),
@@ -256,232 +255,8 @@ int cmd_ls(const std::string& dir) {
     fmt::print("{} (removed at the next checkpoint)\n",
                plural(n, "leftover temporary entry", "leftover temporary entries"));
   }
-  return kExitOk;
-}
-
-// ------------------------------------------------------------------------------ verify --
-
-// One line on stderr, redrawn with \r, while verify reads: only on a terminal and only for
-// enough bytes to be worth it.
-class Progress {
- public:
-  static constexpr uint64_t kMinBytes = uint64_t{64} << 20;
-
-  explicit Progress(uint64_t total)
-      : total_(total), enabled_(total > kMinBytes && ::isatty(STDERR_FILENO) == 1) {
-    start_ = last_ = std::chrono::steady_clock::now();
-  }
-
-  // The bytes done so far (monotonic across files: callers add their file's base).
-  void update(uint64_t done) {
-    if (!enabled_) return;
-    done = std::min(done, total_);
-    if (drawn_ && done == done_) return;
-    done_ = done;
-    const auto now = std::chrono::steady_clock::now();
-    if (drawn_ && now - last_ < std::chrono::milliseconds(100) && done_ < total_) return;
-    last_ = now;
-    draw(now);
-  }
-
-  // Clears the line (before the result or an error message is printed).
-  void clear() {
-    if (!enabled_ || !drawn_) return;
-    std::fprintf(stderr, "\r%*s\r", static_cast<int>(width_), "");
-    std::fflush(stderr);
-    drawn_ = false;
-  }
-
-  ~Progress() { clear(); }
-
- private:
-  void draw(std::chrono::steady_clock::time_point now) {
-    const double seconds = std::chrono::duration<double>(now - start_).count();
-    const double mib = static_cast<double>(done_) / (1024.0 * 1024.0);
-    const std::string line = fmt::format(
-        "verifying: {:5.1f}%  {:.1f} / {:.1f} MiB  {:.1f} MiB/s",
-        100.0 * static_cast<double>(done_) / static_cast<double>(total_), mib,
-        static_cast<double>(total_) / (1024.0 * 1024.0), seconds > 0 ? mib / seconds : 0.0);
-    const size_t pad = width_ > line.size() ? width_ - line.size() : 0;
-    std::fprintf(stderr, "\r%s%*s", line.c_str(), static_cast<int>(pad), "");
-    std::fflush(stderr);
-    width_ = std::max(width_, line.size());
-    drawn_ = true;
-  }
-
-  uint64_t total_;
-  bool enabled_;
-  uint64_t done_ = 0;
-  size_t width_ = 0;
-  bool drawn_ = false;
-  std::chrono::steady_clock::time_point start_, last_;
-};
-
-struct Verifier {
-  Progress* progress = nullptr;
-  uint64_t done = 0;  // bytes read in files finished before the current one
-
-  static void on_checksum(uint64_t bytes_done, void* ctx) {
-    auto* self = static_cast<Verifier*>(ctx);
-    self->progress->update(self->done + bytes_done);
-  }
-
-  // Size, then for row files every block, then the whole file's XXH3.
-  void file(const std::string& vdir, const io::FileEntry& f, const io::TableEntry* table,
-            bool full) {
-    const std::string path = vdir + "/" + f.path;
-    struct stat st;
-    if (::stat(path.c_str(), &st) != 0) {
-      const int err = errno;
-      if (err == ENOENT) {
-        throw Problem(
-            fmt::format("{}: missing (the manifest lists it with {} bytes)", path, f.bytes));
-      }
-      throw Problem(fmt::format("{}: cannot stat: {}", path, errno_text(-err)));
-    }
-    if (!S_ISREG(st.st_mode)) throw Problem(fmt::format("{}: not a regular file", path));
-    const uint64_t size = static_cast<uint64_t>(st.st_size);
-    if (size < f.bytes) {
-      throw Problem(fmt::format(
-          "{}: truncated: the file is {} bytes, the manifest says {} (data ends at offset {})",
-          path, size, f.bytes, size));
-    }
-    if (size > f.bytes) {
-      throw Problem(fmt::format(
-          "{}: the file is {} bytes, the manifest says {} ({} unexpected bytes from offset {})",
-          path, size, f.bytes, size - f.bytes, f.bytes));
-    }
-    if (table != nullptr) {
-      rows(path, f, *table, full);
-      done += size;
-    }
-    uint64_t xxh3 = 0, bytes = 0;
-    if (int r = io::checksum_file(path, &xxh3, &bytes, &Verifier::on_checksum, this); r < 0) {
-      throw Problem(fmt::format("{}: cannot read: {}", path, errno_text(r)));
-    }
-    if (bytes != size) {
-      throw Problem(fmt::format("{}: read {} bytes, the file had {}: it changed while read", path,
-                                bytes, size));
-    }
-    if (xxh3 != f.xxh3) {
-      throw Problem(fmt::format(
-          "{}: XXH3 checksum mismatch: the file hashes to {}, the manifest says {} (bytes "
-          "[0, {}) differ from what was written)",
-          path, hex64(xxh3), hex64(f.xxh3), size));
-    }
-    done += size;
-    progress->update(done);
-  }
-
-  // Every block of a row file: block checksums (RowFileReader), shape, kind and row count.
-  void rows(const std::string& path, const io::FileEntry& f, const io::TableEntry& t, bool full) {
-    std::unique_ptr<io::RowFileReader> reader;
-    if (int r = io::RowFileReader::open(path, {}, &reader); r < 0) {
-      throw Problem(fmt::format("{}: cannot open: {}", path, errno_text(r)));
-    }
-    io::RowBlock b;
-    uint64_t total = 0;
-    int r;
-    while ((r = reader->next_block(&b)) == 1) {
-      progress->update(done + b.offset);
-      if (full && b.kind != io::RowBlockKind::kUpserts) {
-        throw Problem(fmt::format("{}: block at offset {} holds tombstones in a full checkpoint",
-                                  path, b.offset));
-      }
-      if (b.dim != t.config.dim || b.state_dim != t.state_dim) {
-        throw Problem(fmt::format(
-            "{}: block at offset {} has dim {} and state_dim {}, the manifest says {} and {}", path,
-            b.offset, b.dim, b.state_dim, t.config.dim, t.state_dim));
-      }
-      total += b.rows;
-    }
-    if (r == -EBADMSG) {
-      throw Problem(fmt::format("{}: corrupt row file: {}", path, reader->error_detail()));
-    }
-    if (r < 0) throw Problem(fmt::format("{}: cannot read: {}", path, errno_text(r)));
-    if (total != f.rows) {
-      throw Problem(fmt::format("{}: holds {} rows, the manifest says {}", path, total, f.rows));
-    }
-  }
-};
-
-int cmd_verify(const std::string& dir, const std::optional<std::string>& version_text) {
-  std::optional<VersionSpec> spec;
-  if (version_text) spec = parse_version_spec(*version_text);
-  const std::vector<io::VersionDir> all = versions_of(dir);
-
-  std::vector<io::VersionDir> chosen;
-  std::vector<ManifestRead> manifests;
-  if (spec && spec->latest) {
-    for (auto it = all.rbegin(); it != all.rend(); ++it) {
-      ManifestRead mr = read_version_manifest(dir, *it);
-      if (mr.rc != 0) continue;
-      chosen.push_back(*it);
-      manifests.push_back(std::move(mr));
-      break;
-    }
-    if (chosen.empty()) {
-      throw Problem(fmt::format("no checkpoint with a valid manifest in {}", dir));
-    }
-  } else {
-    for (const io::VersionDir& v : all) {
-      if (spec && !matches(*spec, v)) continue;
-      chosen.push_back(v);
-      manifests.push_back(read_version_manifest(dir, v));
-    }
-    if (spec && chosen.empty()) throw Problem(fmt::format("no version {} in {}", spec->text, dir));
-    if (chosen.empty()) throw Problem(fmt::format("no checkpoints in {}", dir));
-  }
-
-  // Row files are read twice (blocks, then the whole-file checksum).
-  uint64_t total = 0;
-  for (const ManifestRead& mr : manifests) {
-    if (mr.rc != 0) continue;
-    for (const io::TableEntry& t : mr.m.tables) {
-      for (const io::FileEntry& f : t.files) total += 2 * f.bytes;
-      if (t.admission) total += t.admission->bytes;
-    }
-    for (const io::AttachmentEntry& a : mr.m.attachments) total += a.file.bytes;
-  }
-  Progress progress(total);
-  Verifier verifier;
-  verifier.progress = &progress;
-
-  for (size_t i = 0; i < chosen.size(); ++i) {
-    const std::string vdir = version_path(dir, chosen[i]);
-    const ManifestRead& mr = manifests[i];
-    try {
-      if (mr.rc != 0) manifest_problem(vdir, mr);
-      uint64_t files = 0, rows = 0, bytes = 0;
-      for (const io::TableEntry& t : mr.m.tables) {
-        for (const io::FileEntry& f : t.files) {
-          verifier.file(vdir, f, &t, mr.m.full);
-          ++files;
-          bytes += f.bytes;
-        }
-        if (t.admission) {
-          verifier.file(vdir, *t.admission, nullptr, mr.m.full);
-          ++files;
-          bytes += t.admission->bytes;
-        }
-        rows += t.rows;
-      }
-      for (const io::AttachmentEntry& a : mr.m.attachments) {
-        verifier.file(vdir, a.file, nullptr, mr.m.full);
-        ++files;
-        bytes += a.file.bytes;
-      }
-      progress.clear();
-      fmt::print("OK {}  ({}, {} rows, {}, {})\n", chosen[i].name,
-                 plural(mr.m.tables.size(), "table", "tables"), rows,
-                 plural(files, "file", "files"), human(bytes));
-      std::fflush(stdout);
-    } catch (const Problem&) {
-      progress.clear();
-      std::fflush(stdout);
-      throw;
-    }
-  }
+  io::LockOwner owner;
+  if (io::lock_holder(dir, &owner) == 1) fmt::print("writer: {}\n", io::describe(owner));
   return kExitOk;
 }
 
@@ -647,10 +422,15 @@ int run(int argc, char** argv) {
       app.add_subcommand("ls", "list the versions in a checkpoint directory, restorable or not");
   ls->add_option("DIR", dir, "checkpoint directory")->required();
 
-  CLI::App* verify =
-      app.add_subcommand("verify", "check manifests, file sizes, checksums and every row block");
+  CLI::App* verify = app.add_subcommand(
+      "verify",
+      "check what embstore_restore would: manifests, chain links, configurations, every file "
+      "(size, blocks, checksums) and each table's rows; exit 0 exactly when restore of each "
+      "version checked would succeed");
   verify->add_option("DIR", dir, "checkpoint directory")->required();
-  verify->add_option("--version", verify_version, "only this version (default: every one)");
+  verify->add_option("--version", verify_version,
+                     "only this version, with its chain ('latest': the one EMBSTORE_LATEST "
+                     "restores); default: every version in DIR, each with its chain");
 
   CLI::App* inspect =
       app.add_subcommand("inspect", "print a table's configuration and its first rows");

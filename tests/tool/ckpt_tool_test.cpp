@@ -137,6 +137,19 @@ void ok(embstore_status_t s) {
   REQUIRE(s == EMBSTORE_OK);
 }
 
+// Whether embstore_restore(dir, version) succeeds in a fresh store.
+bool restores(const std::string& dir, uint64_t version) {
+  embstore_store_config_t sc;
+  embstore_store_config_init(&sc);
+  sc.backend = EMBSTORE_BACKEND_HOST;
+  embstore_store_t* raw = nullptr;
+  ok(embstore_store_create(&sc, &raw));
+  uint64_t got = 0;
+  const bool restored = embstore_restore(raw, dir.c_str(), version, &got) == EMBSTORE_OK;
+  embstore_store_destroy(raw);
+  return restored;
+}
+
 struct TableSetup {
   const char* name;
   uint32_t dim;
@@ -404,7 +417,13 @@ TEST_CASE("ls lists every version with its kind, size, tables, rows, attachments
     CHECK(col[9] == "yes");
   }
   CHECK_FALSE(contains(r.out, "leftover"));
-  CHECK(lines_of(r.out).size() == 3);
+  // The store that writes there holds the directory's lock, and ls names it.
+  REQUIRE(lines_of(r.out).size() == 4);
+  CHECK(lines_of(r.out)[3].rfind("writer: pid " + std::to_string(::getpid()) + " on host ", 0) ==
+        0);
+  CHECK(contains(lines_of(r.out)[3], "(a store of ckpt_tool_test), since "));
+  c.close();
+  CHECK(lines_of(run_tool({"ls", c.dir()}).out).size() == 3);
 }
 
 TEST_CASE("ls marks what is not a checkpoint and counts leftovers") {
@@ -445,7 +464,7 @@ TEST_CASE("ls marks what is not a checkpoint and counts leftovers") {
   INFO(describe(r));
   REQUIRE(r.status == 0);
   const std::vector<std::string> lines = lines_of(r.out);
-  REQUIRE(lines.size() == 1 + 6 + 1);
+  REQUIRE(lines.size() == 1 + 6 + 1 + 1);  // header, versions, leftovers, writer
   // Version order.
   CHECK(lines[1].rfind(version_dir_name(10, true), 0) == 0);
   CHECK(lines[2].rfind(version_dir_name(20, true), 0) == 0);
@@ -547,7 +566,9 @@ TEST_CASE("verify names a row file with a flipped byte and the block's offset") 
   // Version 10 is intact and checked first; version 20 fails.
   CHECK(r.out.rfind("OK " + version_dir_name(10, true), 0) == 0);
   CHECK_FALSE(contains(r.out, "OK " + version_dir_name(20, true)));
-  CHECK(contains(r.err, path + ": corrupt row file: block at offset " + std::to_string(block) +
+  CHECK(contains(r.err, "FAILED " + version_dir_name(20, true) +
+                            ": restore would return EMBSTORE_CORRUPT: " + path +
+                            ": block at offset " + std::to_string(block) +
                             ": payload checksum mismatch"));
   // Only the first problem is reported.
   CHECK(messages(r.err).size() == 1);
@@ -564,8 +585,9 @@ TEST_CASE("verify names a flipped byte in a block header") {
   const Result r = run_tool({"verify", c.dir()});
   INFO(describe(r));
   CHECK(r.status == 1);
-  CHECK(r.out.empty());
-  CHECK(contains(r.err, path + ": corrupt row file: block at offset 0: header checksum mismatch"));
+  // Every version is checked: 10 fails, 20 (a full checkpoint of its own) passes.
+  CHECK(r.out.rfind("OK " + version_dir_name(20, true), 0) == 0);
+  CHECK(contains(r.err, path + ": block at offset 0: header checksum mismatch"));
 }
 
 TEST_CASE("verify names a truncated row file") {
@@ -605,16 +627,21 @@ TEST_CASE("verify names a corrupt or missing manifest") {
     INFO(describe(r));
     CHECK(r.status == 1);
     CHECK(lines_of(r.out).size() == 1);  // version 10
-    CHECK(contains(r.err, manifest + ": corrupt manifest: checksum mismatch (manifest_xxh3)"));
+    CHECK(contains(r.err, "FAILED " + version_dir_name(20, true) +
+                              ": restore would return EMBSTORE_CORRUPT: " + manifest +
+                              ": checksum mismatch (manifest_xxh3)"));
     const Result ls = run_tool({"ls", c.dir()});
     CHECK(ls.status == 0);
     CHECK(columns(line_starting(ls.out, version_dir_name(20, true))) ==
           std::vector<std::string>{version_dir_name(20, true),
                                    "(corrupt manifest: checksum mismatch (manifest_xxh3))"});
-    // latest: the newest version with a valid manifest.
+    // latest: restore of EMBSTORE_LATEST passes over versions without a manifest, but a
+    // corrupt one is corruption: it fails, and verify says so.
     const Result latest = run_tool({"verify", c.dir(), "--version", "latest"});
-    CHECK(latest.status == 0);
-    CHECK(latest.out.rfind("OK " + version_dir_name(10, true), 0) == 0);
+    CHECK(latest.status == 1);
+    CHECK(contains(latest.err, "FAILED latest: restore would return EMBSTORE_CORRUPT: "));
+    CHECK_FALSE(restores(c.dir(), EMBSTORE_LATEST));
+    CHECK(restores(c.dir(), 10));
   }
   SECTION("torn") {
     const std::string text = read_file(manifest);
@@ -622,16 +649,16 @@ TEST_CASE("verify names a corrupt or missing manifest") {
     const Result r = run_tool({"verify", c.dir(), "--version", "20"});
     INFO(describe(r));
     CHECK(r.status == 1);
-    CHECK(contains(r.err, manifest + ": corrupt manifest: "));
+    CHECK(contains(r.err, "FAILED 20: restore would return EMBSTORE_CORRUPT: " + manifest + ": "));
     CHECK(contains(r.err, "parse error"));
+    CHECK(r.out.empty());
   }
   SECTION("removed") {
     fs::remove(manifest);
     const Result r = run_tool({"verify", c.dir()});
     INFO(describe(r));
     CHECK(r.status == 1);
-    CHECK(
-        contains(r.err, manifest + ": missing: " + c.vdir(20) + " is not a committed checkpoint"));
+    CHECK(contains(r.err, manifest + " is missing: it is not a committed checkpoint"));
     CHECK(columns(line_starting(run_tool({"ls", c.dir()}).out, version_dir_name(20, true))) ==
           std::vector<std::string>{version_dir_name(20, true), "(no manifest: not a checkpoint)"});
   }
@@ -641,7 +668,7 @@ TEST_CASE("verify names a corrupt or missing manifest") {
     INFO(describe(r));
     CHECK(r.status == 1);
     CHECK(contains(r.err, c.dir() + "/" + version_dir_name(15, true) +
-                              "/MANIFEST.json: corrupt manifest: it describes version 10 (full), "
+                              "/MANIFEST.json: it describes version 10 (full), "
                               "not the directory's"));
   }
 }
@@ -655,8 +682,8 @@ TEST_CASE("verify names a missing, altered or missized attachment") {
     const Result r = run_tool({"verify", c.dir()});
     INFO(describe(r));
     CHECK(r.status == 1);
-    CHECK(r.out.empty());
-    CHECK(contains(r.err, path + ": missing (the manifest lists it with 10 bytes)"));
+    CHECK(r.out.rfind("OK " + version_dir_name(20, true), 0) == 0);  // its own attachments
+    CHECK(contains(r.err, path + " is missing (the manifest lists it with 10 bytes)"));
   }
   SECTION("one byte changed") {
     flip_byte(path, 4);
@@ -681,7 +708,7 @@ TEST_CASE("verify names a missing row file") {
   const Result r = run_tool({"verify", c.dir(), "--version", "20"});
   INFO(describe(r));
   CHECK(r.status == 1);
-  CHECK(contains(r.err, path + ": missing (the manifest lists it with "));
+  CHECK(contains(r.err, path + " is missing (the manifest lists it with "));
 }
 
 // Row files that are intact block by block but disagree with their manifest: written with
@@ -765,6 +792,7 @@ TEST_CASE("inspect shows a delta's tombstones") {
   REQUIRE(w->finish() == 0);
   m.tables[0].files = {{row_rel("bias"), w->bytes(), w->rows(), w->checksum()}};
   m.tables[0].rows = w->rows();
+  m.tables[0].table_rows -= 2;  // 43 and 44 deleted, 42 updated
   REQUIRE(embstore::io::write_manifest(vdir, m) == 0);
 
   const Result r = run_tool({"inspect", c.dir(), "--version", "latest", "--table", "bias"});
@@ -793,10 +821,19 @@ TEST_CASE("inspect shows a delta's tombstones") {
       run_tool({"inspect", c.dir(), "--version", version_dir_name(20, false), "--table", "bias"});
   CHECK(line_starting(delta.out, "version ") ==
         "version      " + version_dir_name(20, false) + "  (delta, step 20, parent 10)");
+  // verify of a bare number checks what restore of it loads: the full one.
   const Result verify = run_tool({"verify", c.dir(), "--version", "20"});
   INFO(describe(verify));
   CHECK(verify.status == 0);
-  CHECK(lines_of(verify.out).size() == 2);
+  CHECK(lines_of(verify.out) ==
+        std::vector<std::string>{"OK " + version_dir_name(20, true) +
+                                 "  (3 tables, 5080 rows, 4 files, 2.5 MiB)"});
+  CHECK(restores(c.dir(), 20));
+  // The moved delta names version 20's manifest as its parent, not 10's: the chain is broken.
+  const Result moved = run_tool({"verify", c.dir(), "--version", version_dir_name(20, false)});
+  INFO(describe(moved));
+  CHECK(moved.status == 1);
+  CHECK(contains(moved.err, ": the chain is broken"));
 }
 
 TEST_CASE("inspect prints the table's configuration") {
@@ -1078,18 +1115,6 @@ Rows restored_rows(const std::string& dir, uint64_t version, const char* name = 
   ok(embstore_checkpoint_wait(raw, written));
   REQUIRE(written == version);
   return rows_of(out.path() + "/" + version_dir_name(version, true));
-}
-
-// Whether embstore_restore(dir, version) succeeds in a fresh store.
-bool restores(const std::string& dir, uint64_t version) {
-  embstore_store_config_t sc;
-  embstore_store_config_init(&sc);
-  sc.backend = EMBSTORE_BACKEND_HOST;
-  embstore_store_t* raw = nullptr;
-  ok(embstore_store_create(&sc, &raw));
-  std::unique_ptr<embstore_store_t, StoreDestroy> store(raw);
-  uint64_t got = 0;
-  return embstore_restore(raw, dir.c_str(), version, &got) == EMBSTORE_OK;
 }
 
 // The names in dir, sorted.

@@ -1,0 +1,392 @@
+// embstore-ckpt verify DIR [--version V]: whether embstore_restore of a version would succeed,
+// and if not, with which status and why. For each version it checks, verify makes restore's own
+// plan (host/checkpoint/restore_plan.hpp: the chain and every link, the world size, each
+// table's configuration), reads every file restore reads with restore's checks
+// (io::read_row_file, io::read_checked_file), counts each table's rows at that version as
+// restore's chain read keeps them (io::read_chain_rows: a key's status is its first occurrence
+// in the newest file that holds it), and merges the admission counts as restore does. It exits
+// 0 exactly when a restore of every version it checked, into an empty store, would succeed.
+//
+// Without --version it checks every version directory. Each file is read once, and each
+// version's keys are its parent's with its own files applied, so a chain is read once, not
+// once per version. A version that fails is reported, and the others are still checked.
+//
+// Also here: the shallow form of the same check that ls's RESTORABLE column shows.
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "host/checkpoint/restore_plan.hpp"
+#include "host/error.hpp"
+#include "io/chain.hpp"
+#include "io/manifest.hpp"
+#include "io/row_file.hpp"
+#include "io/tool/ckpt.hpp"
+
+namespace embstore::ckpt {
+namespace {
+
+using checkpoint::RestorePlan;
+using checkpoint::TablePlan;
+
+// One line on stderr, redrawn with \r, while verify reads: only on a terminal and only for
+// enough bytes to be worth it.
+class Progress {
+ public:
+  static constexpr uint64_t kMinBytes = uint64_t{64} << 20;
+
+  explicit Progress(uint64_t total)
+      : total_(total), enabled_(total > kMinBytes && ::isatty(STDERR_FILENO) == 1) {
+    start_ = last_ = std::chrono::steady_clock::now();
+  }
+
+  // The bytes done so far (monotonic across files: callers add their file's base).
+  void update(uint64_t done) {
+    if (!enabled_) return;
+    done = std::min(done, total_);
+    if (drawn_ && done == done_) return;
+    done_ = done;
+    const auto now = std::chrono::steady_clock::now();
+    if (drawn_ && now - last_ < std::chrono::milliseconds(100) && done_ < total_) return;
+    last_ = now;
+    draw(now);
+  }
+
+  // Clears the line (before the result or an error message is printed).
+  void clear() {
+    if (!enabled_ || !drawn_) return;
+    std::fprintf(stderr, "\r%*s\r", static_cast<int>(width_), "");
+    std::fflush(stderr);
+    drawn_ = false;
+  }
+
+  ~Progress() { clear(); }
+
+ private:
+  void draw(std::chrono::steady_clock::time_point now) {
+    const double seconds = std::chrono::duration<double>(now - start_).count();
+    const double mib = static_cast<double>(done_) / (1024.0 * 1024.0);
+    const std::string line = fmt::format(
+        "verifying: {:5.1f}%  {:.1f} / {:.1f} MiB  {:.1f} MiB/s",
+        100.0 * static_cast<double>(done_) / static_cast<double>(total_), mib,
+        static_cast<double>(total_) / (1024.0 * 1024.0), seconds > 0 ? mib / seconds : 0.0);
+    const size_t pad = width_ > line.size() ? width_ - line.size() : 0;
+    std::fprintf(stderr, "\r%s%*s", line.c_str(), static_cast<int>(pad), "");
+    std::fflush(stderr);
+    width_ = std::max(width_, line.size());
+    drawn_ = true;
+  }
+
+  uint64_t total_;
+  bool enabled_;
+  uint64_t done_ = 0;
+  size_t width_ = 0;
+  bool drawn_ = false;
+  std::chrono::steady_clock::time_point start_, last_;
+};
+
+// io/chain's errors as restore reports them (restore_plan.cpp does the same).
+[[noreturn]] void fail_read(int err, const std::string& detail) {
+  fail(err == -EBADMSG ? EMBSTORE_CORRUPT : EMBSTORE_IO_ERROR, "{}", detail);
+}
+
+const io::TableEntry* find_table(const io::Manifest& m, const std::string& name) {
+  for (const io::TableEntry& t : m.tables) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+// A table's keys at one version, sorted: those with a row.
+using Keys = std::vector<int64_t>;
+
+// What a version's files say of a key: its first occurrence in them, an upsert or a tombstone.
+struct KeyStatus {
+  int64_t key;
+  bool tombstone;
+};
+
+class Verifier {
+ public:
+  Verifier(io::CheckpointDir& checkpoints, Progress& progress)
+      : checkpoints_(checkpoints), progress_(progress) {}
+
+  // Counts, per version, the later versions to check that apply on it: its keys are kept
+  // until they have used them.
+  void expect_children(const RestorePlan& plan) {
+    if (plan.chain.size() > 1) ++children_[index_of(plan.chain[1])];
+  }
+
+  // Checks one planned version as restore would load it. Throws Error with the status
+  // restore would return.
+  void check(const RestorePlan& plan) {
+    std::optional<Error> first;
+    // Every table's keys, even after a failure, so that the versions on this one need not
+    // read its chain again.
+    for (const TablePlan& t : plan.tables) {
+      try {
+        const Keys keys = keys_at(plan, t);
+        if (keys.size() != t.entry->table_rows) {
+          fail(EMBSTORE_CORRUPT, "{}: table '{}' has {} rows after loading, the manifest says {}",
+               plan.path(), t.entry->name, keys.size(), t.entry->table_rows);
+        }
+      } catch (const Error& e) {
+        if (!first) first = e;
+      }
+    }
+    if (plan.chain.size() > 1) {
+      const size_t parent = index_of(plan.chain[1]);
+      if (--children_[parent] == 0) forget(parent);
+    }
+    if (first) throw *first;
+    for (const TablePlan& t : plan.tables) checkpoint::read_admission(plan, t);
+    checkpoint::read_attachments(plan);
+  }
+
+ private:
+  size_t index_of(const io::ChainLink& link) const {
+    return static_cast<size_t>(link.dir - checkpoints_.versions().data());
+  }
+
+  void forget(size_t version) {
+    for (auto it = keys_.lower_bound({version, std::string()});
+         it != keys_.end() && it->first.first == version;) {
+      it = keys_.erase(it);
+    }
+  }
+
+  // The table's keys at the plan's version: from the newest parent whose keys are known (or
+  // from nothing), each newer version's files applied in turn.
+  Keys keys_at(const RestorePlan& plan, const TablePlan& t) {
+    const std::string& name = t.entry->name;
+    // The shape check of restore's chain read, in its order (newest first).
+    for (const io::ChainLink& link : plan.chain) {
+      const io::TableEntry* e = find_table(*link.manifest, name);
+      if (e != nullptr &&
+          (e->config.dim != t.entry->config.dim || e->state_dim != t.entry->state_dim)) {
+        fail(EMBSTORE_CORRUPT, "{}: table '{}' changes shape along the chain", link.path, name);
+      }
+    }
+    size_t from = plan.chain.size();  // the first link still to apply, counted from the newest
+    Keys keys;
+    for (size_t k = 1; k < plan.chain.size(); ++k) {
+      auto known = keys_.find({index_of(plan.chain[k]), name});
+      if (known != keys_.end()) {
+        keys = known->second;
+        from = k;
+        break;
+      }
+    }
+    for (size_t k = from; k-- > 0;) {
+      const io::ChainLink& link = plan.chain[k];
+      if (const io::TableEntry* e = find_table(*link.manifest, name); e != nullptr) {
+        keys = apply(keys, link, *e);
+      }
+    }
+    const size_t self = index_of(plan.chain.front());
+    if (children_[self] > 0) keys_[{self, name}] = keys;
+    return keys;
+  }
+
+  // keys with one version's files of a table applied, as restore's newest-first read sees
+  // them: the keys of the files take their status there, the others keep theirs.
+  Keys apply(const Keys& keys, const io::ChainLink& link, const io::TableEntry& e) {
+    std::vector<std::pair<KeyStatus, uint64_t>> seen;  // with their position in the files
+    for (const io::FileEntry& f : e.files) {
+      const std::string path = link.path + "/" + f.path;
+      if (auto bad = failed_files_.find(path); bad != failed_files_.end()) {
+        fail_read(bad->second.first, bad->second.second);
+      }
+      std::string detail;
+      const io::RowSink collect = [&](const io::RowBlock& b, std::string*) {
+        progress_.update(done_ + b.offset);
+        const bool tombstone = b.kind == io::RowBlockKind::kTombstones;
+        for (uint32_t i = 0; i < b.rows; ++i) seen.push_back({{b.keys[i], tombstone}, seen.size()});
+        return 0;
+      };
+      const int r = io::read_row_file(path, f, e, link.manifest->full, collect, &detail);
+      done_ += f.bytes;
+      progress_.update(done_);
+      if (r < 0) {
+        failed_files_[path] = {r, detail};
+        fail_read(r, detail);
+      }
+    }
+    // Each key's first occurrence, by key.
+    std::sort(seen.begin(), seen.end(), [](const auto& a, const auto& b) {
+      return a.first.key != b.first.key ? a.first.key < b.first.key : a.second < b.second;
+    });
+    seen.erase(std::unique(seen.begin(), seen.end(),
+                           [](const auto& a, const auto& b) { return a.first.key == b.first.key; }),
+               seen.end());
+    Keys out;
+    out.reserve(keys.size() + seen.size());
+    size_t i = 0;
+    for (const auto& [status, position] : seen) {
+      while (i < keys.size() && keys[i] < status.key) out.push_back(keys[i++]);
+      if (i < keys.size() && keys[i] == status.key) ++i;  // its status is the newer file's
+      if (!status.tombstone) out.push_back(status.key);
+    }
+    out.insert(out.end(), keys.begin() + static_cast<std::ptrdiff_t>(i), keys.end());
+    return out;
+  }
+
+  io::CheckpointDir& checkpoints_;
+  Progress& progress_;
+  uint64_t done_ = 0;
+  std::map<size_t, int> children_;
+  std::map<std::pair<size_t, std::string>, Keys> keys_;  // (version index, table)
+  std::map<std::string, std::pair<int, std::string>> failed_files_;
+};
+
+// The row bytes a plan reads that no earlier plan read: the progress line's total.
+uint64_t new_row_bytes(const RestorePlan& plan, std::map<std::string, bool>* counted) {
+  uint64_t bytes = 0;
+  for (const io::ChainLink& link : plan.chain) {
+    for (const io::TableEntry& t : link.manifest->tables) {
+      for (const io::FileEntry& f : t.files) {
+        if (counted->emplace(link.path + "/" + f.path, true).second) bytes += f.bytes;
+      }
+    }
+  }
+  return bytes;
+}
+
+// "(3 tables, 2540 rows, 5 files, 1.3 MiB)" of the version itself; for a delta, the rows of
+// its tables once restored with its chain.
+std::string summary(const RestorePlan& plan) {
+  const io::Manifest& m = plan.manifest();
+  uint64_t files = 0, rows = 0, bytes = 0, table_rows = 0;
+  for (const io::TableEntry& t : m.tables) {
+    for (const io::FileEntry& f : t.files) {
+      ++files;
+      bytes += f.bytes;
+    }
+    if (t.admission) {
+      ++files;
+      bytes += t.admission->bytes;
+    }
+    rows += t.rows;
+    table_rows += t.table_rows;
+  }
+  for (const io::AttachmentEntry& a : m.attachments) {
+    ++files;
+    bytes += a.file.bytes;
+  }
+  std::string out = fmt::format("({}, {} rows, {}, {}", plural(m.tables.size(), "table", "tables"),
+                                rows, plural(files, "file", "files"), human(bytes));
+  out += ")";
+  if (plan.chain.size() > 1) {
+    out += fmt::format("  restores {} rows with {}", table_rows,
+                       plural(plan.chain.size() - 1, "older version", "older versions"));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string restore_problem(io::CheckpointDir& checkpoints, size_t index) {
+  try {
+    const RestorePlan plan = checkpoint::plan_version(checkpoints, index);
+    std::string detail;
+    auto present = [&](const std::string& vdir, const io::FileEntry& f) {
+      if (int r = io::check_file_size(vdir + "/" + f.path, f, &detail); r < 0) {
+        fail_read(r, detail);
+      }
+    };
+    for (const TablePlan& t : plan.tables) {
+      for (const io::ChainLink& link : plan.chain) {
+        const io::TableEntry* e = find_table(*link.manifest, t.entry->name);
+        if (e == nullptr) continue;
+        for (const io::FileEntry& f : e->files) present(link.path, f);
+        if (e->admission) present(link.path, *e->admission);
+      }
+    }
+    for (const io::AttachmentEntry& a : plan.manifest().attachments) present(plan.path(), a.file);
+  } catch (const Error& e) {
+    return fmt::format("{}: {}", embstore_status_name(e.status()), e.what());
+  }
+  return "";
+}
+
+int cmd_verify(const std::string& dir, const std::optional<std::string>& version_text) {
+  io::CheckpointDir checkpoints(dir, versions_of(dir));
+  std::vector<size_t> targets;
+  if (version_text) {
+    const VersionSpec spec = parse_version_spec(*version_text);
+    size_t index = 0;
+    std::string detail;
+    const int r = checkpoints.choose(spec.latest ? io::kLatestVersion : spec.version, spec.full,
+                                     &index, &detail, nullptr);
+    if (r == -ENOENT) {
+      throw Problem(spec.latest ? fmt::format("no committed checkpoint in {}", dir)
+                                : fmt::format("no version {} in {}", spec.text, dir));
+    }
+    if (r < 0) {  // the version chosen has no manifest that reads: so restore fails too
+      std::fprintf(stderr, "embstore-ckpt verify: FAILED %s: restore would return %s: %s\n",
+                   spec.text.c_str(),
+                   embstore_status_name(r == -EBADMSG ? EMBSTORE_CORRUPT : EMBSTORE_IO_ERROR),
+                   detail.c_str());
+      return kExitProblem;
+    }
+    targets.push_back(index);
+  } else {
+    for (size_t i = 0; i < checkpoints.versions().size(); ++i) targets.push_back(i);
+    if (targets.empty()) throw Problem(fmt::format("no checkpoints in {}", dir));
+  }
+
+  // Plans first (manifests only): what the versions read, and which apply on which.
+  std::vector<std::optional<RestorePlan>> plans(targets.size());
+  std::vector<std::string> plan_errors(targets.size());
+  std::map<std::string, bool> counted;
+  uint64_t total = 0;
+  for (size_t k = 0; k < targets.size(); ++k) {
+    try {
+      plans[k] = checkpoint::plan_version(checkpoints, targets[k]);
+      total += new_row_bytes(*plans[k], &counted);
+    } catch (const Error& e) {
+      plan_errors[k] = fmt::format("{}: {}", embstore_status_name(e.status()), e.what());
+    }
+  }
+  Progress progress(total);
+  Verifier verifier(checkpoints, progress);
+  for (const auto& plan : plans) {
+    if (plan) verifier.expect_children(*plan);
+  }
+
+  int failed = 0;
+  for (size_t k = 0; k < targets.size(); ++k) {
+    const std::string& name = checkpoints.versions()[targets[k]].name;
+    std::string problem = plan_errors[k];
+    if (plans[k]) {
+      try {
+        verifier.check(*plans[k]);
+      } catch (const Error& e) {
+        problem = fmt::format("{}: {}", embstore_status_name(e.status()), e.what());
+      }
+    }
+    progress.clear();
+    if (problem.empty()) {
+      fmt::print("OK {}  {}\n", name, summary(*plans[k]));
+      std::fflush(stdout);
+    } else {
+      ++failed;
+      std::fflush(stdout);
+      std::fprintf(stderr, "embstore-ckpt verify: FAILED %s: restore would return %s\n",
+                   name.c_str(), problem.c_str());
+    }
+  }
+  return failed == 0 ? kExitOk : kExitProblem;
+}
+
+}  // namespace embstore::ckpt
