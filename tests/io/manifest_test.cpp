@@ -205,6 +205,10 @@ TEST_CASE("manifest: a changed byte, a torn file or a bad field is refused", "[i
   SECTION("a missing member") {
     REQUIRE(parse_error(edit(m, "\"seed\"", "\"sead\"")).find("seed") != std::string::npos);
   }
+  SECTION("a float beyond float's range") {
+    REQUIRE(parse_error(edit(m, "\"learning_rate\": 0.3333333432674408", "\"learning_rate\": 1e39"))
+                .find("learning_rate' is out of the range of a float") != std::string::npos);
+  }
   SECTION("a negative count") {
     REQUIRE(parse_error(edit(m, "\"bytes\": 3", "\"bytes\": -3")).find("bytes") !=
             std::string::npos);
