@@ -638,8 +638,11 @@ void Checkpointer::apply_retention(const Job& job) {
   }
   if (fulls.size() <= keep) return;
   const uint64_t oldest_kept = fulls[fulls.size() - keep];
-  for (const io::VersionDir& v : versions) {
-    if (v.version < oldest_kept) retire(job.dir, job.dir + "/" + v.name);
+  // Newest first: a delta goes before the versions it applies on, so that a crash half-way
+  // leaves the older part of a chain, never a delta without its parent (the crash campaign
+  // found that).
+  for (auto v = versions.rbegin(); v != versions.rend(); ++v) {
+    if (v->version < oldest_kept) retire(job.dir, job.dir + "/" + v->name);
   }
 }
 
