@@ -146,6 +146,11 @@ int cmd_compact(const std::string& dir, const std::string& version_text, const s
   }
   std::unique_ptr<io::DirLock> lock;
   if (io::DirLock::acquire(out, "embstore-ckpt compact", &lock, &detail) < 0) throw Problem(detail);
+  // What an interrupted writer of OUT left (a compact or a checkpoint killed half-way).
+  if (int r = io::remove_leftovers(out, nullptr); r < 0) {
+    std::fprintf(stderr, "embstore-ckpt compact: could not remove every leftover in %s: %s\n",
+                 out.c_str(), errno_text(r).c_str());
+  }
   // Either kind of V in OUT would stand beside the new one; restore could pick it instead.
   for (const io::VersionDir& v : versions_of(out)) {
     if (v.version == source.version) {
