@@ -4,8 +4,10 @@
 
 #include "host/backend/backends.hpp"
 #include "host/error.hpp"
+#include "io/engine.hpp"
 
 using embstore::fail;
+namespace io = embstore::io;
 
 embstore_store::embstore_store(const embstore_store_config_t& c) {
   if (c.struct_size < sizeof(embstore_store_config_t)) {
@@ -16,8 +18,9 @@ embstore_store::embstore_store(const embstore_store_config_t& c) {
   if (c.host_threads < 0) {
     fail(EMBSTORE_INVALID_ARGUMENT, "host_threads must be >= 0, is {}", c.host_threads);
   }
-  if (c.io_queue_depth < 1) {
-    fail(EMBSTORE_INVALID_ARGUMENT, "io_queue_depth must be >= 1, is {}", c.io_queue_depth);
+  if (c.io_queue_depth < 1 || static_cast<unsigned>(c.io_queue_depth) > io::kMaxQueueDepth) {
+    fail(EMBSTORE_INVALID_ARGUMENT, "io_queue_depth must be 1..{}, is {}", io::kMaxQueueDepth,
+         c.io_queue_depth);
   }
   if (c.world_size < 1 || c.rank < 0 || c.rank >= c.world_size) {
     fail(EMBSTORE_INVALID_ARGUMENT, "rank {} is not in a world of size {}", c.rank, c.world_size);
@@ -116,7 +119,8 @@ uint64_t embstore_store::on_step(uint64_t previous, uint64_t step) {
   uint64_t evicted = 0;
   for (embstore_table* t : all) {
     const embstore::TableSpec& spec = t->impl->spec();
-    if (!spec.idle_rules() || !embstore::idle_pass_due(spec, previous, step, now, t->idle_pass_time)) {
+    if (!spec.idle_rules() ||
+        !embstore::idle_pass_due(spec, previous, step, now, t->idle_pass_time)) {
       continue;
     }
     t->idle_pass_time = now;

@@ -26,7 +26,6 @@ std::mutex g_log_mutex;
 // Largest buffer_bytes accepted: a ring request's length is 32 bits, and staging beyond this
 // only costs memory.
 constexpr size_t kMaxBufferBytes = size_t{1} << 30;
-constexpr unsigned kMaxQueueDepth = 4096;
 
 }  // namespace
 

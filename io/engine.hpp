@@ -18,6 +18,8 @@ namespace embstore::io {
 // O_DIRECT needs buffers, offsets and lengths aligned to the logical block size; 4096 covers
 // every device we expect (512e and 4Kn disks, NVMe).
 inline constexpr size_t kAlignment = 4096;
+// The most requests in flight a channel takes (IoOptions::queue_depth).
+inline constexpr unsigned kMaxQueueDepth = 4096;
 
 struct IoOptions {
   unsigned queue_depth = 16;       // the most reads/writes in flight at once

@@ -31,7 +31,7 @@ extern "C" {
 /* ---------------------------------------------------------------- version and status -- */
 
 #define EMBSTORE_VERSION_MAJOR 0
-#define EMBSTORE_VERSION_MINOR 3
+#define EMBSTORE_VERSION_MINOR 4
 #define EMBSTORE_VERSION_PATCH 0
 /* MAJOR*10000 + MINOR*100 + PATCH */
 #define EMBSTORE_VERSION_CODE \
@@ -51,7 +51,7 @@ typedef enum embstore_status {
   EMBSTORE_IO_ERROR = 6,          /* read, write, fsync, rename failed (errno text in last_error) */
   EMBSTORE_CORRUPT = 7,           /* checksum or format mismatch (file and offset in last_error) */
   EMBSTORE_UNSUPPORTED = 8,       /* not built, no device, or not implemented in this version */
-  EMBSTORE_BUSY = 9,
+  EMBSTORE_BUSY = 9,               /* another writer holds the checkpoint directory (it is named) */
   EMBSTORE_DEVICE_ERROR = 10, /* CUDA or NCCL failure */
   EMBSTORE_INTERNAL = 11      /* a bug in embstore: please report it with last_error */
 } embstore_status_t;
@@ -78,13 +78,13 @@ typedef enum {
 typedef struct embstore_store_config {
   size_t struct_size;         /* set by embstore_store_config_init */
   embstore_backend_t backend; /* default AUTO */
-  int device;                 /* CUDA device ordinal; default 0 */
+  int device;                 /* CUDA device ordinal, >= 0 (also on the host backend); default 0 */
   int rank;                   /* 0 for a single process; default 0 */
   int world_size;             /* 1 for a single process; default 1 */
   void* nccl_comm;            /* ncclComm_t when world_size > 1 on CUDA, else NULL */
-  size_t staging_bytes;       /* pinned staging budget of the checkpoint pipeline;
-                                 default 256 MiB */
-  int io_queue_depth;         /* writes in flight per writer; default 16 */
+  size_t staging_bytes;       /* pinned staging budget of the checkpoint pipeline, at least
+                                 1 MiB (a chunk holds the widest row); default 256 MiB */
+  int io_queue_depth;         /* writes in flight per writer, 1..4096; default 16 */
   int host_threads;           /* host backend worker threads, 0 (default): one per core */
 } embstore_store_config_t;
 
@@ -93,16 +93,16 @@ EMBSTORE_API void embstore_store_config_init(embstore_store_config_t* config);
 
 /* Creates a store. config NULL: the defaults.
    Returns OK; INVALID_ARGUMENT (store_out NULL, struct_size too small, bad backend, negative
-   host_threads or io_queue_depth, rank/world_size out of range); UNSUPPORTED (CUDA asked for
-   where this build has no CUDA or no device is usable, or world_size > 1 in this version);
-   DEVICE_ERROR; OUT_OF_MEMORY. */
+   host_threads, io_queue_depth outside 1..4096, staging_bytes below 1 MiB, device below 0,
+   rank/world_size out of range); UNSUPPORTED (CUDA asked for where this build has no CUDA or
+   no device is usable, or world_size > 1 in this version); DEVICE_ERROR; OUT_OF_MEMORY. */
 EMBSTORE_API embstore_status_t embstore_store_create(const embstore_store_config_t* config,
                                                      embstore_store_t** store_out);
 
-/* Waits for in-flight checkpoints, then frees every table and the store. NULL is a no-op.
-   Table handles of the store become invalid. Returns OK, or the failure of a checkpoint that
-   nobody has been told of yet (by embstore_checkpoint_wait or embstore_step); the store is
-   freed all the same. */
+/* Waits for in-flight checkpoints, then frees every table and the store, and lets go of the
+   checkpoint directories it held (see "Checkpoints"). NULL is a no-op. Table handles of the
+   store become invalid. Returns OK, or the failure of a checkpoint that nobody has been told of
+   yet (by embstore_checkpoint_wait or embstore_step); the store is freed all the same. */
 EMBSTORE_API embstore_status_t embstore_store_destroy(embstore_store_t* store);
 
 /* HOST or CUDA: the backend the store runs on (AUTO resolved). HOST for NULL. */
@@ -162,11 +162,12 @@ EMBSTORE_API void embstore_table_config_init(embstore_table_config_t* config);
 
 /* Creates a table. Every int64 value is a valid key: no key is reserved.
    Returns OK; INVALID_ARGUMENT (NULL pointer, struct_size too small, bad name, dim out of
-   range, max_capacity below initial_capacity, unknown optimizer or initializer, negative or
-   non-finite hyperparameters, beta outside [0,1), NORMAL with negative deviation, UNIFORM with
-   init_b < init_a, negative or non-finite evict_idle_seconds, evict_when_full not 0 or 1,
-   admit_bloom_bytes set while admit_after <= 1, below 64 or with admit_after above 255);
-   ALREADY_EXISTS; OUT_OF_MEMORY; DEVICE_ERROR. */
+   range, initial_capacity above 4294967040 rows, max_capacity below initial_capacity, unknown
+   optimizer or initializer, negative or non-finite hyperparameters, beta outside [0,1), Adam
+   with epsilon 0, Adagrad (either kind) with both epsilon and initial_accumulator 0, NORMAL
+   with negative deviation, UNIFORM with init_b < init_a, negative or non-finite
+   evict_idle_seconds, evict_when_full not 0 or 1, admit_bloom_bytes set while admit_after <= 1,
+   below 64 or with admit_after above 255); ALREADY_EXISTS; OUT_OF_MEMORY; DEVICE_ERROR. */
 EMBSTORE_API embstore_status_t embstore_table_create(embstore_store_t* store,
                                                      const embstore_table_config_t* config,
                                                      embstore_table_t** table_out);
@@ -183,7 +184,7 @@ EMBSTORE_API uint32_t embstore_table_dim(const embstore_table_t* table);
    stream is a cudaStream_t (NULL: the legacy default stream) and is ignored on the host
    backend. On CUDA the calls are stream-ordered and return once the work is enqueued; on the
    host backend they return when the work is done. n == 0 is a no-op (pointers may then be
-   NULL). */
+   NULL); n above 2^32 - 1 (4294967295) is INVALID_ARGUMENT: split such a batch. */
 
 #define EMBSTORE_LOOKUP_INSERT 1u /* training: admitted keys without a row get a new row */
 
@@ -307,13 +308,25 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table,
 
 /* ------------------------------------------------------------------------- checkpoints -- */
 /* A checkpoint directory holds one subdirectory per version, named by the global step at
-   capture ("00000000000000001000.full"), each with a MANIFEST.json, one row file per table and
-   the attachments. A version is written into a hidden temporary directory and renamed into
-   place only once every file is durable, so a crash never leaves a half-written version
-   behind; the leftovers are removed at the next checkpoint into dir. One store (one process)
-   writes a given dir at a time. An incremental checkpoint ("...delta") holds only the rows
-   changed since the previous checkpoint of the store in that dir, and names it as its parent;
-   restore follows the chain back to a full checkpoint. */
+   capture ("00000000000000001000.full"), each with a MANIFEST.json, tables/<table>/ (row files
+   and admission counts) and attachments/<name>: separate namespaces, so that no table or
+   attachment name can stand for another file (format 2, written since 0.4; format 1 is still
+   read). A version is written into a hidden temporary directory and renamed into place only
+   once every file is durable, so a crash never leaves a half-written version behind; the
+   leftovers are removed at the next checkpoint into dir. An incremental checkpoint
+   ("...delta") holds only the rows changed since the previous checkpoint of the store in that
+   dir, and names it as its parent (its version, its chain's lineage and its manifest's
+   checksum); restore follows the chain back to a full checkpoint.
+
+   One writer per directory: a store takes dir's writer lock (dir/embstore.lock) when it first
+   checkpoints into dir or sets it as its policy's dir, and holds it until it is destroyed.
+   Another store, in this process or another, is refused with BUSY and a message that names the
+   holder (pid, host, since when). A writer that dies loses its lock with it (the kernel drops
+   it), so a crashed trainer never wedges its directory. On NFS the lock needs the server's lock
+   manager (NFSv4, or NFSv3 with lockd; not -o nolock); see io/dir_lock.hpp and the README.
+
+   The invariant: embstore_checkpoint_wait returns OK only for a version that embstore_restore
+   loads, with every table exactly as it was at the capture. */
 
 typedef enum { EMBSTORE_CKPT_FULL = 1, EMBSTORE_CKPT_INCREMENTAL = 2 } embstore_ckpt_kind_t;
 #define EMBSTORE_LATEST UINT64_MAX
@@ -327,10 +340,13 @@ typedef enum { EMBSTORE_CKPT_FULL = 1, EMBSTORE_CKPT_INCREMENTAL = 2 } embstore_
    cleared. Call it between steps, not concurrently with calls on the store's tables.
    Returns OK once captured (embstore_checkpoint_wait gives the outcome); INVALID_ARGUMENT
    (NULL store or dir, empty dir, bad kind); ALREADY_EXISTS (dir holds this version already);
-   IO_ERROR (dir or its temporary directory cannot be created); OUT_OF_MEMORY; DEVICE_ERROR.
+   BUSY (another writer holds dir: nothing was captured or written); IO_ERROR (dir, its lock or
+   its temporary directory cannot be created); OUT_OF_MEMORY; DEVICE_ERROR.
    INCREMENTAL is taken as FULL when the store's last committed (or restored) version is not
-   in dir, or when the chain is due for a rebaseline (see embstore_checkpoint_policy_t);
-   embstore_checkpoint_info tells which kind was written. */
+   in dir, is not older than this one (the step went backwards: a delta always has a newer
+   version than its parent), is no longer the version this store committed there, or when the
+   chain is due for a rebaseline (see embstore_checkpoint_policy_t); embstore_checkpoint_info
+   tells which kind was written. */
 EMBSTORE_API embstore_status_t embstore_checkpoint(embstore_store_t* store, const char* dir,
                                                    embstore_ckpt_kind_t kind,
                                                    uint64_t* version_out);
@@ -373,11 +389,14 @@ EMBSTORE_API void embstore_checkpoint_policy_init(embstore_checkpoint_policy_t* 
    deleted only after the newer one is committed. Retention counts only versions up to the one
    just written: after a restore of an older version, the newer versions of the abandoned run
    are left in dir (and EMBSTORE_LATEST would pick them: write the new run into a new dir, or
-   delete them). The step schedule restarts at set_policy and at a restore. dir NULL with
-   everything off turns the policy
-   off. Returns OK; INVALID_ARGUMENT (NULL pointer, struct_size too small, negative or NaN
-   seconds, a schedule without dir). Incremental checkpoints follow the same rules, by
-   incremental_every_steps/_seconds; a full one due at the same step wins. */
+   delete them). Retention deletes the newest versions first, so that a crash half-way leaves
+   an older part of a chain, never a delta without its parent. The step schedule restarts at
+   set_policy and at a restore. dir NULL with everything off turns the policy off; a dir is
+   created and its writer lock taken here. Returns OK; INVALID_ARGUMENT (NULL pointer,
+   struct_size too small, negative or NaN seconds, a schedule without dir); BUSY (another
+   writer holds dir); IO_ERROR (dir or its lock cannot be created). Incremental checkpoints
+   follow the same rules, by incremental_every_steps/_seconds; a full one due at the same step
+   wins. */
 EMBSTORE_API embstore_status_t
 embstore_checkpoint_set_policy(embstore_store_t* store, const embstore_checkpoint_policy_t* policy);
 
@@ -428,17 +447,24 @@ EMBSTORE_API embstore_status_t embstore_checkpoint_info(embstore_store_t* store,
                                                         embstore_checkpoint_info_t* out);
 
 /* Loads version (EMBSTORE_LATEST: the newest committed) from dir and returns it in
-   *restored_version_out (may be NULL); sets the store's global step to it. A delta is
-   restored through its chain: the full checkpoint it descends from, then each delta. Every block
-   checksum, file size and row count is verified before the store is changed: on any error
-   the store is left as it was. Tables missing from the store are created exactly as they were
+   *restored_version_out (may be NULL); sets the store's global step to it. EMBSTORE_LATEST
+   passes over version directories without a manifest (not committed) but fails on one whose
+   manifest is corrupt; an exact version number takes the full checkpoint when a directory
+   holds both kinds. A delta is restored through its chain: the full checkpoint it descends
+   from, then each delta, every link checked (the parent exists, is older, of the same lineage,
+   and is the version the delta names by its manifest checksum). Everything read is checked
+   before the store is changed (each manifest's checksum, names and paths; every file's size,
+   block checksums and whole-file checksum; row counts): on any error the store is left as it
+   was. embstore-ckpt verify makes the same checks and exits 0 exactly when this succeeds. Tables missing from the store are created exactly as they were
    configured (optimizer and hyperparameters, initializer and seed), so training continues as
    if it had never stopped; an existing table must match in dim and optimizer, keeps its own
    hyperparameters and has its rows replaced. Tables of the store that the checkpoint lacks are
    left alone. The checkpoint's attachments become readable by embstore_restore_attachment.
    Works across backends (a checkpoint of a HOST store restores into a CUDA one, and back).
-   Waits for a checkpoint in flight. Not concurrently with calls on the store's tables. Needs memory for
-   the restored tables beside the ones they replace.
+   Waits for a checkpoint in flight. Not concurrently with calls on the store's tables. Needs
+   memory for the restored tables beside the ones they replace. Takes no lock: reading a
+   directory while its writer goes on is safe, except that the writer's retention may delete
+   the version being read (restore then fails, and can be retried).
    Returns OK; INVALID_ARGUMENT (NULL store or dir, dim or optimizer mismatch); NOT_FOUND (dir
    missing, no committed checkpoint, or no such version); CORRUPT (checksum, size or format
    mismatch, or a broken chain: file and offset in embstore_last_error()); IO_ERROR;

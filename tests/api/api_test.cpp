@@ -104,9 +104,27 @@ TEST_CASE("bad store arguments", "[api]") {
   c.host_threads = -1;
   require_failed(embstore_store_create(&c, &store), EMBSTORE_INVALID_ARGUMENT, "host_threads");
 
+  // Every limit the header documents.
+  for (int depth : {0, -1, 4097}) {
+    embstore_store_config_init(&c);
+    c.io_queue_depth = depth;
+    require_failed(embstore_store_create(&c, &store), EMBSTORE_INVALID_ARGUMENT,
+                   "io_queue_depth must be 1..4096");
+  }
   embstore_store_config_init(&c);
-  c.io_queue_depth = 0;
-  require_failed(embstore_store_create(&c, &store), EMBSTORE_INVALID_ARGUMENT, "io_queue_depth");
+  c.io_queue_depth = 4096;
+  c.backend = EMBSTORE_BACKEND_HOST;
+  REQUIRE(embstore_store_create(&c, &store) == EMBSTORE_OK);
+  embstore_store_destroy(store);
+  store = nullptr;
+
+  embstore_store_config_init(&c);
+  c.staging_bytes = (size_t{1} << 20) - 1;
+  require_failed(embstore_store_create(&c, &store), EMBSTORE_INVALID_ARGUMENT, "staging_bytes");
+
+  embstore_store_config_init(&c);
+  c.device = -1;
+  require_failed(embstore_store_create(&c, &store), EMBSTORE_INVALID_ARGUMENT, "device");
 
   embstore_store_config_init(&c);
   c.rank = 2;
@@ -264,6 +282,11 @@ TEST_CASE("bad data path arguments", "[api]") {
                  "grads");
   require_failed(embstore_lookup(t, &key, size_t{1} << 33, out, 0, nullptr),
                  EMBSTORE_INVALID_ARGUMENT, "batch");
+  // The documented limit: 2^32 - 1 keys a call; the refusal comes before any key is read.
+  require_failed(embstore_lookup(t, &key, size_t{1} << 32, out, 0, nullptr),
+                 EMBSTORE_INVALID_ARGUMENT, "at most 4294967295 per call");
+  require_failed(embstore_apply_gradients(t, &key, grad, size_t{1} << 32, nullptr),
+                 EMBSTORE_INVALID_ARGUMENT, "at most 4294967295 per call");
 
   // n == 0 is a no-op, with or without pointers.
   REQUIRE(embstore_lookup(t, nullptr, 0, nullptr, EMBSTORE_LOOKUP_INSERT, nullptr) == EMBSTORE_OK);
