@@ -1,31 +1,49 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs the test suite.
-#   scripts/test.sh             default build (CUDA backend compiled where nvcc exists)
-#   scripts/test.sh --sanitize  host-only build with AddressSanitizer + UBSan
+#   scripts/test.sh                    default build (CUDA backend compiled where nvcc exists)
+#   scripts/test.sh --sanitize         host-only build with AddressSanitizer + UBSan
+#   scripts/test.sh --sanitize thread  host-only build with ThreadSanitizer
 # CUDA tests carry the ctest label "cuda" and report as skipped where no device is usable.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 
-sanitize=0
-for arg in "$@"; do
-  case "$arg" in
-    --sanitize) sanitize=1 ;;
-    *) echo "usage: scripts/test.sh [--sanitize]" >&2; exit 2 ;;
+usage() {
+  echo "usage: scripts/test.sh [--sanitize [address|thread]]" >&2
+  exit 2
+}
+sanitize=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sanitize)
+      sanitize=address
+      if [ $# -ge 2 ] && [[ "$2" != --* ]]; then
+        case "$2" in address|thread) sanitize=$2 ;; *) usage ;; esac
+        shift
+      fi
+      shift ;;
+    *) usage ;;
   esac
 done
 
 bash scripts/setup.sh
 jobs=$(nproc)
-if [ "$sanitize" -eq 1 ]; then
-  build=build-sanitize
-  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEMBSTORE_CUDA=OFF \
-    -DEMBSTORE_SANITIZE=ON -DEMBSTORE_BUILD_PERF=OFF
-  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
-  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-else
-  build=build
-  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo
-fi
+case "$sanitize" in
+  address)
+    build=build-sanitize
+    cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEMBSTORE_CUDA=OFF \
+      -DEMBSTORE_SANITIZE=address -DEMBSTORE_BUILD_PERF=OFF
+    export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+    export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ;;
+  thread)
+    build=build-tsan
+    cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEMBSTORE_CUDA=OFF \
+      -DEMBSTORE_SANITIZE=thread -DEMBSTORE_BUILD_PERF=OFF
+    # A report fails the test; io_uring's kernel-side accesses are invisible to it.
+    export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 report_signal_unsafe=0" ;;
+  *)
+    build=build
+    cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo ;;
+esac
 cmake --build "$build" -j"$jobs"
 ctest --test-dir "$build" --output-on-failure -j"$jobs"

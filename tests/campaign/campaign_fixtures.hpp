@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/io/io_fixtures.hpp"
+
 namespace embstore_campaign {
 
 // EMBSTORE_CAMPAIGN_SCALE (default 1) multiplies the trials; EMBSTORE_CAMPAIGN_SEED (default
@@ -193,8 +195,10 @@ inline pid_t spawn(const std::string& program, const std::vector<std::string>& a
   std::vector<std::string> argv_s = {program};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   const std::string out = scratch + "/stdout", err = scratch + "/stderr";
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid != 0) return pid;
+  embstore_test::die_with_parent(parent);
   std::vector<char*> argv;
   for (std::string& a : argv_s) argv.push_back(a.data());
   argv.push_back(nullptr);

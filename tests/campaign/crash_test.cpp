@@ -126,9 +126,11 @@ Outcome run_trainer(const std::string& dir, uint64_t trial_seed, Death death, do
   std::fflush(stdout);
   std::fflush(stderr);
   const auto start = std::chrono::steady_clock::now();
+  const pid_t parent = ::getpid();
   const pid_t child = ::fork();
   REQUIRE(child >= 0);
   if (child == 0) {
+    embstore_test::die_with_parent(parent);
     ::close(fds[0]);
     trainer(dir, trial_seed, death, fds[1]);
   }

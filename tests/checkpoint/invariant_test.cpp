@@ -123,9 +123,11 @@ TEST_CASE("another process's directory is refused until it dies", "[checkpoint][
   TempDir dir;
   int ready[2];
   REQUIRE(::pipe(ready) == 0);
+  const pid_t parent = ::getpid();
   const pid_t child = ::fork();
   REQUIRE(child >= 0);
   if (child == 0) {
+    die_with_parent(parent);
     ::close(ready[0]);
     embstore_store_config_t c;
     embstore_store_config_init(&c);

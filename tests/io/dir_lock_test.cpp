@@ -43,9 +43,11 @@ struct NoKernelLocks {
 pid_t holder_process(const std::string& dir) {
   int fds[2];
   REQUIRE(::pipe(fds) == 0);
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
+    embstore_test::die_with_parent(parent);
     ::close(fds[0]);
     std::unique_ptr<DirLock> lock;
     std::string detail;

@@ -1,7 +1,10 @@
 // Fixtures shared by the io/ tests.
 #pragma once
 
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -18,6 +21,13 @@
 #include "io/fault.hpp"
 
 namespace embstore_test {
+
+// In a forked child, first thing: the child dies with the test process. A child left waiting
+// to be killed by a test that failed first would hold ctest's output pipe open forever.
+inline void die_with_parent(pid_t parent) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(1);  // the parent died before prctl
+}
 
 // A fresh directory under /tmp, removed with everything in it.
 class TempDir {

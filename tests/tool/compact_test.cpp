@@ -262,7 +262,7 @@ TEST_CASE("compact merges a chain with tombstones into one full checkpoint that 
   CHECK(columns(line_starting(ls.out, version_dir_name(60, true))).back() == "yes");
 }
 
-TEST_CASE("compact merges the chain's admission counts; verify checks them") {
+TEST_CASE("compact merges the chain's admission counts, and verify checks them") {
   TempDir tmp;
   const std::string dir = tmp.path() + "/ckpt", out = tmp.path() + "/compacted";
   embstore_store_config_t sc;

@@ -76,9 +76,11 @@ inline Result run_tool(const std::vector<std::string>& args) {
   argv.push_back(nullptr);
   std::fflush(stdout);
   std::fflush(stderr);
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
+    embstore_test::die_with_parent(parent);
     const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (out < 0 || err < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0) _exit(126);
