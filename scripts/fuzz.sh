@@ -36,20 +36,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-# The project's build dependencies, then clang and its libFuzzer/sanitizer runtimes.
-bash scripts/setup.sh
-missing=()
-for p in clang libclang-rt-14-dev; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  sudo=""
-  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-  echo "fuzz: installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo apt-get update -qq
-  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+# The project's build dependencies, clang and its libFuzzer and sanitizer runtimes.
+bash scripts/setup.sh --fuzz
 
 build="build-fuzz"
 cmake -S tests/fuzz -B "$build" -DCMAKE_CXX_COMPILER=clang++

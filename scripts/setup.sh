@@ -2,7 +2,9 @@
 # Installs embstore's build dependencies from Debian's packages. Idempotent: does nothing when
 # everything is present. The CUDA toolkit (nvcc, CUB, NCCL) is expected at /usr/local/cuda
 # where a CUDA build is wanted; without it the build is host-only.
-#   scripts/setup.sh [--plot]   --plot: also gnuplot, for the benchmark plots (scripts/bench-*.sh)
+#   scripts/setup.sh [--plot] [--fuzz]
+#     --plot: also gnuplot, for the benchmark plots (scripts/bench-*.sh)
+#     --fuzz: also clang and its libFuzzer and sanitizer runtimes (scripts/fuzz.sh)
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config liburing-dev libfmt-dev catch2 nlohmann-json3-dev
@@ -10,7 +12,8 @@ packages=(build-essential cmake pkg-config liburing-dev libfmt-dev catch2 nlohma
 for arg in "$@"; do
   case "$arg" in
     --plot) packages+=(gnuplot-nox) ;;
-    *) echo "usage: scripts/setup.sh [--plot]" >&2; exit 2 ;;
+    --fuzz) packages+=(clang libclang-rt-14-dev) ;;
+    *) echo "usage: scripts/setup.sh [--plot] [--fuzz]" >&2; exit 2 ;;
   esac
 done
 
