@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,14 +55,14 @@ class KeyLedger {
   // checkpoint.
   void end_snapshot(bool failed);
   const std::vector<int64_t>& evicted_at_capture() const { return snapshot_evicted_keys_; }
-  std::vector<char> admission_at_capture() const {
-    return frozen_ ? frozen_->bytes() : std::vector<char>{};
+  std::optional<io::AdmissionFile> admission_at_capture() const {
+    if (!frozen_) return std::nullopt;
+    return frozen_->counts();
   }
 
-  // Table::load_admission: merges a chain's count files and loads them, then drops the counts
-  // of keys for which has_row(key). Returns false, with the reason in *why, when the table
-  // cannot use them; throws Error(CORRUPT) when they do not merge.
-  bool load_admission(const std::vector<std::string>& files, std::string* why,
+  // Table::load_admission: loads whole counts, then drops the counts of keys for which
+  // has_row(key). Returns false, with the reason in *why, when the table cannot use them.
+  bool load_admission(const io::AdmissionFile& counts, std::string* why,
                       const std::function<bool(int64_t)>& has_row);
 
  private:

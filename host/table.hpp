@@ -6,12 +6,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cuda/row/init.h"
 #include "cuda/row/optimizer.h"
 #include "host/snapshot_sink.hpp"
+#include "io/admission_file.hpp"
 
 namespace embstore {
 
@@ -99,10 +101,9 @@ class Table {
   // count) while a training call wants the table: training goes first.
   virtual uint64_t drain(SnapshotSink* sink, uint64_t max_rows) = 0;
   // The snapshot's admission counts as they were at its capture (all of them, or a delta's
-  // changes), as the bytes of its admission file (io/admission_file.hpp); empty when the table
-  // has no admission. Capture only shares the counts: the caller (the checkpoint's worker)
-  // pays for the bytes. Until end_snapshot.
-  virtual std::vector<char> admission_at_capture() const = 0;
+  // changes); none when the table has no admission. Capture only shares the counts: the caller
+  // (the checkpoint's worker) pays for gathering them. Until end_snapshot.
+  virtual std::optional<io::AdmissionFile> admission_at_capture() const = 0;
   // Detaches the sink. After a failed snapshot (failed = true) every row it captured that is
   // still live is marked dirty again, and its tombstones are pending again, so the next
   // checkpoint still writes them.
@@ -114,11 +115,10 @@ class Table {
   virtual uint64_t evict_before(uint64_t cutoff_step) = 0;
 
   // ---- restore ---------------------------------------------------------------------------
-  // Loads saved admission counts (admission_at_capture's bytes, in the files of a chain,
-  // oldest first), after the rows are loaded: keys that have a row drop their counts. Returns
-  // false, with the reason in *why, when the table cannot use them (no admission, another
-  // kind of counting); throws Error(CORRUPT) when they do not parse or merge.
-  virtual bool load_admission(const std::vector<std::string>& files, std::string* why) = 0;
+  // Loads whole saved admission counts (a chain's, merged), after the rows are loaded: keys
+  // that have a row drop their counts. Returns false, with the reason in *why, when the table
+  // cannot use them (no admission, another kind of counting).
+  virtual bool load_admission(const io::AdmissionFile& counts, std::string* why) = 0;
   // Inserts n rows with their values (n x dim) and optimizer state (n x state_dim) from host
   // memory, rows stamped with step, none dirty. For a new, empty table; keys distinct.
   // Throws Error(CAPACITY_EXCEEDED) past max_capacity.

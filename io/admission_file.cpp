@@ -32,14 +32,36 @@ const char* admission_kind_name(AdmissionKind kind) {
   return "unknown";
 }
 
-void start_admission_file(std::vector<char>* out, AdmissionKind kind, uint64_t n,
-                          size_t payload_bytes) {
-  out->resize(kAdmissionHeaderBytes + payload_bytes);
-  const auto k = static_cast<uint32_t>(kind);
-  std::memcpy(out->data(), kMagic, 8);
-  std::memcpy(out->data() + 8, &k, 4);
-  std::memcpy(out->data() + 12, &kFormat, 4);
-  std::memcpy(out->data() + 16, &n, 8);
+std::vector<char> format_admission_file(const AdmissionFile& f) {
+  const bool bloom = f.kind == AdmissionKind::kBloom;
+  const bool delta = f.kind == AdmissionKind::kExactDelta;
+  const uint64_t n = bloom ? f.counters.size() : f.entries.size();
+  const size_t removed = delta ? 8 + f.removed.size() * sizeof(int64_t) : 0;
+  const size_t payload = bloom ? f.counters.size() : n * sizeof(AdmissionEntry);
+  std::vector<char> out(kAdmissionHeaderBytes + removed + payload);
+  char* p = out.data();
+  const auto k = static_cast<uint32_t>(f.kind);
+  std::memcpy(p, kMagic, 8);
+  std::memcpy(p + 8, &k, 4);
+  std::memcpy(p + 12, &kFormat, 4);
+  std::memcpy(p + 16, &n, 8);
+  p += kAdmissionHeaderBytes;
+  if (delta) {
+    const uint64_t r = f.removed.size();
+    std::memcpy(p, &r, 8);
+    if (r > 0) std::memcpy(p + 8, f.removed.data(), r * sizeof(int64_t));
+    p += removed;
+  }
+  if (bloom) {
+    if (n > 0) std::memcpy(p, f.counters.data(), n);
+  } else {
+    for (AdmissionEntry e : f.entries) {
+      e.reserved = 0;
+      std::memcpy(p, &e, sizeof e);
+      p += sizeof e;
+    }
+  }
+  return out;
 }
 
 int parse_admission_file(const std::string& bytes, AdmissionFile* out, std::string* detail) {
@@ -88,6 +110,7 @@ int parse_admission_file(const std::string& bytes, AdmissionFile* out, std::stri
   if (n > 0) std::memcpy(f.entries.data(), p, n * sizeof(AdmissionEntry));
   for (const AdmissionEntry& e : f.entries) {
     if (e.count == 0) return bad(detail, fmt::format("key {} has count 0", e.key));
+    if (e.reserved != 0) return bad(detail, fmt::format("key {}: reserved field not 0", e.key));
   }
   std::vector<int64_t> keys(n);
   for (uint64_t i = 0; i < n; ++i) keys[i] = f.entries[i].key;
@@ -99,7 +122,7 @@ int parse_admission_file(const std::string& bytes, AdmissionFile* out, std::stri
   return 0;
 }
 
-int merge_admission_files(const std::vector<std::string>& oldest_first, std::vector<char>* out,
+int merge_admission_files(const std::vector<std::string>& oldest_first, AdmissionFile* out,
                           std::string* detail) {
   std::vector<AdmissionFile> files(oldest_first.size());
   for (size_t i = 0; i < files.size(); ++i) {
@@ -110,8 +133,7 @@ int merge_admission_files(const std::vector<std::string>& oldest_first, std::vec
   if (start == 0) return bad(detail, "the chain's counts start with a delta");
   --start;
   if (start + 1 == files.size()) {  // nothing to apply: the file as it is
-    const std::string& only = oldest_first[start];
-    out->assign(only.begin(), only.end());
+    *out = std::move(files[start]);
     return 0;
   }
   if (files[start].kind == AdmissionKind::kBloom) {
@@ -123,14 +145,13 @@ int merge_admission_files(const std::vector<std::string>& oldest_first, std::vec
     for (int64_t k : files[i].removed) counts.erase(k);
     for (const AdmissionEntry& e : files[i].entries) counts[e.key] = e;
   }
-  std::vector<AdmissionEntry> sorted;
-  sorted.reserve(counts.size());
-  for (const auto& [key, e] : counts) sorted.push_back(e);
-  std::sort(sorted.begin(), sorted.end(),
+  AdmissionFile merged;
+  merged.kind = AdmissionKind::kExact;
+  merged.entries.reserve(counts.size());
+  for (const auto& [key, e] : counts) merged.entries.push_back(e);
+  std::sort(merged.entries.begin(), merged.entries.end(),
             [](const AdmissionEntry& a, const AdmissionEntry& b) { return a.key < b.key; });
-  const size_t bytes = sorted.size() * sizeof(AdmissionEntry);
-  start_admission_file(out, AdmissionKind::kExact, sorted.size(), bytes);
-  if (bytes > 0) std::memcpy(out->data() + kAdmissionHeaderBytes, sorted.data(), bytes);
+  *out = std::move(merged);
   return 0;
 }
 

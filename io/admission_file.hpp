@@ -1,5 +1,6 @@
-// A table's admission counts in a checkpoint (<table>/admission.counts; the counting is in
-// host/admission/). Little-endian, checksummed by the manifest:
+// A table's admission counts in a checkpoint (tables/<table>/admission.counts; the counting is
+// in host/admission/). Tables hand over and take their counts as an AdmissionFile, the
+// structured form; the bytes are this file's alone. Little-endian, checksummed by the manifest:
 //   header (24 bytes): "EMBADMIT", u32 kind, u32 format (1), u64 n
 //   kind 0, exact:       n entries
 //   kind 1, Bloom:       n one-byte counters (the whole filter)
@@ -29,26 +30,24 @@ inline constexpr size_t kAdmissionHeaderBytes = 24;
 
 struct AdmissionFile {
   AdmissionKind kind = AdmissionKind::kExact;
-  std::vector<AdmissionEntry> entries;  // exact kinds
+  std::vector<AdmissionEntry> entries;  // exact kinds; reserved is written as 0
   std::vector<int64_t> removed;         // exact delta
   std::vector<uint8_t> counters;        // Bloom
 };
 
 const char* admission_kind_name(AdmissionKind kind);
 
-// The header and the payload's size: the caller fills out->data() + kAdmissionHeaderBytes on.
-// For kExactDelta, payload_bytes includes the removed-key list.
-void start_admission_file(std::vector<char>* out, AdmissionKind kind, uint64_t n,
-                          size_t payload_bytes);
+// The file's bytes: the header, then removed keys and entries, or the counters.
+std::vector<char> format_admission_file(const AdmissionFile& f);
 
-// Parses and checks the bytes: header, sizes, counts >= 1, keys listed once.
+// Parses and checks the bytes: header, sizes, counts >= 1, reserved fields 0, keys listed once.
 int parse_admission_file(const std::string& bytes, AdmissionFile* out, std::string* detail);
 
-// The counts a chain's files make at its newest version, as one whole file (exact, or the
+// The counts a chain's files make at its newest version, whole (exact, keys ascending, or the
 // newest Bloom filter): the files given oldest first, applied from the newest whole one on
 // (older ones do not matter, whatever their kind). -EBADMSG when a file does not parse, or
 // no whole file precedes the deltas.
-int merge_admission_files(const std::vector<std::string>& oldest_first, std::vector<char>* out,
+int merge_admission_files(const std::vector<std::string>& oldest_first, AdmissionFile* out,
                           std::string* detail);
 
 }  // namespace embstore::io

@@ -706,13 +706,15 @@ class CudaTable final : public Table {
   const std::vector<int64_t>& evicted_at_capture() const override {
     return ledger_.evicted_at_capture();
   }
-  std::vector<char> admission_at_capture() const override { return ledger_.admission_at_capture(); }
+  std::optional<io::AdmissionFile> admission_at_capture() const override {
+    return ledger_.admission_at_capture();
+  }
   uint64_t drain(SnapshotSink* sink, uint64_t max_rows) override;
   void end_snapshot(bool failed) override;
   uint64_t evict_before(uint64_t cutoff_step) override;
   void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
                  uint64_t step) override;
-  bool load_admission(const std::vector<std::string>& files, std::string* why) override;
+  bool load_admission(const io::AdmissionFile& counts, std::string* why) override;
 
  private:
   // Orders a call after the table's previous call and marks its end for the next one.
@@ -1809,7 +1811,7 @@ void CudaTable::load_rows(const int64_t* keys, const float* values, const float*
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 }
 
-bool CudaTable::load_admission(const std::vector<std::string>& files, std::string* why) {
+bool CudaTable::load_admission(const io::AdmissionFile& counts, std::string* why) {
   Call call(*this, own_stream_);
   const cudaStream_t stream = call.stream;
   // The keys that have a row, from the rows' metadata (once per restore), before the counts
@@ -1840,7 +1842,7 @@ bool CudaTable::load_admission(const std::vector<std::string>& files, std::strin
     std::sort(keys.begin(), keys.end());
   }
   return ledger_.load_admission(
-      files, why, [&](int64_t key) { return std::binary_search(keys.begin(), keys.end(), key); });
+      counts, why, [&](int64_t key) { return std::binary_search(keys.begin(), keys.end(), key); });
 }
 
 }  // namespace

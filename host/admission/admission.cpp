@@ -19,16 +19,6 @@ namespace {
 using io::AdmissionEntry;
 using io::AdmissionKind;
 
-// The bytes as a file, or Error(CORRUPT).
-io::AdmissionFile parse(const std::string& bytes) {
-  io::AdmissionFile f;
-  std::string detail;
-  if (io::parse_admission_file(bytes, &f, &detail) < 0) {
-    fail(EMBSTORE_CORRUPT, "the admission file does not parse: {}", detail);
-  }
-  return f;
-}
-
 // An array in pieces of about 64 KiB that a checkpoint can share: share() hands out the
 // pieces, and a later write to a shared piece copies that piece first. Shares are taken and
 // dropped under the table's lock (capture, end_snapshot), like every write, so use_count() is
@@ -135,8 +125,7 @@ class ExactCounter final : public AdmissionCounter {
     frozen_removed_.clear();
   }
 
-  bool load(const std::string& bytes, std::string* why) override {
-    io::AdmissionFile f = parse(bytes);
+  bool load(const io::AdmissionFile& f, std::string* why) override {
     if (f.kind == AdmissionKind::kBloom) {
       *why = "they were counted by a Bloom filter, this table counts exactly";
       return false;
@@ -145,8 +134,9 @@ class ExactCounter final : public AdmissionCounter {
       *why = "they are a delta: merge the chain first (io::merge_admission_files)";
       return false;
     }
-    for (Entry& e : f.entries) e.reserved = 0;  // loaded counts are the next delta's base
-    rebuild(std::max<size_t>(16, std::bit_ceil(2 * f.entries.size() + 2)), f.entries);
+    std::vector<Entry> entries = f.entries;
+    for (Entry& e : entries) e.reserved = 0;  // loaded counts are the next delta's base
+    rebuild(std::max<size_t>(16, std::bit_ceil(2 * entries.size() + 2)), entries);
     has_base_ = true;
     removed_.clear();
     frozen_removed_.clear();
@@ -168,40 +158,31 @@ class ExactCounter final : public AdmissionCounter {
           base_(base),
           removed_(std::move(removed)) {}
 
-    std::vector<char> bytes() const override {
-      std::vector<char> out;
+    io::AdmissionFile counts() const override {
+      io::AdmissionFile out;
       if (full_) {
-        io::start_admission_file(&out, AdmissionKind::kExact, size_, size_ * sizeof(Entry));
-        write_entries(out.data() + io::kAdmissionHeaderBytes, [](const Entry&) { return true; });
+        out.kind = AdmissionKind::kExact;
+        out.entries.reserve(size_);
+        add_entries(&out, [](const Entry&) { return true; });
         return out;
       }
       // Removals first, then the counts changed since the base (a removed key counted again
       // is among them).
-      std::vector<int64_t> removed = removed_;
-      std::sort(removed.begin(), removed.end());
-      removed.erase(std::unique(removed.begin(), removed.end()), removed.end());
-      auto changed = [&](const Entry& e) { return e.reserved > base_; };
-      uint64_t n = 0;
-      CowArray<Entry>::for_each(slots_, [&](const Entry& e) { n += e.count != 0 && changed(e); });
-      const size_t list = 8 + removed.size() * sizeof(int64_t);
-      io::start_admission_file(&out, AdmissionKind::kExactDelta, n, list + n * sizeof(Entry));
-      char* p = out.data() + io::kAdmissionHeaderBytes;
-      const uint64_t r = removed.size();
-      std::memcpy(p, &r, 8);
-      if (r > 0) std::memcpy(p + 8, removed.data(), r * sizeof(int64_t));
-      write_entries(p + list, changed);
+      out.kind = AdmissionKind::kExactDelta;
+      out.removed = removed_;
+      std::sort(out.removed.begin(), out.removed.end());
+      out.removed.erase(std::unique(out.removed.begin(), out.removed.end()), out.removed.end());
+      add_entries(&out, [&](const Entry& e) { return e.reserved > base_; });
       return out;
     }
 
    private:
     template <typename Pick>
-    void write_entries(char* p, Pick&& pick) const {
+    void add_entries(io::AdmissionFile* out, Pick&& pick) const {
       CowArray<Entry>::for_each(slots_, [&](const Entry& e) {
         if (e.count == 0 || !pick(e)) return;
-        Entry c = e;
-        c.reserved = 0;
-        std::memcpy(p, &c, sizeof(Entry));
-        p += sizeof(Entry);
+        out->entries.push_back(e);
+        out->entries.back().reserved = 0;
       });
     }
 
@@ -338,8 +319,7 @@ class BloomCounter final : public AdmissionCounter {
   }
   void end_freeze(bool) override {}
 
-  bool load(const std::string& bytes, std::string* why) override {
-    const io::AdmissionFile f = parse(bytes);
+  bool load(const io::AdmissionFile& f, std::string* why) override {
     if (f.kind != AdmissionKind::kBloom) {
       *why = "they were counted exactly, this table counts in a Bloom filter";
       return false;
@@ -378,13 +358,12 @@ class BloomCounter final : public AdmissionCounter {
    public:
     FrozenCounters(CowArray<uint8_t>::Shared counters, uint64_t n)
         : counters_(std::move(counters)), n_(n) {}
-    std::vector<char> bytes() const override {
-      std::vector<char> out;
-      io::start_admission_file(&out, AdmissionKind::kBloom, n_, n_);
-      char* p = out.data() + io::kAdmissionHeaderBytes;
+    io::AdmissionFile counts() const override {
+      io::AdmissionFile out;
+      out.kind = AdmissionKind::kBloom;
+      out.counters.reserve(n_);
       for (const auto& piece : counters_) {
-        std::memcpy(p, piece->data(), piece->size());
-        p += piece->size();
+        out.counters.insert(out.counters.end(), piece->begin(), piece->end());
       }
       return out;
     }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "host/table.hpp"
+#include "io/admission_file.hpp"
 
 namespace embstore {
 
@@ -36,29 +37,29 @@ class AdmissionCounter {
   // the last checkpoint that committed (delta: removed keys and changed counts; a Bloom
   // filter always goes whole). Shares the counters' memory instead of copying it (counting
   // later copies the 64 KiB pieces it changes), so it costs the training thread a pointer per
-  // piece; bytes() (io/admission_file.hpp) is the checkpoint worker's to pay. One at a time:
-  // end_freeze() tells its outcome.
+  // piece; counts() is the checkpoint worker's to pay. One at a time: end_freeze() tells its
+  // outcome.
   class Frozen {
    public:
     virtual ~Frozen() = default;
-    virtual std::vector<char> bytes() const = 0;
+    // Structured; io/admission_file.hpp turns them into a file.
+    virtual io::AdmissionFile counts() const = 0;
   };
   virtual std::unique_ptr<const Frozen> freeze(bool full) = 0;
   // Committed: the frozen counts are the base of the next delta. Failed: the next checkpoint
   // carries their changes again.
   virtual void end_freeze(bool committed) = 0;
-  // Every count now, as a file's bytes (tests, tools).
-  std::vector<char> save() {
+  // Every count now (tests, tools).
+  io::AdmissionFile save() {
     const std::unique_ptr<const Frozen> frozen = freeze(true);
     end_freeze(false);
-    return frozen->bytes();
+    return frozen->counts();
   }
 
   // Replaces the counts with whole saved ones (a chain's files merged by
   // io::merge_admission_files). Returns false, loading nothing, with the reason in *why, when
-  // they were counted the other way or by a filter of another size; throws Error(CORRUPT)
-  // when the bytes do not parse.
-  virtual bool load(const std::string& bytes, std::string* why) = 0;
+  // they are a delta, were counted the other way, or by a filter of another size.
+  virtual bool load(const io::AdmissionFile& counts, std::string* why) = 0;
 };
 
 }  // namespace embstore

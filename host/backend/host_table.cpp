@@ -233,7 +233,9 @@ class HostTable final : public Table {
     return ledger_.evicted_at_capture();
   }
 
-  std::vector<char> admission_at_capture() const override { return ledger_.admission_at_capture(); }
+  std::optional<io::AdmissionFile> admission_at_capture() const override {
+    return ledger_.admission_at_capture();
+  }
 
   void end_snapshot(bool failed) override {
     std::lock_guard lock(mutex_);
@@ -269,10 +271,10 @@ class HostTable final : public Table {
     inserted_ += n;
   }
 
-  bool load_admission(const std::vector<std::string>& files, std::string* why) override {
+  bool load_admission(const io::AdmissionFile& counts, std::string* why) override {
     std::lock_guard lock(mutex_);
     const row::IndexRef index = index_;
-    return ledger_.load_admission(files, why,
+    return ledger_.load_admission(counts, why,
                                   [&](int64_t key) { return index.find(key) != row::kNoRow; });
   }
 

@@ -503,7 +503,8 @@ void Checkpointer::run(Job& job) {
         e.files.push_back({t.file, t.writer->bytes(), t.writer->rows(), t.writer->checksum()});
         rows_total += e.rows;
         bytes_total += t.writer->bytes();
-        if (const std::vector<char> counts = t.impl->admission_at_capture(); !counts.empty()) {
+        if (const std::optional<io::AdmissionFile> at_capture = t.impl->admission_at_capture()) {
+          const std::vector<char> counts = io::format_admission_file(*at_capture);
           const std::string rel = io::admission_file_path(kFormat, t.spec.name);
           if (int r = io::write_whole_file(job.staging + "/" + rel, counts.data(), counts.size());
               r < 0) {

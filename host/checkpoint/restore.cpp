@@ -74,16 +74,12 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
       return 0;
     };
     read_table(plan, t, false, load, [&] { return impl->counters().rows; });
-    if (const std::vector<std::string> counts = read_admission(plan, t); !counts.empty()) {
+    if (const std::optional<io::AdmissionFile> counts = read_admission(plan, t)) {
       std::string why;
-      try {
-        if (!impl->load_admission(counts, &why)) {
-          std::fprintf(stderr,
-                       "embstore: restore leaves the admission counts of table '%s' in %s: %s\n",
-                       name.c_str(), vdir.c_str(), why.c_str());
-        }
-      } catch (const Error& e) {
-        fail(e.status(), "{}: table '{}': {}", vdir, name, e.what());
+      if (!impl->load_admission(*counts, &why)) {
+        std::fprintf(stderr,
+                     "embstore: restore leaves the admission counts of table '%s' in %s: %s\n",
+                     name.c_str(), vdir.c_str(), why.c_str());
       }
     }
     loaded.push_back({existing, std::move(impl)});

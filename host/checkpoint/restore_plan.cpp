@@ -81,7 +81,7 @@ void read_table(const RestorePlan& plan, const TablePlan& table, bool unique_key
   }
 }
 
-std::vector<std::string> read_admission(const RestorePlan& plan, const TablePlan& table) {
+std::optional<io::AdmissionFile> read_admission(const RestorePlan& plan, const TablePlan& table) {
   std::vector<std::string> files;  // oldest first
   for (auto link = plan.chain.rbegin(); link != plan.chain.rend(); ++link) {
     for (const io::TableEntry& e : link->manifest->tables) {
@@ -93,14 +93,20 @@ std::vector<std::string> read_admission(const RestorePlan& plan, const TablePlan
       }
     }
   }
-  if (files.empty() || !table.spec.admits()) return files;
-  std::vector<char> merged;
+  if (files.empty()) return std::nullopt;
+  if (!table.spec.admits()) {
+    fail(EMBSTORE_CORRUPT,
+         "{}: table '{}' lists admission counts but does not count (admit_after "
+         "{})",
+         plan.path(), table.entry->name, table.spec.admit_after);
+  }
+  io::AdmissionFile merged;
   std::string detail;
   if (io::merge_admission_files(files, &merged, &detail) < 0) {
     fail(EMBSTORE_CORRUPT, "{}: table '{}': the admission counts do not merge: {}", plan.path(),
          table.entry->name, detail);
   }
-  return {std::string(merged.begin(), merged.end())};
+  return merged;
 }
 
 std::map<std::string, std::vector<char>> read_attachments(const RestorePlan& plan) {

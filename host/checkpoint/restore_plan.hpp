@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "host/table.hpp"
+#include "io/admission_file.hpp"
 #include "io/chain.hpp"
 
 namespace embstore::checkpoint {
@@ -58,11 +59,10 @@ RestorePlan plan_version(io::CheckpointDir& checkpoints, size_t index);
 void read_table(const RestorePlan& plan, const TablePlan& table, bool unique_keys,
                 const io::RowSink& sink, const std::function<uint64_t()>& rows_held);
 
-// The table's admission count files along the chain, oldest first, each checked against its
-// manifest; empty when there are none. For a table that counts (admit_after > 1) they must
-// merge (io::merge_admission_files): a table that counts takes them, one that does not leaves
-// them (restore says so on stderr).
-std::vector<std::string> read_admission(const RestorePlan& plan, const TablePlan& table);
+// The table's admission counts at the version: its count files along the chain, each checked
+// against its manifest, merged (io::merge_admission_files); none when it has no files. A
+// table whose configuration does not count (admit_after <= 1) yet lists counts is corrupt.
+std::optional<io::AdmissionFile> read_admission(const RestorePlan& plan, const TablePlan& table);
 
 // The version's attachments, each checked against its manifest.
 std::map<std::string, std::vector<char>> read_attachments(const RestorePlan& plan);

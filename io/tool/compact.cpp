@@ -104,11 +104,12 @@ io::TableEntry write_table(const std::vector<io::ChainLink>& chain, const io::Ta
     }
   }
   if (!counts.empty()) {
-    std::vector<char> merged;
-    if (io::merge_admission_files(counts, &merged, &detail) < 0) {
+    io::AdmissionFile merged_counts;
+    if (io::merge_admission_files(counts, &merged_counts, &detail) < 0) {
       throw Problem(
           fmt::format("{}: table '{}': admission counts: {}", chain.front().path, t.name, detail));
     }
+    const std::vector<char> merged = io::format_admission_file(merged_counts);
     const std::string counts_path = io::admission_file_path(kFormat, t.name);
     const std::string out = staging + "/" + counts_path;
     if (int w = io::write_whole_file(out, merged.data(), merged.size()); w < 0) {

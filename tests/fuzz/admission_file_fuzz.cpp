@@ -1,7 +1,7 @@
 // Fuzzes the admission counts parser and merger (io/admission_file.hpp). Checks:
 // - parse_admission_file never crashes, leaks or throws, and fails only with -EBADMSG;
-// - a file it accepts is fully determined by what it parsed: writing the parsed header,
-//   removed keys, entries or counters back gives the input bytes (abort() otherwise);
+// - a file it accepts is fully determined by what it parsed: format_admission_file of it gives
+//   the input bytes back (abort() otherwise);
 // - merge_admission_files of the input split in two (at a position taken from its first two
 //   bytes) fails only with -EBADMSG, and what it returns parses as a whole (non-delta) file,
 //   equal to the newer file when that one is whole, else to the older file's entries with the
@@ -22,34 +22,15 @@ namespace {
 using embstore::io::AdmissionEntry;
 using embstore::io::AdmissionFile;
 using embstore::io::AdmissionKind;
-using embstore::io::kAdmissionHeaderBytes;
 
 [[noreturn]] void fail(const char* what, const std::string& detail = "") {
   std::fprintf(stderr, "admission_file_fuzz: %s %s\n", what, detail.c_str());
   std::abort();
 }
 
-// The bytes of a parsed file, written back with start_admission_file.
+// The bytes of a parsed file, written back by the format's own writer.
 std::string serialize(const AdmissionFile& f) {
-  std::vector<char> out;
-  if (f.kind == AdmissionKind::kBloom) {
-    embstore::io::start_admission_file(&out, f.kind, f.counters.size(), f.counters.size());
-    if (!f.counters.empty()) {
-      std::memcpy(out.data() + kAdmissionHeaderBytes, f.counters.data(), f.counters.size());
-    }
-  } else {
-    const size_t removed = f.kind == AdmissionKind::kExactDelta ? 8 + 8 * f.removed.size() : 0;
-    const size_t entries = f.entries.size() * sizeof(AdmissionEntry);
-    embstore::io::start_admission_file(&out, f.kind, f.entries.size(), removed + entries);
-    char* p = out.data() + kAdmissionHeaderBytes;
-    if (f.kind == AdmissionKind::kExactDelta) {
-      const uint64_t r = f.removed.size();
-      std::memcpy(p, &r, 8);
-      if (r > 0) std::memcpy(p + 8, f.removed.data(), 8 * r);
-      p += removed;
-    }
-    if (entries > 0) std::memcpy(p, f.entries.data(), entries);
-  }
+  const std::vector<char> out = embstore::io::format_admission_file(f);
   return std::string(out.begin(), out.end());
 }
 
@@ -87,7 +68,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t rest = size - 2;
   const size_t cut = (size_t{data[0]} | size_t{data[1]} << 8) % (rest + 1);
   const std::vector<std::string> chain = {bytes.substr(2, cut), bytes.substr(2 + cut)};
-  std::vector<char> merged;
+  AdmissionFile merged;
   std::string detail;
   const int r = embstore::io::merge_admission_files(chain, &merged, &detail);
   if (r == -EBADMSG) {
@@ -96,7 +77,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (r != 0) fail("merge_admission_files returned neither 0 nor -EBADMSG", std::to_string(r));
   AdmissionFile out;
-  const std::string merged_bytes(merged.begin(), merged.end());
+  const std::string merged_bytes = serialize(merged);
   if (parse_and_check(merged_bytes, &out) != 0) fail("the merged file does not parse");
   if (out.kind == AdmissionKind::kExactDelta) fail("the merge returned a delta");
   AdmissionFile newest;
