@@ -60,7 +60,7 @@ embstore_store::embstore_store(const embstore_store_config_t& c) {
   if (backend == EMBSTORE_BACKEND_HOST) {
     pool = std::make_unique<embstore::ThreadPool>(static_cast<unsigned>(c.host_threads));
   }
-  checkpointer = std::make_unique<embstore::checkpoint::Checkpointer>(*this);
+  checkpointer = std::make_unique<embstore::checkpoint::Checkpointer>(checkpoint_view_);
 }
 
 embstore_store::~embstore_store() { checkpointer.reset(); }
@@ -137,4 +137,45 @@ uint64_t embstore_store::evict_idle(embstore_table* table) {
 uint64_t embstore_store::run_idle_rules(embstore_table* table, uint64_t step, double now) {
   const uint64_t cutoff = embstore::idle_cutoff(table->impl->spec(), step, now, idle_clock);
   return cutoff > 0 ? table->impl->evict_before(cutoff) : 0;
+}
+
+// ------------------------------------------------------------------- the checkpointer's view --
+
+std::vector<embstore::Table*> embstore_store::CheckpointView::tables() {
+  std::vector<embstore::Table*> out;
+  for (embstore_table* t : store_.tables()) out.push_back(t->impl.get());
+  return out;
+}
+
+uint64_t embstore_store::CheckpointView::step() const {
+  return store_.step.load(std::memory_order_relaxed);
+}
+
+embstore::checkpoint::PipelineSettings embstore_store::CheckpointView::pipeline() const {
+  return {store_.staging_bytes, store_.io_queue_depth,
+          store_.backend == EMBSTORE_BACKEND_CUDA ? store_.device : -1};
+}
+
+embstore::Table* embstore_store::CheckpointView::find_table(const std::string& name) {
+  embstore_table* t = store_.find_table(name.c_str());
+  return t != nullptr ? t->impl.get() : nullptr;
+}
+
+std::unique_ptr<embstore::Table> embstore_store::CheckpointView::make_table(
+    embstore::TableSpec spec) {
+  return store_.make_table_impl(std::move(spec));
+}
+
+void embstore_store::CheckpointView::install(std::vector<std::unique_ptr<embstore::Table>> tables,
+                                             uint64_t step) {
+  for (std::unique_ptr<embstore::Table>& impl : tables) {
+    if (embstore_table* existing = store_.find_table(impl->spec().name.c_str())) {
+      existing->impl = std::move(impl);  // the handle stays valid
+    } else {
+      store_.adopt_table(std::move(impl));
+    }
+  }
+  store_.step.store(step, std::memory_order_relaxed);
+  // Marks of the abandoned run would make the restored rows look idle since long ago.
+  store_.idle_clock.clear();
 }

@@ -1,5 +1,6 @@
 // The store: backend choice, the table registry, the global step. The C handles
-// embstore_store / embstore_table are these structs.
+// embstore_store / embstore_table are these structs. Its checkpointer sees it as a
+// checkpoint::StoreView.
 #pragma once
 
 #include <embstore/embstore.h>
@@ -57,6 +58,22 @@ struct embstore_store {
 
   std::mutex mutex_;  // guards tables_
   std::map<std::string, std::unique_ptr<embstore_table>, std::less<>> tables_;
+
+  // What the checkpointer sees of the store.
+  class CheckpointView final : public embstore::checkpoint::StoreView {
+   public:
+    explicit CheckpointView(embstore_store& store) : store_(store) {}
+    std::vector<embstore::Table*> tables() override;
+    uint64_t step() const override;
+    embstore::checkpoint::PipelineSettings pipeline() const override;
+    embstore::Table* find_table(const std::string& name) override;
+    std::unique_ptr<embstore::Table> make_table(embstore::TableSpec spec) override;
+    void install(std::vector<std::unique_ptr<embstore::Table>> tables, uint64_t step) override;
+
+   private:
+    embstore_store& store_;
+  };
+  CheckpointView checkpoint_view_{*this};
 
  public:
   // Last: it is destroyed first, waiting for the checkpoint in flight while tables still exist.

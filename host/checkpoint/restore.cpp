@@ -11,7 +11,6 @@
 #include "host/checkpoint/checkpointer.hpp"
 #include "host/checkpoint/restore_plan.hpp"
 #include "host/error.hpp"
-#include "host/store.hpp"
 #include "io/chain.hpp"
 #include "io/manifest.hpp"
 #include "io/row_file.hpp"
@@ -38,17 +37,13 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
   const std::string& vdir = plan.path();
 
   // Stage 2: every table loaded aside; the store is not touched until all of it has checked.
-  struct Loaded {
-    embstore_table* existing;
-    std::unique_ptr<Table> impl;
-  };
-  std::vector<Loaded> loaded;
+  std::vector<std::unique_ptr<Table>> loaded;
   for (const TablePlan& t : plan.tables) {
     const std::string& name = t.entry->name;
-    embstore_table* existing = store_.find_table(name.c_str());
+    const Table* existing = store_.find_table(name);
     TableSpec spec = t.spec;
     if (existing != nullptr) {
-      spec = existing->impl->spec();
+      spec = existing->spec();
       if (spec.dim != t.spec.dim) {
         fail(EMBSTORE_INVALID_ARGUMENT, "table '{}' has dim {}, the checkpoint {} has dim {}", name,
              spec.dim, vdir, t.spec.dim);
@@ -60,7 +55,7 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
              io::optimizer_name(static_cast<int>(t.spec.opt.kind)));
       }
     }
-    std::unique_ptr<Table> impl = store_.make_table_impl(std::move(spec));
+    std::unique_ptr<Table> impl = store_.make_table(std::move(spec));
     // A backend that checks its input (the CUDA one refuses repeated keys) finds the file
     // inconsistent: corrupt.
     const io::RowSink load = [&](const io::RowBlock& b, std::string* why) {
@@ -82,27 +77,16 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
                      name.c_str(), vdir.c_str(), why.c_str());
       }
     }
-    loaded.push_back({existing, std::move(impl)});
+    loaded.push_back(std::move(impl));
   }
   std::map<std::string, std::vector<char>> attachments = read_attachments(plan);
 
   // Stage 3: swap in. Nothing below fails but allocation.
-  for (Loaded& l : loaded) {
-    if (l.existing != nullptr) {
-      l.existing->impl = std::move(l.impl);
-    } else {
-      store_.adopt_table(std::move(l.impl));
-    }
-  }
-  store_.step.store(m.version, std::memory_order_relaxed);
-  // Marks of the abandoned run would make the restored rows look idle since long ago.
-  store_.idle_clock.clear();
+  store_.install(std::move(loaded), m.version);
   std::lock_guard lock(mutex_);
   restored_attachments_ = std::move(attachments);
   // The schedules go on from the restored step, and the next delta in dir follows it.
-  policy_full_step_ = policy_incr_step_ = m.version;
-  policy_full_time_ = policy_incr_time_ = std::chrono::steady_clock::now();
-  policy_full_due_ = policy_incr_due_ = false;
+  schedule_.restart(m.version);
   chain_ = Chain{true, dir, m.version, m.full, m.lineage, m.xxh3, 0, 0, 0};
   for (const io::ChainLink& c : plan.chain) {
     uint64_t bytes = 0;

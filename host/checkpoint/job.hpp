@@ -1,0 +1,98 @@
+// One checkpoint, from capture to commit or rollback, as named stages that each read alone.
+// The checkpointer (checkpointer.cpp) plans the job (version, kind, parent: it keeps the
+// chain), runs prepare and capture on the calling thread, and the rest on its worker, in this
+// order:
+//
+//   prepare       staging sinks, writer options, the version directory (calling thread:
+//                 everything that can fail before anything is captured)
+//   capture       every table's rows, without a copy (calling thread)
+//   open_files    each table's tombstones and row file (worker: opening sets up io_uring)
+//   drain         captured rows through the staging ring into the row files: this thread
+//                 drains, a writer thread writes
+//   finish_rows   tombstones written, files durable, every captured row written once
+//   finalize      admission counts, attachments, the manifest
+//   check_parent  a delta's parent is still in place and is the version it names
+//   commit        the rename that makes the version visible
+//   end           every table's snapshot ended; a failed version rolled back
+//
+// Every stage but end throws Error with the status the checkpoint fails with (end never
+// throws: it reports what failed in its return value).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "host/checkpoint/staging.hpp"
+#include "host/table.hpp"
+#include "io/commit.hpp"
+#include "io/row_file.hpp"
+#include "io/version_writer.hpp"
+
+namespace embstore::checkpoint {
+
+struct TableJob {
+  Table* impl = nullptr;
+  TableSpec spec;
+  // Copy-on-write (training calls) and drain fill chunks apart: they may run at once.
+  std::unique_ptr<StagingRing::Sink> sink, drain_sink;
+  std::unique_ptr<io::RowFileWriter> writer;
+  uint64_t captured = 0;
+  uint64_t live_rows = 0;  // the table's rows at capture
+  // Deltas: keys evicted since the parent; the writer drops those it meets as rows.
+  std::unordered_set<int64_t> tombstones;
+  uint64_t remaining = 0;
+  bool drained = false;
+  bool capture_done = false;
+};
+
+struct Job {
+  // The plan.
+  uint64_t version = 0;
+  bool full = true;
+  std::optional<uint64_t> parent;  // deltas: the version they apply on
+  io::VersionDir parent_dir;       // deltas: its directory in dir
+  uint64_t parent_xxh3 = 0;        // deltas: its manifest's checksum
+  uint64_t lineage = 0;
+  bool from_policy = false;
+  std::string dir;
+  std::map<std::string, std::vector<char>> attachments;
+
+  // Where it stands.
+  bool started = false;  // the worker has it
+  std::unique_ptr<io::VersionWriter> out;
+  io::WriterOptions writer_options;
+  std::vector<TableJob> tables;
+  uint64_t xxh3 = 0;   // this version's manifest checksum, once finalized
+  uint64_t bytes = 0;  // in its files, once finalized (the worker's until the job ends)
+  uint64_t rows = 0;
+
+  // For embstore_checkpoint_info: when capture ended, what it and the wait before it took,
+  // and the staging ring's counters at capture (this job's share is the difference).
+  std::chrono::steady_clock::time_point captured_at;
+  double capture_seconds = 0, wait_seconds = 0;
+  StallStats ring_at_capture;
+
+  // "checkpoint 1000 into '/ckpt'": the start of its messages.
+  std::string what() const;
+};
+
+void prepare(Job& job, const std::vector<Table*>& tables, StagingRing& ring, unsigned queue_depth);
+void capture(Job& job, StagingRing& ring);
+void open_files(Job& job);
+void drain(Job& job, StagingRing& ring);
+void finish_rows(Job& job);
+void finalize(Job& job);
+void check_parent(const Job& job);
+void commit(Job& job);
+// failed: the job failed (the ring is aborted first, so that a training call waiting for
+// staging lets go of its table). Returns the message of a snapshot that failed to end ("" when
+// none did); the job has then failed too.
+std::string end(Job& job, StagingRing& ring, bool failed);
+
+}  // namespace embstore::checkpoint

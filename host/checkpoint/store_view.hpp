@@ -1,0 +1,41 @@
+// What the checkpointer sees of its store: the tables, the step, the pipeline's settings, and
+// how restore makes tables and puts them in. The store implements it and owns its
+// checkpointer; the checkpointer includes nothing of the store.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "host/table.hpp"
+
+namespace embstore::checkpoint {
+
+struct PipelineSettings {
+  size_t staging_bytes = 0;  // the staging ring's budget
+  unsigned io_queue_depth = 0;
+  int staging_device = -1;  // a CUDA device to pin staging for, or -1
+};
+
+class StoreView {
+ public:
+  virtual ~StoreView() = default;
+
+  // Every table, in name order.
+  virtual std::vector<Table*> tables() = 0;
+  // The step of the last embstore_step: the version a checkpoint taken now has.
+  virtual uint64_t step() const = 0;
+  virtual PipelineSettings pipeline() const = 0;
+
+  // Restore: the store's table of that name (null when none), and a new table of the store's
+  // backend, not yet the store's.
+  virtual Table* find_table(const std::string& name) = 0;
+  virtual std::unique_ptr<Table> make_table(TableSpec spec) = 0;
+  // Restore's last stage: each table replaces the store's table of its name (its handle stays
+  // valid) or joins the store, and the step becomes step. Fails only for memory.
+  virtual void install(std::vector<std::unique_ptr<Table>> tables, uint64_t step) = 0;
+};
+
+}  // namespace embstore::checkpoint

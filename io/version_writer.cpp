@@ -1,0 +1,141 @@
+#include "io/version_writer.hpp"
+
+#include <fmt/format.h>
+#include <sys/random.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+
+#include "io/commit.hpp"
+#include "io/engine.hpp"
+#include "io/layout.hpp"
+
+namespace embstore::io {
+namespace {
+
+using detail::errno_text;
+
+// The format this version writes.
+constexpr uint32_t kFormat = kManifestFormatVersion;
+
+int failed(std::string* detail, int err, std::string what) {
+  if (detail != nullptr) *detail = fmt::format("{}: {}", what, errno_text(err));
+  return err;
+}
+
+}  // namespace
+
+int VersionWriter::begin(const std::string& dir, uint64_t version, bool full,
+                         std::unique_ptr<VersionWriter>* out, std::string* detail) {
+  std::unique_ptr<VersionWriter> w(new VersionWriter());
+  w->dir_ = dir;
+  w->final_path_ = dir + "/" + version_dir_name(version, full);
+  if (int r = make_staging_dir(dir, version, &w->staging_); r < 0) {
+    return failed(detail, r, fmt::format("cannot create a temporary directory in '{}'", dir));
+  }
+  *out = std::move(w);
+  return 0;
+}
+
+VersionWriter::~VersionWriter() {
+  if (!committed_) roll_back();
+}
+
+uint64_t VersionWriter::row_file_size_hint(uint64_t rows, uint64_t tombstones, uint32_t dim,
+                                           uint32_t state_dim, size_t buffer_bytes) {
+  const uint64_t row_bytes = 8 + 4 * (uint64_t{dim} + state_dim);
+  const uint64_t usable =
+      buffer_bytes > kRowBlockHeaderBytes ? buffer_bytes - kRowBlockHeaderBytes : 1;
+  const uint64_t upsert_blocks = (rows + std::max<uint64_t>(1, usable / row_bytes) - 1) /
+                                 std::max<uint64_t>(1, usable / row_bytes);
+  const uint64_t tombstone_blocks =
+      (tombstones + std::max<uint64_t>(1, usable / 8) - 1) / std::max<uint64_t>(1, usable / 8);
+  // Each block: its header, and up to one alignment unit of padding.
+  return rows * row_bytes + tombstones * 8 +
+         (upsert_blocks + tombstone_blocks) * (kRowBlockHeaderBytes + kAlignment);
+}
+
+int VersionWriter::open_rows(const std::string& table, uint32_t dim, uint32_t state_dim,
+                             uint64_t rows, uint64_t tombstones, WriterOptions options,
+                             std::unique_ptr<RowFileWriter>* out, std::string* detail) {
+  const std::string dir = staging_ + "/" + table_dir(kFormat, table);
+  if (int r = create_directories(dir); r < 0) {
+    return failed(detail, r, fmt::format("cannot create '{}'", dir));
+  }
+  const std::string path = staging_ + "/" + row_file_path(kFormat, table, 0, 1);
+  options.size_hint = row_file_size_hint(rows, tombstones, dim, state_dim, options.buffer_bytes);
+  if (int r = RowFileWriter::open(path, dim, state_dim, options, out); r < 0) {
+    return failed(detail, r, fmt::format("cannot open '{}'", path));
+  }
+  return 0;
+}
+
+FileEntry VersionWriter::rows_entry(const std::string& table, const RowFileWriter& rows) {
+  return {row_file_path(kFormat, table, 0, 1), rows.bytes(), rows.rows(), rows.checksum()};
+}
+
+namespace {
+
+// Writes data as staging/rel and returns its entry.
+int write_whole(const std::string& staging, const std::string& rel, const void* data, size_t bytes,
+                FileEntry* entry, std::string* detail) {
+  const std::string path = staging + "/" + rel;
+  const size_t slash = path.rfind('/');
+  if (int r = create_directories(path.substr(0, slash)); r < 0) {
+    return failed(detail, r, fmt::format("cannot create '{}'", path.substr(0, slash)));
+  }
+  if (int r = write_whole_file(path, data, bytes); r < 0) {
+    return failed(detail, r, fmt::format("writing {}", rel));
+  }
+  *entry = FileEntry{rel, bytes, 0, XXH3_64bits(data, bytes)};
+  return 0;
+}
+
+}  // namespace
+
+int VersionWriter::write_admission(const std::string& table, const AdmissionFile& counts,
+                                   FileEntry* entry, std::string* detail) {
+  const std::vector<char> bytes = format_admission_file(counts);
+  return write_whole(staging_, admission_file_path(kFormat, table), bytes.data(), bytes.size(),
+                     entry, detail);
+}
+
+int VersionWriter::write_attachment(const std::string& name, const void* data, size_t bytes,
+                                    FileEntry* entry, std::string* detail) {
+  return write_whole(staging_, attachment_path(name), data, bytes, entry, detail);
+}
+
+int VersionWriter::write_manifest(Manifest* m, std::string* detail) {
+  m->format_version = kFormat;
+  if (int r = io::write_manifest(staging_, *m, &m->xxh3); r < 0) {
+    return failed(detail, r, fmt::format("writing {}", kManifestName));
+  }
+  return 0;
+}
+
+int VersionWriter::commit(std::string* detail) {
+  if (int r = commit_staging_dir(staging_, final_path_, &renamed_); r < 0) {
+    return failed(detail, r, "commit");
+  }
+  committed_ = true;
+  return 0;
+}
+
+void VersionWriter::roll_back() {
+  if (rolled_back_ || committed_) return;
+  rolled_back_ = true;
+  remove_tree(staging_);
+  if (!renamed_) return;
+  // Renamed, but the rename may not be durable: out of sight first, so that a crash half-way
+  // never leaves the version for readers (the next writer removes .tmp-* leftovers).
+  uint64_t nonce = 0;
+  if (::getrandom(&nonce, sizeof nonce, 0) != static_cast<ssize_t>(sizeof nonce)) nonce = 0;
+  const std::string hidden = fmt::format("{}/.tmp-rolled-back-{:016x}", dir_, nonce);
+  if (std::rename(final_path_.c_str(), hidden.c_str()) != 0 || remove_tree(hidden) < 0) {
+    std::fprintf(stderr, "embstore: could not roll back '%s'\n", final_path_.c_str());
+  }
+}
+
+}  // namespace embstore::io
