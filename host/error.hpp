@@ -1,5 +1,5 @@
 // Internal errors: thrown inside the library, turned into a status and a message at the C
-// boundary (host/api.cpp). io/ functions return -errno instead and are converted by callers.
+// boundary (host/api/api.cpp). io/ functions return -errno instead and are converted by callers.
 #pragma once
 
 #include <embstore/embstore.h>

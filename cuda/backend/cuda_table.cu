@@ -38,8 +38,8 @@
 #include "cuda/row/snapshot.h"
 #include "host/backend/backends.hpp"
 #include "host/error.hpp"
-#include "host/key_ledger.hpp"
-#include "host/table.hpp"
+#include "host/table/key_ledger.hpp"
+#include "host/table/table.hpp"
 
 namespace embstore::detail {
 

@@ -11,7 +11,7 @@
 #include "cuda/row/hash.h"
 #include "cuda/row/index.h"
 #include "host/error.hpp"
-#include "io/admission_file.hpp"
+#include "io/format/admission_file.hpp"
 
 namespace embstore {
 namespace {

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "host/table.hpp"
-#include "io/admission_file.hpp"
+#include "host/table/table.hpp"
+#include "io/format/admission_file.hpp"
 
 namespace embstore {
 
@@ -42,7 +42,7 @@ class AdmissionCounter {
   class Frozen {
    public:
     virtual ~Frozen() = default;
-    // Structured; io/admission_file.hpp turns them into a file.
+    // Structured; io/format/admission_file.hpp turns them into a file.
     virtual io::AdmissionFile counts() const = 0;
   };
   virtual std::unique_ptr<const Frozen> freeze(bool full) = 0;

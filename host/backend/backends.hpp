@@ -1,11 +1,11 @@
-// Backend factories. The store picks one at creation (host/store.cpp).
+// Backend factories. The store picks one at creation (host/store/store.cpp).
 #pragma once
 
 #include <cstddef>
 #include <memory>
 #include <string>
 
-#include "host/table.hpp"
+#include "host/table/table.hpp"
 
 namespace embstore {
 

@@ -24,8 +24,8 @@
 #include "cuda/row/snapshot.h"
 #include "host/backend/backends.hpp"
 #include "host/error.hpp"
-#include "host/key_ledger.hpp"
-#include "host/thread_pool.hpp"
+#include "host/table/key_ledger.hpp"
+#include "host/store/thread_pool.hpp"
 
 namespace embstore {
 namespace {

@@ -9,10 +9,10 @@
 
 #include "cuda/row/snapshot.h"
 #include "host/error.hpp"
-#include "io/chain.hpp"
-#include "io/commit.hpp"
-#include "io/engine.hpp"
-#include "io/manifest.hpp"
+#include "io/format/chain.hpp"
+#include "io/format/commit.hpp"
+#include "io/engine/engine.hpp"
+#include "io/format/manifest.hpp"
 
 namespace embstore::checkpoint {
 

@@ -1,6 +1,6 @@
 // The checkpoint side of a store: plans each checkpoint and runs its job (job.hpp: capture on
 // the calling thread, the rest on a worker), keeps the chain a delta can extend, holds the
-// writer locks of the directories it writes (io/dir_lock.hpp), runs the policy's schedule at
+// writer locks of the directories it writes (io/format/dir_lock.hpp), runs the policy's schedule at
 // each step (schedule.hpp) with retention, keeps the outcomes (outcomes.hpp), the attachments,
 // and restores (restore.cpp over restore_plan.hpp). One checkpoint is in flight at a time. It
 // sees its store through StoreView only.
@@ -22,7 +22,7 @@
 #include "host/checkpoint/schedule.hpp"
 #include "host/checkpoint/staging.hpp"
 #include "host/checkpoint/store_view.hpp"
-#include "io/dir_lock.hpp"
+#include "io/format/dir_lock.hpp"
 
 namespace embstore::checkpoint {
 

@@ -8,9 +8,9 @@
 
 #include "cuda/row/snapshot.h"
 #include "host/error.hpp"
-#include "io/chain.hpp"
-#include "io/engine.hpp"
-#include "io/manifest.hpp"
+#include "io/format/chain.hpp"
+#include "io/engine/engine.hpp"
+#include "io/format/manifest.hpp"
 
 namespace embstore::checkpoint {
 

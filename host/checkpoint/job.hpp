@@ -29,10 +29,10 @@
 #include <vector>
 
 #include "host/checkpoint/staging.hpp"
-#include "host/table.hpp"
-#include "io/commit.hpp"
-#include "io/row_file.hpp"
-#include "io/version_writer.hpp"
+#include "host/table/table.hpp"
+#include "io/format/commit.hpp"
+#include "io/format/row_file.hpp"
+#include "io/format/version_writer.hpp"
 
 namespace embstore::checkpoint {
 

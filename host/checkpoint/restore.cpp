@@ -11,9 +11,9 @@
 #include "host/checkpoint/checkpointer.hpp"
 #include "host/checkpoint/restore_plan.hpp"
 #include "host/error.hpp"
-#include "io/chain.hpp"
-#include "io/manifest.hpp"
-#include "io/row_file.hpp"
+#include "io/format/chain.hpp"
+#include "io/format/manifest.hpp"
+#include "io/format/row_file.hpp"
 
 namespace embstore::checkpoint {
 

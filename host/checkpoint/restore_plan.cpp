@@ -4,8 +4,8 @@
 
 #include "cuda/row/index.h"
 #include "host/error.hpp"
-#include "io/admission_file.hpp"
-#include "io/manifest.hpp"
+#include "io/format/admission_file.hpp"
+#include "io/format/manifest.hpp"
 
 namespace embstore::checkpoint {
 

@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
-#include "host/table.hpp"
-#include "io/admission_file.hpp"
-#include "io/chain.hpp"
+#include "host/table/table.hpp"
+#include "io/format/admission_file.hpp"
+#include "io/format/chain.hpp"
 
 namespace embstore::checkpoint {
 

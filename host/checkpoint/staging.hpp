@@ -15,7 +15,7 @@
 #include <mutex>
 #include <vector>
 
-#include "host/snapshot_sink.hpp"
+#include "host/table/snapshot_sink.hpp"
 
 namespace embstore::checkpoint {
 

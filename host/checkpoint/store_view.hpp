@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "host/table.hpp"
+#include "host/table/table.hpp"
 
 namespace embstore::checkpoint {
 

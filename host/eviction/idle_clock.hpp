@@ -11,7 +11,7 @@
 #include <mutex>
 #include <vector>
 
-#include "host/table.hpp"
+#include "host/table/table.hpp"
 
 namespace embstore {
 

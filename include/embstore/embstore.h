@@ -323,7 +323,7 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table,
    Another store, in this process or another, is refused with BUSY and a message that names the
    holder (pid, host, since when). A writer that dies loses its lock with it (the kernel drops
    it), so a crashed trainer never wedges its directory. On NFS the lock needs the server's lock
-   manager (NFSv4, or NFSv3 with lockd; not -o nolock); see io/dir_lock.hpp and the README.
+   manager (NFSv4, or NFSv3 with lockd; not -o nolock); see io/format/dir_lock.hpp and the README.
 
    The invariant: embstore_checkpoint_wait returns OK only for a version that embstore_restore
    loads, with every table exactly as it was at the capture. */

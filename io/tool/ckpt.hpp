@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "io/chain.hpp"
-#include "io/commit.hpp"
-#include "io/engine.hpp"
+#include "io/format/chain.hpp"
+#include "io/format/commit.hpp"
+#include "io/engine/engine.hpp"
 
 namespace embstore::ckpt {
 

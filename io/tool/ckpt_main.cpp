@@ -1,6 +1,6 @@
 // embstore-ckpt: lists, verifies, inspects and compacts checkpoint directories
 // (../shared/DESIGN.md, "On-disk layout and commit") with the io/ layer's own readers, and the
-// chain resolution that restore uses (io/chain.hpp).
+// chain resolution that restore uses (io/format/chain.hpp).
 //
 //   embstore-ckpt ls DIR                 RESTORABLE: restore's checks short of reading data
 //   embstore-ckpt verify DIR [--version V]   exit 0 exactly when restore would succeed
@@ -29,12 +29,12 @@
 #include <string>
 #include <vector>
 
-#include "io/chain.hpp"
-#include "io/commit.hpp"
-#include "io/dir_lock.hpp"
-#include "io/engine.hpp"
-#include "io/manifest.hpp"
-#include "io/row_file.hpp"
+#include "io/format/chain.hpp"
+#include "io/format/commit.hpp"
+#include "io/format/dir_lock.hpp"
+#include "io/engine/engine.hpp"
+#include "io/format/manifest.hpp"
+#include "io/format/row_file.hpp"
 #include "io/tool/ckpt.hpp"
 
 namespace embstore::ckpt {

@@ -3,8 +3,8 @@
 // key's newest row (value and optimizer state), tombstoned keys left out, the admission counts
 // merged. It reads V as restore does (host/checkpoint/restore_plan.hpp: the same plan, the
 // same checks of every file), and writes OUT's version with the checkpointer's own writer
-// (io/version_writer.hpp), so embstore_restore(OUT) restores it and an interrupted or failed
-// compact leaves no version in OUT. OUT's writer lock is held throughout (io/dir_lock.hpp): a
+// (io/format/version_writer.hpp), so embstore_restore(OUT) restores it and an interrupted or failed
+// compact leaves no version in OUT. OUT's writer lock is held throughout (io/format/dir_lock.hpp): a
 // trainer writing there makes compact fail, and the other way round.
 #include <fmt/core.h>
 
@@ -18,14 +18,14 @@
 
 #include "host/checkpoint/restore_plan.hpp"
 #include "host/error.hpp"
-#include "io/admission_file.hpp"
-#include "io/chain.hpp"
-#include "io/commit.hpp"
-#include "io/dir_lock.hpp"
-#include "io/manifest.hpp"
-#include "io/row_file.hpp"
+#include "io/format/admission_file.hpp"
+#include "io/format/chain.hpp"
+#include "io/format/commit.hpp"
+#include "io/format/dir_lock.hpp"
+#include "io/format/manifest.hpp"
+#include "io/format/row_file.hpp"
 #include "io/tool/ckpt.hpp"
-#include "io/version_writer.hpp"
+#include "io/format/version_writer.hpp"
 
 namespace embstore::ckpt {
 namespace {

@@ -28,9 +28,9 @@
 
 #include "host/checkpoint/restore_plan.hpp"
 #include "host/error.hpp"
-#include "io/chain.hpp"
-#include "io/manifest.hpp"
-#include "io/row_file.hpp"
+#include "io/format/chain.hpp"
+#include "io/format/manifest.hpp"
+#include "io/format/row_file.hpp"
 #include "io/tool/ckpt.hpp"
 
 namespace embstore::ckpt {

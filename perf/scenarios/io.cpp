@@ -19,9 +19,9 @@
 #include <unordered_set>
 #include <vector>
 
-#include "io/engine.hpp"
-#include "io/file_reader.hpp"
-#include "io/file_writer.hpp"
+#include "io/engine/engine.hpp"
+#include "io/engine/file_reader.hpp"
+#include "io/engine/file_writer.hpp"
 #include "perf/harness.hpp"
 #include "perf/report.hpp"
 #include "perf/zipf.hpp"

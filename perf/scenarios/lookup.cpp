@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "host/store.hpp"
+#include "host/store/store.hpp"
 #include "perf/harness.hpp"
 #include "perf/naive_store.hpp"
 #include "perf/report.hpp"

@@ -14,7 +14,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "host/store.hpp"
+#include "host/store/store.hpp"
 #include "perf/harness.hpp"
 #include "perf/report.hpp"
 #include "perf/zipf.hpp"

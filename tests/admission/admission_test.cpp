@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "host/error.hpp"
-#include "host/table.hpp"
-#include "io/admission_file.hpp"
-#include "io/layout.hpp"
+#include "host/table/table.hpp"
+#include "io/format/admission_file.hpp"
+#include "io/format/layout.hpp"
 #include "support/backend.hpp"
 #include "support/checkpoint_helpers.hpp"
 #include "tests/io/io_fixtures.hpp"

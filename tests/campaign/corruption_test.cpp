@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "io/commit.hpp"
+#include "io/format/commit.hpp"
 #include "tests/campaign/campaign_fixtures.hpp"
 #include "tests/io/io_fixtures.hpp"
 

@@ -27,8 +27,8 @@
 #include <thread>
 #include <vector>
 
-#include "io/commit.hpp"
-#include "io/fault.hpp"
+#include "io/format/commit.hpp"
+#include "io/engine/fault.hpp"
 #include "tests/campaign/campaign_fixtures.hpp"
 #include "tests/io/io_fixtures.hpp"
 

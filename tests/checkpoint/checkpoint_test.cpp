@@ -26,11 +26,11 @@
 #include <thread>
 #include <vector>
 
-#include "io/commit.hpp"
-#include "io/dir_lock.hpp"
-#include "io/fault.hpp"
-#include "io/layout.hpp"
-#include "io/row_file.hpp"
+#include "io/format/commit.hpp"
+#include "io/format/dir_lock.hpp"
+#include "io/engine/fault.hpp"
+#include "io/format/layout.hpp"
+#include "io/format/row_file.hpp"
 #include "support/backend.hpp"
 #include "support/checkpoint_helpers.hpp"
 #include "tests/io/io_fixtures.hpp"

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "io/dir_lock.hpp"
+#include "io/format/dir_lock.hpp"
 #include "support/backend.hpp"
 #include "support/checkpoint_helpers.hpp"
 #include "tests/io/io_fixtures.hpp"

@@ -17,10 +17,10 @@
 #include <thread>
 #include <vector>
 
-#include "host/store.hpp"
-#include "io/chain.hpp"
-#include "io/layout.hpp"
-#include "io/row_file.hpp"
+#include "host/store/store.hpp"
+#include "io/format/chain.hpp"
+#include "io/format/layout.hpp"
+#include "io/format/row_file.hpp"
 #include "support/backend.hpp"
 #include "support/checkpoint_helpers.hpp"
 #include "tests/io/io_fixtures.hpp"

@@ -1,4 +1,4 @@
-// Fuzzes the admission counts parser and merger (io/admission_file.hpp). Checks:
+// Fuzzes the admission counts parser and merger (io/format/admission_file.hpp). Checks:
 // - parse_admission_file never crashes, leaks or throws, and fails only with -EBADMSG;
 // - a file it accepts is fully determined by what it parsed: format_admission_file of it gives
 //   the input bytes back (abort() otherwise);
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "io/admission_file.hpp"
+#include "io/format/admission_file.hpp"
 
 namespace {
 

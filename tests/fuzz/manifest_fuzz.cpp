@@ -1,9 +1,9 @@
-// Fuzzes parse_manifest (io/manifest.hpp), the MANIFEST.json parser. Checks:
+// Fuzzes parse_manifest (io/format/manifest.hpp), the MANIFEST.json parser. Checks:
 // - it never crashes, leaks or throws, and fails only with -EBADMSG (or -ENOMEM);
 // - a manifest it accepts survives a round trip: format_manifest() of it parses again, and the
 //   result formats to the same text (abort() otherwise).
 // Random bytes almost never carry the right "manifest_xxh3", so every input that is a JSON
-// object is parsed a second time with its checksum recomputed the way io/manifest.cpp does it
+// object is parsed a second time with its checksum recomputed the way io/format/manifest.cpp does it
 // (XXH3_64bits of the compact dump of the object without "manifest_xxh3", 16 lowercase hex
 // digits): that reaches the member checks behind the checksum.
 #include <xxhash.h>
@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "io/manifest.hpp"
+#include "io/format/manifest.hpp"
 
 namespace {
 

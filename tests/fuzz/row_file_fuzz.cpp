@@ -1,4 +1,4 @@
-// Fuzzes the row file reader (RowFileReader, io/row_file.hpp). The input is written to a memfd
+// Fuzzes the row file reader (RowFileReader, io/format/row_file.hpp). The input is written to a memfd
 // (created once per process) and read through /proc/self/fd/N. Checks:
 // - next_block never crashes and never hands out memory outside the file: every key, value and
 //   state float of every block is read (ASan catches a read out of bounds);
@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "io/row_file.hpp"
+#include "io/format/row_file.hpp"
 
 namespace {
 

@@ -1,7 +1,7 @@
-// White-box tests of the checkpoint commit protocol (io/commit.hpp): version names, staging
+// White-box tests of the checkpoint commit protocol (io/format/commit.hpp): version names, staging
 // directories, the fsync-rename-fsync commit with injected failures, leftover cleanup, and a
 // writer killed before it commits.
-#include "io/commit.hpp"
+#include "io/format/commit.hpp"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -1,7 +1,7 @@
-// The checkpoint directory's writer lock (io/dir_lock.hpp): one holder across stores and
+// The checkpoint directory's writer lock (io/format/dir_lock.hpp): one holder across stores and
 // processes, a refusal that names the holder, release at exit and at a crash, and the O_EXCL
 // record that stands in where the file system has no locks.
-#include "io/dir_lock.hpp"
+#include "io/format/dir_lock.hpp"
 
 #include <signal.h>
 #include <sys/wait.h>

@@ -18,7 +18,7 @@
 #include <system_error>
 #include <utility>
 
-#include "io/fault.hpp"
+#include "io/engine/fault.hpp"
 
 namespace embstore_test {
 

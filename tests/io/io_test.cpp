@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "io/fault.hpp"
-#include "io/file_reader.hpp"
-#include "io/file_writer.hpp"
+#include "io/engine/fault.hpp"
+#include "io/engine/file_reader.hpp"
+#include "io/engine/file_writer.hpp"
 #include "tests/io/io_fixtures.hpp"
 
 using namespace embstore::io;

@@ -1,11 +1,11 @@
-// The version directory's layout (io/layout.hpp): names, paths in both formats, and manifests
+// The version directory's layout (io/format/layout.hpp): names, paths in both formats, and manifests
 // whose names or paths would alias or leave their files refused by every reader's parser.
-#include "io/layout.hpp"
+#include "io/format/layout.hpp"
 
 #include <catch2/catch.hpp>
 #include <string>
 
-#include "io/manifest.hpp"
+#include "io/format/manifest.hpp"
 
 using namespace embstore::io;
 

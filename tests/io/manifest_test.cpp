@@ -1,5 +1,5 @@
 // MANIFEST.json: exact round trips, its own checksum, and every malformed input refused.
-#include "io/manifest.hpp"
+#include "io/format/manifest.hpp"
 
 #include <xxhash.h>
 

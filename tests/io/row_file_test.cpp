@@ -4,7 +4,7 @@
 //
 // Small staging buffers make files of many blocks cheap; a reader buffer that is not a
 // multiple of the block size makes blocks span reader chunks.
-#include "io/row_file.hpp"
+#include "io/format/row_file.hpp"
 
 #include <xxhash.h>
 
@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "io/fault.hpp"
+#include "io/engine/fault.hpp"
 #include "tests/io/io_fixtures.hpp"
 
 using namespace embstore::io;

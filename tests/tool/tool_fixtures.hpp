@@ -27,12 +27,12 @@
 #include <string>
 #include <vector>
 
-#include "io/admission_file.hpp"
-#include "io/commit.hpp"
-#include "io/dir_lock.hpp"
-#include "io/layout.hpp"
-#include "io/manifest.hpp"
-#include "io/row_file.hpp"
+#include "io/format/admission_file.hpp"
+#include "io/format/commit.hpp"
+#include "io/format/dir_lock.hpp"
+#include "io/format/layout.hpp"
+#include "io/format/manifest.hpp"
+#include "io/format/row_file.hpp"
 #include "tests/io/io_fixtures.hpp"
 
 #ifndef EMBSTORE_CKPT_TOOL

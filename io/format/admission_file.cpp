@@ -1,4 +1,4 @@
-#include "io/admission_file.hpp"
+#include "io/format/admission_file.hpp"
 
 #include <fmt/format.h>
 

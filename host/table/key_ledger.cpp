@@ -1,4 +1,4 @@
-#include "host/key_ledger.hpp"
+#include "host/table/key_ledger.hpp"
 
 namespace embstore {
 

@@ -14,8 +14,8 @@
 
 #include "host/checkpoint/checkpointer.hpp"
 #include "host/eviction/idle_clock.hpp"
-#include "host/table.hpp"
-#include "host/thread_pool.hpp"
+#include "host/table/table.hpp"
+#include "host/store/thread_pool.hpp"
 
 struct embstore_table {
   embstore_store* store;

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "host/admission/admission.hpp"
-#include "host/table.hpp"
+#include "host/table/table.hpp"
 
 namespace embstore {
 

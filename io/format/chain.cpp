@@ -1,4 +1,4 @@
-#include "io/chain.hpp"
+#include "io/format/chain.hpp"
 
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -11,7 +11,7 @@
 #include <unordered_set>
 #include <utility>
 
-#include "io/engine.hpp"
+#include "io/engine/engine.hpp"
 
 namespace embstore::io {
 

@@ -1,4 +1,4 @@
-#include "io/row_file.hpp"
+#include "io/format/row_file.hpp"
 
 #include <xxhash.h>
 

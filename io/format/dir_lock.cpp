@@ -1,4 +1,4 @@
-#include "io/dir_lock.hpp"
+#include "io/format/dir_lock.hpp"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -15,9 +15,9 @@
 #include <mutex>
 #include <utility>
 
-#include "io/commit.hpp"
-#include "io/engine.hpp"
-#include "io/layout.hpp"
+#include "io/format/commit.hpp"
+#include "io/engine/engine.hpp"
+#include "io/format/layout.hpp"
 
 namespace embstore::io {
 namespace {

@@ -1,4 +1,4 @@
-#include "io/commit.hpp"
+#include "io/format/commit.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -131,7 +131,7 @@ int fsync_tree(int dir_fd, bool top) {
 
 // Renames without ever replacing final_path. renameat2(RENAME_NOREPLACE) is atomic; where the
 // kernel or file system lacks it, a stat check narrows the window but cannot close it, which
-// is acceptable because one writer holds a checkpoint directory (io/dir_lock.hpp).
+// is acceptable because one writer holds a checkpoint directory (io/format/dir_lock.hpp).
 int rename_noreplace(const std::string& from, const std::string& to) {
   int r = injected("renameat2");
 #ifdef SYS_renameat2

@@ -12,12 +12,12 @@
 
 #include "cuda/row/init.h"
 #include "cuda/row/optimizer.h"
-#include "host/snapshot_sink.hpp"
-#include "io/admission_file.hpp"
+#include "host/table/snapshot_sink.hpp"
+#include "io/format/admission_file.hpp"
 
 namespace embstore {
 
-// A validated, owning copy of embstore_table_config_t (see host/table_spec.cpp).
+// A validated, owning copy of embstore_table_config_t (see host/table/table_spec.cpp).
 struct TableSpec {
   std::string name;
   uint32_t dim = 0;
@@ -72,7 +72,7 @@ class Table {
 
   const TableSpec& spec() const { return spec_; }
 
-  // Arguments are validated by the caller (host/api.cpp); pointers are backend pointers.
+  // Arguments are validated by the caller (host/api/api.cpp); pointers are backend pointers.
   virtual void lookup(const int64_t* keys, size_t n, float* values_out, bool insert, uint64_t step,
                       void* stream) = 0;
   virtual void apply_gradients(const int64_t* keys, const float* grads, size_t n, uint64_t step,

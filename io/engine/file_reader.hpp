@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "io/engine.hpp"
+#include "io/engine/engine.hpp"
 
 namespace embstore::io {
 

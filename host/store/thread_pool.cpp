@@ -1,4 +1,4 @@
-#include "host/thread_pool.hpp"
+#include "host/store/thread_pool.hpp"
 
 namespace embstore {
 

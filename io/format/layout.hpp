@@ -21,7 +21,7 @@
 #include <string>
 #include <string_view>
 
-#include "io/manifest.hpp"
+#include "io/format/manifest.hpp"
 
 namespace embstore::io {
 

@@ -46,8 +46,8 @@
 #include <string>
 #include <vector>
 
-#include "io/file_reader.hpp"
-#include "io/file_writer.hpp"
+#include "io/engine/file_reader.hpp"
+#include "io/engine/file_writer.hpp"
 
 struct XXH3_state_s;
 

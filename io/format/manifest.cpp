@@ -1,4 +1,4 @@
-#include "io/manifest.hpp"
+#include "io/format/manifest.hpp"
 
 #include <fcntl.h>
 #include <sys/random.h>
@@ -15,7 +15,7 @@
 #include <random>
 #include <stdexcept>
 
-#include "io/layout.hpp"
+#include "io/format/layout.hpp"
 
 namespace embstore::io {
 namespace {

@@ -19,13 +19,13 @@
 namespace embstore::io {
 
 inline constexpr const char* kManifestName = "MANIFEST.json";
-// The format written (io/layout.hpp): 2 since 0.4 (tables/ namespace, lineage, parent
+// The format written (io/format/layout.hpp): 2 since 0.4 (tables/ namespace, lineage, parent
 // checksum). Versions 1 and 2 are read.
 inline constexpr uint32_t kManifestFormatVersion = 2;
 inline constexpr uint32_t kOldestManifestFormatVersion = 1;
 
 struct FileEntry {
-  std::string path;  // relative to the version directory, as io/layout.hpp names it
+  std::string path;  // relative to the version directory, as io/format/layout.hpp names it
   uint64_t bytes = 0;
   uint64_t rows = 0;  // row files only
   uint64_t xxh3 = 0;  // XXH3_64bits of the whole file
@@ -82,7 +82,7 @@ std::string state_layout(int optimizer);
 // in m.format_version's format.
 std::string format_manifest(const Manifest& m, uint64_t* xxh3 = nullptr);
 // Parses and checks text: checksum, format version, every field present and typed, and every
-// name and path against the layout (io/layout.hpp: check_layout). A manifest is input, never
+// name and path against the layout (io/format/layout.hpp: check_layout). A manifest is input, never
 // an instruction: whatever passes names only files inside its version directory, each once.
 int parse_manifest(const std::string& text, Manifest* out, std::string* detail);
 

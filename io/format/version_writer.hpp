@@ -20,10 +20,10 @@
 #include <memory>
 #include <string>
 
-#include "io/admission_file.hpp"
-#include "io/file_writer.hpp"
-#include "io/manifest.hpp"
-#include "io/row_file.hpp"
+#include "io/format/admission_file.hpp"
+#include "io/engine/file_writer.hpp"
+#include "io/format/manifest.hpp"
+#include "io/format/row_file.hpp"
 
 namespace embstore::io {
 

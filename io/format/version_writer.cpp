@@ -1,4 +1,4 @@
-#include "io/version_writer.hpp"
+#include "io/format/version_writer.hpp"
 
 #include <fmt/format.h>
 #include <sys/random.h>
@@ -8,9 +8,9 @@
 #include <cerrno>
 #include <cstdio>
 
-#include "io/commit.hpp"
-#include "io/engine.hpp"
-#include "io/layout.hpp"
+#include "io/format/commit.hpp"
+#include "io/engine/engine.hpp"
+#include "io/format/layout.hpp"
 
 namespace embstore::io {
 namespace {

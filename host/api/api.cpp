@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "host/error.hpp"
-#include "host/store.hpp"
+#include "host/store/store.hpp"
 
 using embstore::fail;
 

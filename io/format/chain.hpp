@@ -26,9 +26,9 @@
 #include <string>
 #include <vector>
 
-#include "io/commit.hpp"
-#include "io/manifest.hpp"
-#include "io/row_file.hpp"
+#include "io/format/commit.hpp"
+#include "io/format/manifest.hpp"
+#include "io/format/row_file.hpp"
 
 namespace embstore::io {
 

@@ -8,8 +8,8 @@
 #include "cuda/row/admission.h"
 #include "cuda/row/index.h"
 #include "host/error.hpp"
-#include "host/table.hpp"
-#include "io/layout.hpp"
+#include "host/table/table.hpp"
+#include "io/format/layout.hpp"
 
 namespace embstore {
 namespace {
@@ -25,7 +25,7 @@ void check_non_negative(const char* field, float v) {
 
 }  // namespace
 
-// Table and attachment names become file names in checkpoints (io/layout.hpp).
+// Table and attachment names become file names in checkpoints (io/format/layout.hpp).
 void check_name(const char* what, const char* name) {
   if (name == nullptr) fail(EMBSTORE_INVALID_ARGUMENT, "{} name is NULL", what);
   if (std::string why = io::name_problem(what, name); !why.empty()) {

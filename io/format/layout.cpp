@@ -1,4 +1,4 @@
-#include "io/layout.hpp"
+#include "io/format/layout.hpp"
 
 #include <fmt/format.h>
 

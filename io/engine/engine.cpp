@@ -1,4 +1,4 @@
-#include "io/engine.hpp"
+#include "io/engine/engine.hpp"
 
 #include <fcntl.h>
 #include <sys/uio.h>
@@ -12,7 +12,7 @@
 #include <mutex>
 #include <set>
 
-#include "io/fault.hpp"
+#include "io/engine/fault.hpp"
 
 namespace embstore::io {
 namespace {

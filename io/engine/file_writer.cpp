@@ -1,4 +1,4 @@
-#include "io/file_writer.hpp"
+#include "io/engine/file_writer.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

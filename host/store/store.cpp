@@ -1,10 +1,10 @@
-#include "host/store.hpp"
+#include "host/store/store.hpp"
 
 #include <algorithm>
 
 #include "host/backend/backends.hpp"
 #include "host/error.hpp"
-#include "io/engine.hpp"
+#include "io/engine/engine.hpp"
 
 using embstore::fail;
 namespace io = embstore::io;

@@ -1,4 +1,4 @@
-#include "io/file_reader.hpp"
+#include "io/engine/file_reader.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
