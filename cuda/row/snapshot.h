@@ -1,4 +1,4 @@
-// Snapshot bit operations (../shared/DESIGN.md, "Snapshot pipeline"): capture turns the active
+// Snapshot bit operations (docs/DESIGN.md, "Snapshot pipeline"): capture turns the active
 // dirty bitmap (or every live row) into the captured bitmap, drain and copy-on-write take rows
 // out of it exactly once, and each taken row becomes one staging record.
 #pragma once

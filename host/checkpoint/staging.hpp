@@ -1,4 +1,4 @@
-// The staging ring of the snapshot pipeline (../shared/DESIGN.md, "Snapshot pipeline"): a
+// The staging ring of the snapshot pipeline (docs/DESIGN.md, "Snapshot pipeline"): a
 // bounded set of equal chunks of host memory (pinned on the CUDA backend), sized by the
 // store's staging_bytes. Tables fill chunks with records (drain by the checkpoint worker,
 // copy-on-write by training calls), one table per chunk; the worker writes full chunks to the

@@ -1,4 +1,4 @@
-// Checkpoint chains (../shared/DESIGN.md, "On-disk layout and commit"): choosing a version in
+// Checkpoint chains (docs/DESIGN.md, "On-disk layout and commit"): choosing a version in
 // a checkpoint directory, following a delta's parents back to a full checkpoint, and reading
 // one table's rows of a chain newest first, so that a key's newest row wins and a tombstone
 // hides the key's older rows. Restore (host/checkpoint/restore.cpp) and embstore-ckpt share it.

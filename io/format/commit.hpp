@@ -1,4 +1,4 @@
-// The checkpoint directory commit protocol (../shared/DESIGN.md, "On-disk layout and commit"):
+// The checkpoint directory commit protocol (docs/DESIGN.md, "On-disk layout and commit"):
 // a checkpoint is written into <dir>/.tmp-<version>-<nonce>/, every file and directory in it
 // fsynced, the directory renamed to its final name (never over an existing one) and <dir>
 // fsynced. Readers only ever see renamed directories; .tmp-* leftovers of a crash are ignored

@@ -1,4 +1,4 @@
-// MANIFEST.json of a checkpoint version directory (../shared/DESIGN.md, "On-disk layout and
+// MANIFEST.json of a checkpoint version directory (docs/DESIGN.md, "On-disk layout and
 // commit"). The manifest makes a version directory a checkpoint: it records what the
 // checkpoint is (format, kind, step, parent), each table's whole configuration and state
 // layout, and every file with its size, row count and XXH3 checksum. It carries its own

@@ -1,5 +1,5 @@
-// Row files of a checkpoint (../shared/DESIGN.md, "On-disk layout and commit"):
-// `<table>/shard-00000-of-00001.rows`, a sequence of checksummed blocks. liburing style: every
+// Row files of a checkpoint (docs/DESIGN.md, "On-disk layout and commit"):
+// `tables/<table>/shard-00000-of-00001.rows`, a sequence of checksummed blocks. liburing style: every
 // call returns 0 (or a count) or -errno; nothing throws.
 //
 // Block layout, all integers little-endian:

@@ -1,5 +1,5 @@
 // embstore-ckpt: lists, verifies, inspects and compacts checkpoint directories
-// (../shared/DESIGN.md, "On-disk layout and commit") with the io/ layer's own readers, and the
+// (docs/DESIGN.md, "On-disk layout and commit") with the io/ layer's own readers, and the
 // chain resolution that restore uses (io/format/chain.hpp).
 //
 //   embstore-ckpt ls DIR                 RESTORABLE: restore's checks short of reading data
