@@ -130,8 +130,8 @@ TEST_CASE("state layouts", "[row]") {
 }
 
 TEST_CASE("whole-row initializers equal the per-column ones", "[row]") {
-  for (InitKind kind : {InitKind::kZeros, InitKind::kConstant, InitKind::kUniform,
-                        InitKind::kNormal}) {
+  for (InitKind kind :
+       {InitKind::kZeros, InitKind::kConstant, InitKind::kUniform, InitKind::kNormal}) {
     const InitParams p{kind, -0.5f, 0.75f, 77};
     for (int64_t key : {INT64_MIN, int64_t{3}, INT64_MAX}) {
       for (uint32_t dim : {1u, 5u, 64u, 133u}) {
