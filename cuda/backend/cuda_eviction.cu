@@ -1,0 +1,191 @@
+// The CUDA table's eviction (idle rules, making room at max_capacity, the free list) and the
+// counting of keys pending admission (on the host, in the table's KeyLedger).
+#include "cuda/backend/cuda_table.cuh"
+#include "cuda/backend/kernels/eviction.cuh"
+#include "cuda/backend/kernels/lookup.cuh"
+#include "cuda/backend/kernels/snapshot.cuh"
+
+namespace embstore::cuda_backend {
+
+void CudaTable::count_admission(const int64_t* keys, size_t n, uint64_t step, cudaStream_t stream) {
+  admit_keys_.clear();
+  pending_pos_.clear();
+  const size_t select_temp = select_bytes(MissingAt{}, n, stream);
+  ScratchLayout layout;
+  const size_t rows_at = layout.take(n * sizeof(uint32_t));
+  const size_t positions_at = layout.take(n * sizeof(uint32_t));
+  const size_t keys_at = layout.take(n * sizeof(int64_t));
+  const size_t temp_at = layout.take(select_temp);
+  char* base = scratch(layout.bytes, stream);
+  auto* rows = reinterpret_cast<uint32_t*>(base + rows_at);
+  auto* positions = reinterpret_cast<uint32_t*>(base + positions_at);
+  auto* missing_keys = reinterpret_cast<int64_t*>(base + keys_at);
+
+  resolve_rows_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
+      index_ref(), keys, n, row::kNoRow, rows, nullptr, nullptr);
+  check_launch("resolve_rows_kernel");
+  const uint64_t m = select(MissingAt{rows}, n, positions, base + temp_at, select_temp, stream);
+  if (m == 0) return;
+  gather_keys_kernel<kBlock>
+      <<<blocks_for(m), kBlock, 0, stream>>>(keys, positions, m, missing_keys);
+  check_launch("gather_keys_kernel");
+  missing_pos_.resize(m);
+  missing_keys_.resize(m);
+  check(cudaMemcpyAsync(missing_pos_.data(), positions, m * sizeof(uint32_t),
+                        cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync");
+  check(cudaMemcpyAsync(missing_keys_.data(), missing_keys, m * sizeof(int64_t),
+                        cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+
+  for (uint64_t j = 0; j < m; ++j) {
+    if (ledger_.admission()->count(missing_keys_[j], step)) {
+      admit_keys_.push_back(missing_keys_[j]);
+    } else {
+      pending_pos_.push_back(missing_pos_[j]);
+    }
+  }
+  if (admit_keys_.empty()) return;
+  const size_t bytes = admit_keys_.size() * sizeof(int64_t);
+  if (bytes > admit_.bytes()) {  // the stream is idle: nothing uses the old buffer
+    admit_.reset();
+    admit_ = DeviceBuffer(std::max(bytes, size_t{4096}), "admitted keys");
+  }
+  check(cudaMemcpyAsync(admit_.get(), admit_keys_.data(), bytes, cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync");
+}
+
+// cub::DeviceSelect::If's temporary storage for select(predicate, items).
+template <typename Predicate>
+size_t CudaTable::select_bytes(Predicate predicate, uint64_t items, cudaStream_t stream) const {
+  size_t bytes = 0;
+  check(cub::DeviceSelect::If(nullptr, bytes, thrust::counting_iterator<uint32_t>(0),
+                              static_cast<uint32_t*>(nullptr),
+                              static_cast<unsigned long long*>(nullptr),
+                              static_cast<int64_t>(items), predicate, stream),
+        "cub::DeviceSelect::If");
+  return bytes;
+}
+
+// The i of [0, items) for which predicate(i), in ascending order, to out; returns how many.
+// Synchronous.
+template <typename Predicate>
+uint64_t CudaTable::select(Predicate predicate, uint64_t items, uint32_t* out, void* temp,
+                           size_t temp_bytes, cudaStream_t stream) {
+  unsigned long long* selected = &device_counters()->selected;
+  check(cub::DeviceSelect::If(temp, temp_bytes, thrust::counting_iterator<uint32_t>(0), out,
+                              selected, static_cast<int64_t>(items), predicate, stream),
+        "cub::DeviceSelect::If");
+  return read_counters(stream).selected;
+}
+
+// Evicts the `need` least recently used live rows touched before `step` (ties: the lowest
+// row), sparing the rows of call_keys, or throws CAPACITY_EXCEEDED, evicting nothing, when
+// fewer are there. A pass over the table's stamps and a sort of the candidates'. d: the
+// counters, read after every earlier call.
+void CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_keys, size_t call_n,
+                          const DeviceCounters& d, cudaStream_t stream) {
+  const uint64_t rows = d.rows;
+  size_t sort_bytes = 0;
+  {
+    cub::DoubleBuffer<uint64_t> k(nullptr, nullptr);
+    cub::DoubleBuffer<uint32_t> v(nullptr, nullptr);
+    check(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, k, v, static_cast<int64_t>(rows), 0,
+                                          64, stream),
+          "cub::DeviceRadixSort::SortPairs");
+  }
+  const size_t temp_bytes = std::max(sort_bytes, select_bytes(EvictionCandidate{}, rows, stream));
+  ScratchLayout layout;
+  const size_t spared_at = layout.take(row::bitmap_words(rows) * sizeof(uint64_t));
+  const size_t call_rows_at = layout.take(call_n * sizeof(uint32_t));
+  const size_t rows0_at = layout.take(rows * sizeof(uint32_t));
+  const size_t rows1_at = layout.take(rows * sizeof(uint32_t));
+  const size_t steps0_at = layout.take(rows * sizeof(uint64_t));
+  const size_t steps1_at = layout.take(rows * sizeof(uint64_t));
+  const size_t keys_at = layout.take(need * sizeof(int64_t));
+  const size_t temp_at = layout.take(temp_bytes);
+  char* base = scratch(layout.bytes, stream);
+  auto* spared = reinterpret_cast<uint64_t*>(base + spared_at);
+  auto* call_rows = reinterpret_cast<uint32_t*>(base + call_rows_at);
+  auto* rows0 = reinterpret_cast<uint32_t*>(base + rows0_at);
+  auto* steps0 = reinterpret_cast<uint64_t*>(base + steps0_at);
+
+  check(cudaMemsetAsync(spared, 0, row::bitmap_words(rows) * sizeof(uint64_t), stream),
+        "cudaMemsetAsync");
+  resolve_rows_kernel<kBlock><<<blocks_for(call_n), kBlock, 0, stream>>>(
+      index_ref(), call_keys, call_n, row::kNoRow, call_rows, nullptr, nullptr);
+  check_launch("resolve_rows_kernel");
+  mark_rows_kernel<kBlock><<<blocks_for(call_n), kBlock, 0, stream>>>(call_rows, call_n, spared);
+  check_launch("mark_rows_kernel");
+  const uint64_t candidates =
+      select(EvictionCandidate{arena_, freed_.get<uint64_t>(), spared, step}, rows, rows0,
+             base + temp_at, temp_bytes, stream);
+  if (candidates < need) fail_no_room(spec(), need, candidates, step);
+  gather_steps_kernel<kBlock>
+      <<<blocks_for(candidates), kBlock, 0, stream>>>(arena_, rows0, candidates, steps0);
+  check_launch("gather_steps_kernel");
+  // Stable: rows of the same step stay in ascending order.
+  cub::DoubleBuffer<uint64_t> steps(steps0, reinterpret_cast<uint64_t*>(base + steps1_at));
+  cub::DoubleBuffer<uint32_t> order(rows0, reinterpret_cast<uint32_t*>(base + rows1_at));
+  size_t bytes = temp_bytes;
+  check(cub::DeviceRadixSort::SortPairs(base + temp_at, bytes, steps, order,
+                                        static_cast<int64_t>(candidates), 0, 64, stream),
+        "cub::DeviceRadixSort::SortPairs");
+  evict_rows(order.Current(), need, reinterpret_cast<int64_t*>(base + keys_at), d, stream);
+}
+
+// Evicts victims[0, n) (distinct live rows, in device memory): a snapshot in progress gets them
+// first, then they join the free list, the index is rebuilt without them and their keys become
+// tombstones. keys_out: n keys of device scratch. d: the counters, read after every earlier
+// call. Synchronous.
+void CudaTable::evict_rows(const uint32_t* victims, uint64_t n, int64_t* keys_out,
+                           const DeviceCounters& d, cudaStream_t stream) {
+  if (n == 0) return;
+  // Host room first: past this point only a device error can fail.
+  evicted_keys_.resize(n);
+  ledger_.reserve_evicted(n);
+  if (sink_ != nullptr && captured_left_ > 0) copy_on_write(victims, n, row::kNoRow, stream);
+  free_rows_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
+      arena_, victims, n, dirty_.get<uint64_t>(), freed_.get<uint64_t>(),
+      free_list_.get<uint32_t>(), d.free_rows, keys_out);
+  check_launch("free_rows_kernel");
+  add_free_rows_kernel<<<1, 1, 0, stream>>>(device_counters(), n);
+  check_launch("add_free_rows_kernel");
+  // Linear probing has no cheap concurrent delete: the index is rebuilt from the live rows.
+  check(cudaMemsetAsync(index_.get(), 0xFF, index_.bytes(), stream), "cudaMemsetAsync");
+  rebuild_index_kernel<kBlock><<<blocks_for(d.rows), kBlock, 0, stream>>>(
+      index_ref(), arena_, d.rows, freed_.get<uint64_t>());
+  check_launch("rebuild_index_kernel");
+  check(cudaMemcpyAsync(evicted_keys_.data(), keys_out, n * sizeof(int64_t), cudaMemcpyDeviceToHost,
+                        stream),
+        "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  ledger_.evicted(evicted_keys_.data(), n);
+}
+
+uint64_t CudaTable::evict_before(uint64_t cutoff_step) {
+  Call call(*this, own_stream_);
+  const cudaStream_t stream = call.stream;
+  uint64_t evicted = 0;
+  if (freed_.get() != nullptr) {
+    const DeviceCounters d = read_counters(stream);  // exact: synchronizes after the wait
+    rows_bound_ = d.rows;
+    if (d.rows > d.free_rows) {
+      const EvictionCandidate idle{arena_, freed_.get<uint64_t>(), nullptr, cutoff_step};
+      const size_t temp_bytes = select_bytes(idle, d.rows, stream);
+      ScratchLayout layout;
+      const size_t victims_at = layout.take(d.rows * sizeof(uint32_t));
+      const size_t keys_at = layout.take(d.rows * sizeof(int64_t));
+      const size_t temp_at = layout.take(temp_bytes);
+      char* base = scratch(layout.bytes, stream);
+      auto* victims = reinterpret_cast<uint32_t*>(base + victims_at);
+      evicted = select(idle, d.rows, victims, base + temp_at, temp_bytes, stream);
+      evict_rows(victims, evicted, reinterpret_cast<int64_t*>(base + keys_at), d, stream);
+    }
+  }
+  ledger_.forget_before(cutoff_step);
+  return evicted;
+}
+
+}  // namespace embstore::cuda_backend

@@ -1,0 +1,232 @@
+// The CUDA backend's table: a table in the device memory of one GPU. Kernels are thin wrappers over
+// the portable per-row logic in cuda/row/, so every row they compute is bit-identical to the
+// host backend's. What lives here is CUDA-only: the concurrent find-or-insert, launch
+// configuration, CUB sorts and scans, growth, streams and events.
+//
+// Ordering: each call waits (on the device) for an event recorded at the end of the table's
+// previous call, so a table's work runs in call order whatever streams the caller uses, and
+// the grow-only scratch buffer is never used by two calls at once.
+//
+// The class is declared here and its methods are spread by concern: cuda_table.cu (setup,
+// growth, lookup, counters), cuda_update.cu (the fused update), cuda_eviction.cu (eviction,
+// admission counting), cuda_snapshot.cu (capture, drain, copy-on-write, restore); their
+// kernels are in kernels/*.cuh.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <thrust/iterator/counting_iterator.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <climits>
+#include <cstdint>
+#include <cub/block/block_reduce.cuh>
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_run_length_encode.cuh>
+#include <cub/device/device_scan.cuh>
+#include <cub/device/device_select.cuh>
+#include <cuda/atomic>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda/backend/device.cuh"
+#include "cuda/backend/device_memory.cuh"
+#include "cuda/row/arena.h"
+#include "cuda/row/bitmap.h"
+#include "cuda/row/eviction.h"
+#include "cuda/row/index.h"
+#include "cuda/row/init.h"
+#include "cuda/row/optimizer.h"
+#include "cuda/row/snapshot.h"
+#include "host/backend/backends.hpp"
+#include "host/error.hpp"
+#include "host/table/key_ledger.hpp"
+#include "host/table/table.hpp"
+
+namespace embstore::cuda_backend {
+
+class CudaTable final : public Table {
+ public:
+  CudaTable(TableSpec spec, int device);
+  ~CudaTable() override;
+
+  void lookup(const int64_t* keys, size_t n, float* values_out, bool insert, uint64_t step,
+              void* stream) override;
+  void apply_gradients(const int64_t* keys, const float* grads, size_t n, uint64_t step,
+                       void* stream) override;
+  TableCounters counters() override;
+  void set_dirty_tracking(bool on) override {
+    std::lock_guard lock(mutex_);
+    dirty_tracking_ = on;
+  }
+  uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows) override;
+  const std::vector<int64_t>& evicted_at_capture() const override {
+    return ledger_.evicted_at_capture();
+  }
+  std::optional<io::AdmissionFile> admission_at_capture() const override {
+    return ledger_.admission_at_capture();
+  }
+  uint64_t drain(SnapshotSink* sink, uint64_t max_rows) override;
+  void end_snapshot(bool failed) override;
+  uint64_t evict_before(uint64_t cutoff_step) override;
+  void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
+                 uint64_t step) override;
+  bool load_admission(const io::AdmissionFile& counts, std::string* why) override;
+
+ private:
+  // Orders a call after the table's previous call and marks its end for the next one.
+  class CallScope {
+   public:
+    CallScope(cudaEvent_t done, cudaStream_t stream) : done_(done), stream_(stream) {
+      check(cudaStreamWaitEvent(stream, done, 0), "cudaStreamWaitEvent");
+    }
+    ~CallScope() {
+      // Also after a failure part-way: the next call must wait for what was enqueued. If the
+      // event cannot be recorded, wait here instead, so no later call can overtake this one.
+      if (cudaEventRecord(done_, stream_) != cudaSuccess) {
+        (void)cudaGetLastError();
+        (void)cudaStreamSynchronize(stream_);
+        (void)cudaGetLastError();
+      }
+    }
+    CallScope(const CallScope&) = delete;
+    CallScope& operator=(const CallScope&) = delete;
+
+   private:
+    cudaEvent_t done_;
+    cudaStream_t stream_;
+  };
+
+  // What every data-path call holds: the table's lock, its device, and its place in the
+  // table's call order.
+  // Hands the sink's records to the writer on every way out of drain() and copy_on_write().
+  struct FlushOnExit {
+    SnapshotSink* sink;
+    ~FlushOnExit() {
+      try {
+        sink->flush();
+      } catch (...) {
+      }
+    }
+  };
+
+  // Counts the calls that hold or wait for mutex_: drain() stays out of their way.
+  struct Caller {
+    explicit Caller(std::atomic<int>& n) : n_(n) { n_.fetch_add(1, std::memory_order_acq_rel); }
+    ~Caller() { n_.fetch_sub(1, std::memory_order_acq_rel); }
+    Caller(const Caller&) = delete;
+    Caller& operator=(const Caller&) = delete;
+    std::atomic<int>& n_;
+  };
+
+  struct Call {
+    Call(CudaTable& t, void* stream_ptr)
+        : caller(t.callers_),
+          lock(t.mutex_),
+          guard(t.device_),
+          stream(static_cast<cudaStream_t>(stream_ptr)),
+          scope(t.done_, stream) {}
+    Caller caller;
+    std::lock_guard<std::mutex> lock;
+    DeviceGuard guard;
+    cudaStream_t stream;
+    CallScope scope;
+  };
+
+  uint64_t capacity_rows() const { return row::arena_capacity(chunks_, arena_.base_shift); }
+  row::IndexRef index_ref() const {
+    return row::IndexRef{index_.get<row::Slot>(), index_slots_ - 1};
+  }
+  DeviceCounters* device_counters() const { return counters_.get<DeviceCounters>(); }
+  unsigned blocks_for(uint64_t threads) const {
+    const uint64_t blocks = (threads + kBlock - 1) / kBlock;
+    return static_cast<unsigned>(std::clamp<uint64_t>(blocks, 1, max_blocks_));
+  }
+  void check_batch(size_t n) const;
+  char* scratch(size_t bytes, cudaStream_t stream);
+  DeviceCounters read_counters(cudaStream_t stream);
+  void count_admission(const int64_t* keys, size_t n, uint64_t step, cudaStream_t stream);
+  void reserve_rows(const int64_t* keys, size_t n, uint64_t step, const int64_t* call_keys,
+                    size_t call_n, cudaStream_t stream);
+  void make_room(uint64_t need, uint64_t step, const int64_t* call_keys, size_t call_n,
+                 const DeviceCounters& d, cudaStream_t stream);
+  template <typename Predicate>
+  size_t select_bytes(Predicate predicate, uint64_t items, cudaStream_t stream) const;
+  template <typename Predicate>
+  uint64_t select(Predicate predicate, uint64_t items, uint32_t* out, void* temp, size_t temp_bytes,
+                  cudaStream_t stream);
+  void evict_rows(const uint32_t* victims, uint64_t n, int64_t* keys_out, const DeviceCounters& d,
+                  cudaStream_t stream);
+  uint64_t count_new_keys(const int64_t* keys, size_t n, cudaStream_t stream);
+  void grow(uint64_t need, uint64_t rows, cudaStream_t stream);
+  void release() noexcept;
+  char* stage(size_t bytes, cudaStream_t stream);
+  uint64_t stage_rows() const {
+    return std::max<uint64_t>(1, kStageBytes / row::record_bytes(arena_.stride));
+  }
+  uint64_t drain_piece(uint64_t want, char* out, cudaStream_t stream);
+  void copy_on_write(const uint32_t* rows, uint64_t n, uint32_t no_row, cudaStream_t stream);
+
+  int device_;
+  uint64_t max_blocks_ = 1;
+  std::mutex mutex_;
+  row::ArenaRef arena_{};
+  uint32_t chunks_ = 0;
+  std::array<DeviceBuffer, row::kMaxChunks> values_;
+  std::array<DeviceBuffer, row::kMaxChunks> meta_;
+  DeviceBuffer index_;
+  uint64_t index_slots_ = 0;
+  DeviceBuffer dirty_;
+  uint64_t dirty_words_ = 0;
+  DeviceBuffer counters_;
+  DeviceBuffer scratch_;
+  cudaEvent_t done_ = nullptr;
+  cudaStream_t own_stream_ = nullptr;  // counters() and setup; never the caller's work
+  // >= the true row count: the count at the last synchronization plus every row an insert
+  // enqueued since may have created. The insert path synchronizes only when this bound says
+  // the table might have to grow or pass its limit (about every capacity/n insert calls).
+  uint64_t rows_bound_ = 0;
+  uint64_t loaded_rows_ = 0;  // by load_rows: inserted, but not admitted by training
+  bool dirty_tracking_ = true;
+
+  // Eviction (tables with a rule): the rows on the free list have their freed_ bit set;
+  // free_list_ holds a row id per row of capacity, the first DeviceCounters::free_rows of them
+  // free. evicted_keys_: where an eviction's keys arrive on the host.
+  DeviceBuffer freed_;
+  DeviceBuffer free_list_;
+  std::vector<int64_t> evicted_keys_;
+
+  // Admission counts and tombstones, in host memory as on the host backend. An inserting
+  // lookup on a table with admission copies the keys without a row here and counts them in
+  // batch order: admit_keys_ (device copy admit_) get rows, pending_pos_ read initial values.
+  KeyLedger ledger_;
+  std::vector<uint32_t> missing_pos_, pending_pos_;
+  std::vector<int64_t> missing_keys_, admit_keys_;
+  DeviceBuffer admit_;
+
+  // Snapshots. captured_ and snapshot_set_ (the captured bitmap as capture left it, for
+  // end_snapshot(failed)) are allocated at the first capture and then kept at dirty_words_
+  // words; stage_ is the grow-only device staging of records and of load_rows input.
+  DeviceBuffer captured_;
+  DeviceBuffer snapshot_set_;
+  DeviceBuffer stage_;
+  SnapshotSink* sink_ = nullptr;
+  bool snapshot_active_ = false;
+  // >= the rows still captured (exact unless a call failed part-way); 0: no copy-on-write.
+  uint64_t captured_left_ = 0;
+  std::atomic<uint64_t> captured_left_seen_{0};  // captured_left_ as drain() last left it
+  DrainTurn drain_turn_;
+  std::atomic<int> callers_{0};
+  // Drain resumes at this word; every word before it is empty. Captured rows lie below
+  // drain_end_word_ (the live rows at capture).
+  uint64_t drain_word_ = 0;
+  uint64_t drain_end_word_ = 0;
+};
+
+}  // namespace embstore::cuda_backend

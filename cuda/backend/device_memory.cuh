@@ -1,0 +1,127 @@
+// Host-side helpers of the CUDA backend: CUDA errors as embstore errors, the current device for
+// a scope, owning device allocations, and the layout of a call's scratch buffer.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <new>
+#include <utility>
+
+#include "cuda/backend/device.cuh"
+#include "host/error.hpp"
+
+namespace embstore::cuda_backend {
+
+[[noreturn]] inline void throw_cuda(cudaError_t e, const char* what) {
+  (void)cudaGetLastError();  // clear a non-sticky error so the next check does not see it
+  if (e == cudaErrorMemoryAllocation) {
+    fail(EMBSTORE_OUT_OF_MEMORY, "{}: {}", what, cudaGetErrorString(e));
+  }
+  fail(EMBSTORE_DEVICE_ERROR, "{}: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+inline void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw_cuda(e, what);
+}
+
+inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+
+// Makes `device` current for a scope and restores the previous device after it.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) {
+      check(cudaSetDevice(device), "cudaSetDevice");
+      switched_ = true;
+    }
+  }
+  // For destructors: never throws; failures leave the current device as it was.
+  DeviceGuard(int device, std::nothrow_t) noexcept {
+    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
+      switched_ = cudaSetDevice(device) == cudaSuccess;
+    }
+    (void)cudaGetLastError();
+  }
+  ~DeviceGuard() {
+    if (switched_) (void)cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+// Owning device allocation (cudaMalloc / cudaFree).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(size_t bytes, const char* what) : bytes_(bytes) {
+    if (bytes == 0) return;
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (e == cudaErrorMemoryAllocation) {
+        fail(EMBSTORE_OUT_OF_MEMORY, "cudaMalloc of {} bytes for {}: {}", bytes, what,
+             cudaGetErrorString(e));
+      }
+      fail(EMBSTORE_DEVICE_ERROR, "cudaMalloc of {} bytes for {}: {}", bytes, what,
+           cudaGetErrorString(e));
+    }
+    ptr_ = p;
+  }
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      ptr_ = std::exchange(o.ptr_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void reset() noexcept {
+    if (ptr_ != nullptr) (void)cudaFree(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  template <typename T = void>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Offsets of the sub-buffers of one call's scratch, each aligned for CUB.
+struct ScratchLayout {
+  size_t bytes = 0;
+  size_t take(size_t n) {
+    const size_t offset = (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+    bytes = offset + n;
+    return offset;
+  }
+};
+
+// Threads per position for row copies: the row's width rounded up to a power of two, at most
+// a warp, so narrow rows do not leave most lanes idle.
+inline uint32_t tile_shift_for(uint32_t columns) {
+  const uint32_t width = std::min<uint32_t>(std::bit_ceil(std::max<uint32_t>(columns, 1)), 32);
+  return static_cast<uint32_t>(std::countr_zero(width));
+}
+
+}  // namespace embstore::cuda_backend
