@@ -181,7 +181,7 @@ int remove_at(int dir_fd, const char* name) {
 
 }  // namespace
 
-int create_directories(const std::string& path) {
+int create_directories(const std::string& path, bool durable) {
   if (path.empty()) return -ENOENT;
   // Each prefix ending before a '/' (and the whole path) is one level, shallowest first.
   size_t pos = 0;
@@ -193,6 +193,7 @@ int create_directories(const std::string& path) {
     if (component.empty() || component == ".") continue;  // "//", "/./", the root
     std::string level = path.substr(0, end);
     if (::mkdir(level.c_str(), 0755) == 0) {
+      if (!durable) continue;
       if (int r = fsync_path(parent_of(level)); r < 0) return r;
       continue;
     }

@@ -22,9 +22,10 @@
 namespace embstore::io {
 
 // mkdir -p with mode 0755. Each level it creates has its parent directory fsynced, so the new
-// entries survive a crash. Existing directories (or symlinks to them) are fine; a component
-// that exists and is not a directory gives -ENOTDIR; -ENOENT for an empty path.
-int create_directories(const std::string& path);
+// entries survive a crash, unless durable is false (inside a staging directory, whose commit
+// fsyncs every directory in it anyway). Existing directories (or symlinks to them) are fine; a
+// component that exists and is not a directory gives -ENOTDIR; -ENOENT for an empty path.
+int create_directories(const std::string& path, bool durable = true);
 
 // "00000000000000001000.full" / "00000000000000001000.delta": 20 digits hold any uint64_t,
 // and zero padding makes name order version order.

@@ -8,8 +8,8 @@
 #include <cerrno>
 #include <cstdio>
 
-#include "io/format/commit.hpp"
 #include "io/engine/engine.hpp"
+#include "io/format/commit.hpp"
 #include "io/format/layout.hpp"
 
 namespace embstore::io {
@@ -61,7 +61,8 @@ int VersionWriter::open_rows(const std::string& table, uint32_t dim, uint32_t st
                              uint64_t rows, uint64_t tombstones, WriterOptions options,
                              std::unique_ptr<RowFileWriter>* out, std::string* detail) {
   const std::string dir = staging_ + "/" + table_dir(kFormat, table);
-  if (int r = create_directories(dir); r < 0) {
+  // Not fsynced here: the commit fsyncs every directory of the version once.
+  if (int r = create_directories(dir, /*durable=*/false); r < 0) {
     return failed(detail, r, fmt::format("cannot create '{}'", dir));
   }
   const std::string path = staging_ + "/" + row_file_path(kFormat, table, 0, 1);
@@ -83,7 +84,7 @@ int write_whole(const std::string& staging, const std::string& rel, const void* 
                 FileEntry* entry, std::string* detail) {
   const std::string path = staging + "/" + rel;
   const size_t slash = path.rfind('/');
-  if (int r = create_directories(path.substr(0, slash)); r < 0) {
+  if (int r = create_directories(path.substr(0, slash), /*durable=*/false); r < 0) {
     return failed(detail, r, fmt::format("cannot create '{}'", path.substr(0, slash)));
   }
   if (int r = write_whole_file(path, data, bytes); r < 0) {

@@ -152,6 +152,10 @@ TEST_CASE("commit: create_directories nests, accepts existing dirs, refuses file
   write_file(tmp.file("a/b/file3"), "y");
   CHECK(create_directories(tmp.file("a/b/file3/x/y")) == -ENOTDIR);
   CHECK(create_directories("") == -ENOENT);
+  // Inside a staging directory, without the fsyncs (the commit makes them durable).
+  CHECK(create_directories(tmp.file("s/t/u"), /*durable=*/false) == 0);
+  CHECK(fs::is_directory(tmp.file("s/t/u")));
+  CHECK(create_directories(tmp.file("file/v"), /*durable=*/false) == -ENOTDIR);
 
   // Other errors come through as -errno.
   if (geteuid() != 0) {  // root ignores permissions
