@@ -9,9 +9,9 @@
 
 #include "cuda/row/snapshot.h"
 #include "host/error.hpp"
+#include "io/engine/engine.hpp"
 #include "io/format/chain.hpp"
 #include "io/format/commit.hpp"
-#include "io/engine/engine.hpp"
 #include "io/format/manifest.hpp"
 
 namespace embstore::checkpoint {
@@ -45,6 +45,7 @@ void log_line(const std::string& line) { std::fprintf(stderr, "embstore: %s\n", 
 Checkpointer::Checkpointer(StoreView& store) : store_(store) {}
 
 Checkpointer::~Checkpointer() {
+  if (staging_thread_.joinable()) staging_thread_.join();
   std::unique_lock lock(mutex_);
   changed_.wait(lock, [&] { return job_ == nullptr; });
   stopping_ = true;
@@ -170,7 +171,32 @@ std::unique_ptr<Job> Checkpointer::plan(const std::string& dir, uint64_t version
   return job;
 }
 
+void Checkpointer::prepare_staging() {
+  if (staging_thread_.joinable()) return;  // under way, or done and not joined yet
+  {
+    std::lock_guard lock(mutex_);
+    if (ring_) return;
+  }
+  const PipelineSettings settings = store_.pipeline();
+  staging_thread_ = std::thread([this, settings] {
+    // A chunk of at least 128 KiB (staging_bytes >= 1 MiB) holds the widest record (48 KiB):
+    // the ring serves every table. A failure here only leaves it to the first checkpoint.
+    try {
+      auto ring = std::make_unique<StagingRing>(settings.staging_bytes, 0, settings.staging_device);
+      std::lock_guard lock(mutex_);
+      if (!ring_) ring_ = std::move(ring);
+    } catch (...) {
+    }
+  });
+}
+
+bool Checkpointer::staging_ready() const {
+  std::lock_guard lock(mutex_);
+  return ring_ != nullptr;
+}
+
 StagingRing& Checkpointer::ring_for(const std::vector<Table*>& tables) {
+  if (staging_thread_.joinable()) staging_thread_.join();
   uint64_t widest = 0;
   for (Table* t : tables) widest = std::max(widest, row::record_bytes(t->spec().stride()));
   if (!ring_ || ring_->chunk_bytes() < widest) {
@@ -374,8 +400,17 @@ void Checkpointer::set_policy(Policy policy) {
     }
     lock_dir(policy.dir);
   }
-  std::lock_guard lock(mutex_);
-  schedule_.set(std::move(policy), store_.step());
+  const bool scheduled = !policy.dir.empty() &&
+                         (policy.full_every_steps != 0 || policy.incremental_every_steps != 0 ||
+                          policy.full_every_seconds != 0 || policy.incremental_every_seconds != 0);
+  {
+    std::lock_guard lock(mutex_);
+    schedule_.set(std::move(policy), store_.step());
+  }
+  if (scheduled) {
+    std::lock_guard op(op_mutex_);  // staging_thread_ is the checkpoint calls' too
+    prepare_staging();
+  }
 }
 
 embstore_status_t Checkpointer::on_step(uint64_t step, std::string* message) {

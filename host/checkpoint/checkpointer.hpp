@@ -45,8 +45,11 @@ class Checkpointer {
 
   void attach(const std::string& name, const void* data, size_t bytes);
   // Creates the policy's dir and takes its writer lock (throws Error BUSY or IO_ERROR), then
-  // replaces the policy.
+  // replaces the policy. A policy with a schedule also has the staging ring allocated (and
+  // pinned, on CUDA) in the background now, so that no checkpoint's call pays for it.
   void set_policy(Policy policy);
+  // Whether the staging ring exists (tests).
+  bool staging_ready() const;
   // embstore_step: runs the policy at step. Returns a failure to report (see embstore.h).
   embstore_status_t on_step(uint64_t step, std::string* message);
 
@@ -76,8 +79,10 @@ class Checkpointer {
   uint64_t start(const std::string& dir, bool full, bool from_policy);
   // The plan of a checkpoint of version into dir: its kind and parent.
   std::unique_ptr<Job> plan(const std::string& dir, uint64_t version, bool full);
-  // A staging ring whose chunks hold a record of every table.
+  // A staging ring whose chunks hold a record of every table (waiting for one being prepared).
   StagingRing& ring_for(const std::vector<Table*>& tables);
+  // Starts allocating the staging ring on a thread of its own, unless it exists or is under way.
+  void prepare_staging();
   void worker_main();
   // The worker's stages of job; returns its status and message.
   embstore_status_t run(Job& job, std::string* message);
@@ -106,6 +111,7 @@ class Checkpointer {
   bool stopping_ = false;
   std::thread worker_;
   std::unique_ptr<StagingRing> ring_;
+  std::thread staging_thread_;  // prepare_staging()'s; joined before ring_ is used or replaced
   StallStats ring_stats_base_;  // those of staging rings replaced by wider ones
   Outcomes outcomes_;
   Schedule schedule_;

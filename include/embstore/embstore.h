@@ -392,7 +392,9 @@ EMBSTORE_API void embstore_checkpoint_policy_init(embstore_checkpoint_policy_t* 
    delete them). Retention deletes the newest versions first, so that a crash half-way leaves
    an older part of a chain, never a delta without its parent. The step schedule restarts at
    set_policy and at a restore. dir NULL with everything off turns the policy off; a dir is
-   created and its writer lock taken here. Returns OK; INVALID_ARGUMENT (NULL pointer,
+   created and its writer lock taken here, and a policy with a schedule has the checkpoint's
+   staging_bytes of staging allocated (and pinned, on CUDA) in the background from here on,
+   so that the step taking its first checkpoint does not pay for it. Returns OK; INVALID_ARGUMENT (NULL pointer,
    struct_size too small, negative or NaN seconds, a schedule without dir); BUSY (another
    writer holds dir); IO_ERROR (dir or its lock cannot be created). Incremental checkpoints
    follow the same rules, by incremental_every_steps/_seconds; a full one due at the same step

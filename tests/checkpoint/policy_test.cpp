@@ -2,6 +2,7 @@
 // and retention after a rolled-back commit.
 #include <catch2/catch.hpp>
 
+#include "host/store/store.hpp"
 #include "tests/checkpoint/checkpoint_fixtures.hpp"
 
 using namespace embstore_test;
@@ -97,4 +98,32 @@ TEST_CASE("retention after a rollback keeps the new checkpoints", "[checkpoint]"
   REQUIRE(checkpoint_ok(store, dir.path()) == 250);
   REQUIRE(fs::exists(version_dir(dir.path(), 250)));
   REQUIRE(fs::exists(version_dir(dir.path(), 300)));
+}
+
+TEST_CASE("a policy with a schedule has staging ready before its first checkpoint",
+          "[checkpoint]") {
+  // White-box: the ring is allocated (and pinned, on CUDA) off the training thread when the
+  // policy is set, so the step that takes the first checkpoint does not pay for it.
+  TempDir dir;
+  StoreGuard store(make_store());
+  embstore_table_t* t = make_table(store, config_for("emb", 8, EMBSTORE_OPT_ADAGRAD));
+  const auto& checkpointer = *store.store->checkpointer;
+  no_rebaseline(store);  // a policy without a schedule allocates nothing
+  REQUIRE_FALSE(checkpointer.staging_ready());
+  embstore_checkpoint_policy_t p;
+  embstore_checkpoint_policy_init(&p);
+  p.dir = dir.path().c_str();
+  p.full_every_steps = 10;
+  ok(embstore_checkpoint_set_policy(store, &p));
+  for (int i = 0; i < 1000 && !checkpointer.staging_ready(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(checkpointer.staging_ready());
+  for (uint64_t s = 1; s <= 10; ++s) train_step(store, t, s, 500);
+  embstore_checkpoint_stats_t cs;
+  cs.struct_size = sizeof(cs);
+  do {
+    ok(embstore_checkpoint_stats(store, &cs));
+  } while (cs.in_flight != 0);
+  REQUIRE(cs.committed == 1);
 }
