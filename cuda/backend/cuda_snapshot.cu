@@ -7,8 +7,9 @@
 namespace embstore::cuda_backend {
 
 // ---------------------------------------------------------------------------- snapshots --
-// Each runs on own_stream_ in the table's call order (Call) and synchronizes before it
-// returns, so the host state below always describes finished device work.
+// Capture, copy-on-write and end_snapshot run in the table's call order (Call) and synchronize
+// before they return, so the host state below always describes finished device work. The drain
+// runs beside them on drain_stream_ (see drain_piece).
 
 // The grow-only device staging buffer, at least `bytes`. Every earlier use of it has
 // finished (each user synchronizes before it returns); growing waits for the stream anyway.
@@ -24,6 +25,7 @@ char* CudaTable::stage(size_t bytes, cudaStream_t stream) {
 
 uint64_t CudaTable::capture(bool full, SnapshotSink* sink, uint64_t* live_rows) {
   Call call(*this, own_stream_);
+  std::lock_guard drain_lock(drain_mutex_);
   const cudaStream_t stream = call.stream;
   if (snapshot_active_) {
     fail(EMBSTORE_INTERNAL, "table '{}': capture while a snapshot is in progress", spec().name);
@@ -63,119 +65,190 @@ uint64_t CudaTable::capture(bool full, SnapshotSink* sink, uint64_t* live_rows) 
   ledger_.commit_capture();
   sink_ = sink;
   snapshot_active_ = true;
-  captured_left_ = captured;
-  captured_left_seen_.store(captured);
+  captured_left_.store(captured);
+  drain_open_ = true;
   drain_word_ = 0;
   drain_end_word_ = row::bitmap_words(rows);
   *live_rows = rows - d.free_rows;
   return captured;
 }
 
-// Takes up to `want` captured rows in row order from drain_word_ and writes their records to
-// host memory `out`. Returns the rows written, fewer than want only when no captured row is
-// left. Synchronous.
-uint64_t CudaTable::drain_piece(uint64_t want, char* out, cudaStream_t stream) {
-  if (want == 0 || drain_word_ >= drain_end_word_) return 0;
-  const uint64_t window =
-      std::min(drain_end_word_ - drain_word_,
-               std::clamp<uint64_t>(row::bitmap_words(want) * 2, kMinDrainWords, kMaxDrainWords));
+// The drain's grow-only device buffer, at least `bytes`, kept between snapshots (reallocating
+// would synchronize the device). Its earlier use has finished: each drain piece synchronizes the
+// drain stream before it returns, also when it fails.
+char* CudaTable::drain_buffer(size_t bytes) {
+  if (bytes > drain_buffer_.bytes()) {
+    drain_buffer_.reset();
+    drain_buffer_ = DeviceBuffer(bytes, "drain staging");
+  }
+  return drain_buffer_.get<char>();
+}
 
-  // The scan's temporary storage for the largest window serves every smaller one.
-  size_t scan_bytes = 0;
-  check(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, static_cast<const uint32_t*>(nullptr),
+DrainCounters CudaTable::read_drain_counters() {
+  DrainCounters host{};
+  check(cudaMemcpyAsync(&host, drain_counters_.get(), sizeof(host), cudaMemcpyDeviceToHost,
+                        drain_stream_),
+        "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(drain_stream_), "cudaStreamSynchronize");
+  return host;
+}
+
+// captured_left_ -= rows, not below 0 (it is exact unless a call failed part-way).
+void CudaTable::leave_captured(uint64_t rows) {
+  uint64_t left = captured_left_.load();
+  while (!captured_left_.compare_exchange_weak(left, left - std::min(left, rows))) {
+  }
+}
+
+// Writes up to `want` captured rows, in row order from drain_word_, to host memory `out`, on the
+// drain stream while the table's calls go on (docs/DESIGN.md, "Drain on the GPU"). Stages:
+//   list  - rows from one reading of the bitmap, window by window, without taking them;
+//   copy  - their records, a tile of lanes per record;
+//   take  - only then their captured bits. A row whose bit a copy-on-write took first is
+//           dropped: that call writes the row, and may have been updating it while it was
+//           copied. A row the drain takes had not been taken, so it has not changed since
+//           capture: every writer of a captured row takes its bit first, and the copy finished
+//           before the take (stream order);
+//   keep  - the taken records, compacted, to `out`.
+// Returns the records written (fewer than want where copy-on-write took listed rows);
+// *exhausted once every captured row has been listed. Synchronizes the drain stream only.
+uint64_t CudaTable::drain_piece(uint64_t want, char* out, bool* exhausted) {
+  *exhausted = drain_word_ >= drain_end_word_;
+  if (want == 0 || *exhausted) return 0;
+  const cudaStream_t stream = drain_stream_;
+  // On a failure part-way, nothing of this piece may still run once the lock is released
+  // (growth replaces captured_); its listed rows stay captured or are taken, and the job fails.
+  struct SyncOnUnwind {
+    cudaStream_t stream;
+    int exceptions = std::uncaught_exceptions();
+    ~SyncOnUnwind() {
+      if (std::uncaught_exceptions() > exceptions) {
+        (void)cudaStreamSynchronize(stream);
+        (void)cudaGetLastError();
+      }
+    }
+  } sync_on_unwind{stream};
+  // Sized for a whole staging piece, whatever this one asks, so that the buffer is allocated
+  // once.
+  const uint64_t window = std::clamp<uint64_t>(row::bitmap_words(stage_rows()) * 2,
+                                               kMinDrainWords, kMaxDrainWords);
+  want = std::min(want, stage_rows());
+  const uint64_t capacity = stage_rows();
+  const uint64_t record = row::record_bytes(arena_.stride);
+
+  // Temporary storage sized for the largest scan serves every smaller one.
+  size_t list_scan = 0, keep_scan = 0;
+  check(cub::DeviceScan::InclusiveSum(nullptr, list_scan, static_cast<uint32_t*>(nullptr),
                                       static_cast<uint32_t*>(nullptr), static_cast<int>(window),
                                       stream),
         "cub::DeviceScan::InclusiveSum");
+  check(cub::DeviceScan::ExclusiveSum(nullptr, keep_scan, static_cast<uint32_t*>(nullptr),
+                                      static_cast<uint32_t*>(nullptr), static_cast<int>(capacity),
+                                      stream),
+        "cub::DeviceScan::ExclusiveSum");
   ScratchLayout layout;
-  const size_t ids_at = layout.take(want * sizeof(uint32_t));
+  const size_t ids_at = layout.take(capacity * sizeof(uint32_t));
+  const size_t words_at = layout.take(window * sizeof(uint64_t));
   const size_t counts_at = layout.take(window * sizeof(uint32_t));
   const size_t ends_at = layout.take(window * sizeof(uint32_t));
-  const size_t temp_at = layout.take(scan_bytes);
-  char* base = scratch(layout.bytes, stream);
+  const size_t flags_at = layout.take(capacity * sizeof(uint32_t));
+  const size_t keep_at = layout.take(capacity * sizeof(uint32_t));
+  const size_t temp_at = layout.take(std::max(list_scan, keep_scan));
+  const size_t listed_at = layout.take(capacity * record);
+  const size_t kept_at = layout.take(capacity * record);
+  // Allocated before any bit is taken, so that a failure to allocate loses no row.
+  char* base = drain_buffer(layout.bytes);
   auto* ids = reinterpret_cast<uint32_t*>(base + ids_at);
+  auto* words = reinterpret_cast<uint64_t*>(base + words_at);
   auto* counts = reinterpret_cast<uint32_t*>(base + counts_at);
   auto* ends = reinterpret_cast<uint32_t*>(base + ends_at);
-  // Allocated before any bit is taken, so that a failure to allocate loses no row.
-  const uint64_t record = row::record_bytes(arena_.stride);
-  char* records = stage(want * record, stream);
+  auto* flags = reinterpret_cast<uint32_t*>(base + flags_at);
+  auto* keep = reinterpret_cast<uint32_t*>(base + keep_at);
+  char* listed = base + listed_at;
+  char* kept = base + kept_at;
   uint64_t* captured = captured_.get<uint64_t>();
-  DeviceCounters* dc = device_counters();
+  DrainCounters* dc = drain_counters_.get<DrainCounters>();
 
+  // list
   uint64_t got = 0;
   while (got < want && drain_word_ < drain_end_word_) {
     const uint64_t first = drain_word_;
-    const uint64_t words = std::min(drain_end_word_ - first, window);
+    const uint64_t n_words = std::min(drain_end_word_ - first, window);  // fits in int
     const uint64_t left = want - got;
-    captured_counts_kernel<kBlock>
-        <<<blocks_for(words), kBlock, 0, stream>>>(captured, first, words, counts);
-    check_launch("captured_counts_kernel");
-    size_t temp_bytes = scan_bytes;
+    read_window_kernel<kBlock>
+        <<<blocks_for(n_words), kBlock, 0, stream>>>(captured, first, n_words, words, counts);
+    check_launch("read_window_kernel");
+    size_t temp_bytes = std::max(list_scan, keep_scan);
     check(cub::DeviceScan::InclusiveSum(base + temp_at, temp_bytes, counts, ends,
-                                        static_cast<int>(words), stream),
+                                        static_cast<int>(n_words), stream),
           "cub::DeviceScan::InclusiveSum");
-    take_captured_kernel<kBlock><<<blocks_for(words), kBlock, 0, stream>>>(
-        captured, first, words, ends, left, ids + got, &dc->drain_total, &dc->drain_word);
-    check_launch("take_captured_kernel");
-    const DeviceCounters d = read_counters(stream);
-    if (d.drain_total > left) {  // the pass stopped inside word drain_word
-      drain_word_ = d.drain_word;
+    list_window_kernel<kBlock><<<blocks_for(n_words), kBlock, 0, stream>>>(
+        words, first, n_words, ends, left, ids + got, &dc->listed, &dc->cut_word);
+    check_launch("list_window_kernel");
+    const DrainCounters d = read_drain_counters();
+    if (d.listed > left) {  // the listing stopped at word cut_word; what it did not list is next
+      drain_word_ = d.cut_word;
       got = want;
-    } else {  // took every captured row of the window
-      drain_word_ = first + words;
-      got += d.drain_total;
+    } else {  // listed every row of the window
+      drain_word_ = first + n_words;
+      got += d.listed;
     }
   }
+  *exhausted = drain_word_ >= drain_end_word_;
   if (got == 0) return 0;
 
-  write_records_kernel<kBlock>
-      <<<blocks_for(got), kBlock, 0, stream>>>(arena_, ids, got, nullptr, records, record);
+  // copy, take, keep
+  const uint32_t shift = tile_shift_for(arena_.stride / 2 + 1);
+  write_records_kernel<kBlock><<<blocks_for(got << shift), kBlock, 0, stream>>>(
+      arena_, ids, got, nullptr, listed, record, shift);
   check_launch("write_records_kernel");
-  check(cudaMemcpyAsync(out, records, got * record, cudaMemcpyDeviceToHost, stream),
-        "cudaMemcpyAsync");
-  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  return got;
+  take_listed_kernel<kBlock><<<blocks_for(got), kBlock, 0, stream>>>(captured, ids, got, flags);
+  check_launch("take_listed_kernel");
+  size_t temp_bytes = std::max(list_scan, keep_scan);
+  check(cub::DeviceScan::ExclusiveSum(base + temp_at, temp_bytes, flags, keep,
+                                      static_cast<int>(got), stream),
+        "cub::DeviceScan::ExclusiveSum");
+  keep_taken_kernel<kBlock><<<blocks_for(got << shift), kBlock, 0, stream>>>(
+      listed, flags, keep, got, record, shift, kept, &dc->kept);
+  check_launch("keep_taken_kernel");
+  const uint64_t n = read_drain_counters().kept;
+  if (n > 0) {
+    check(cudaMemcpyAsync(out, kept, n * record, cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  }
+  return n;
 }
 
 uint64_t CudaTable::drain(SnapshotSink* sink, uint64_t max_rows) {
-  // Training goes first, up to the patience of drain_turn_: no drain while a call holds or
-  // wants the table, or while the GPU still runs the table's earlier work (waiting for that
-  // here would take training's run-ahead).
-  std::unique_lock lock(mutex_, std::defer_lock);
+  // Beside the table's calls: only drain_mutex_ (for the whole call), which they take only to
+  // replace what the drain reads (capture, end_snapshot, growth).
+  std::lock_guard lock(drain_mutex_);
+  if (!drain_open_) return 0;  // the snapshot has ended
   DeviceGuard guard(device_);
-  bool busy = callers_.load(std::memory_order_acquire) > 0 || !lock.try_lock();
-  if (!busy) {
-    const cudaError_t q = cudaEventQuery(done_);
-    if (q == cudaErrorNotReady) {
-      if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
-      busy = true;
-    } else {
-      check(q, "cudaEventQuery");
-    }
-  }
-  if (drain_turn_.give_way(busy)) return captured_left_seen_.load();
-  if (!lock.owns_lock()) lock.lock();
-  if (sink_ == nullptr) return 0;  // the snapshot has ended
-  CallScope scope(done_, own_stream_);
-  const cudaStream_t stream = own_stream_;
   FlushOnExit flush{sink};
-  uint64_t budget = std::min(max_rows, captured_left_);
-  while (budget > 0) {
+  uint64_t budget = std::min(max_rows, captured_left_.load());
+  bool exhausted = drain_word_ >= drain_end_word_;
+  while (budget > 0 && !exhausted) {
     const uint64_t ask = std::min(budget, stage_rows());
     uint64_t granted = 0;
     char* out = sink->reserve(ask, /*wait=*/false, &granted);
-    if (out == nullptr) break;  // staging is full
+    if (out == nullptr || granted == 0) break;  // staging is full
     granted = std::min(granted, ask);
-    const uint64_t filled = drain_piece(granted, out, stream);
+    const uint64_t filled = drain_piece(granted, out, &exhausted);
     sink->commit(filled);
-    captured_left_ -= std::min(filled, captured_left_);
-    budget -= filled;
-    if (filled < granted) {  // the bitmap holds no captured row any more
-      captured_left_ = 0;
-      break;
-    }
+    leave_captured(filled);  // flushed before this returns
+    budget -= std::min(budget, filled);
   }
-  captured_left_seen_.store(captured_left_);
-  return captured_left_;  // flush's destructor hands the records over
+  if (exhausted && captured_left_.load() > 0) {
+    // Every captured row is taken. The ones copy-on-write took are in staging once no call
+    // holds the table (each flushes its records before it returns and lowers captured_left_
+    // after); what is still counted then was lost to a call that failed part-way, and the
+    // job's row count check reports it.
+    std::unique_lock table(mutex_, std::try_to_lock);
+    if (table.owns_lock()) captured_left_.store(0);
+  }
+  return captured_left_.load();  // flush's destructor hands the records over
 }
 
 // Copy-on-write of rows about to change (apply_gradients' unique rows, between the run-length
@@ -202,17 +275,18 @@ void CudaTable::copy_on_write(const uint32_t* run_rows, uint64_t runs, uint32_t 
   FlushOnExit flush{sink_};
   uint64_t taken = 0;
   bool aborted = false;
-  for (uint64_t first = 0; first < runs && captured_left_ > 0 && !aborted; first += window) {
+  const uint32_t shift = tile_shift_for(arena_.stride / 2 + 1);
+  for (uint64_t first = 0; first < runs && captured_left_.load() > 0 && !aborted;
+       first += window) {
     const uint64_t n = std::min<uint64_t>(window, runs - first);
     check(cudaMemsetAsync(count, 0, sizeof(*count), stream), "cudaMemsetAsync");
     take_runs_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
         captured_.get<uint64_t>(), run_rows + first, n, no_row, ids, count);
     check_launch("take_runs_kernel");
-    write_records_kernel<kBlock>
-        <<<blocks_for(n), kBlock, 0, stream>>>(arena_, ids, n, count, records, record);
+    write_records_kernel<kBlock><<<blocks_for(n << shift), kBlock, 0, stream>>>(
+        arena_, ids, n, count, records, record, shift);
     check_launch("write_records_kernel");
     const uint64_t k = read_counters(stream).cow_rows;  // synchronizes
-    captured_left_ -= std::min(k, captured_left_);
     taken += k;
     for (uint64_t done = 0; done < k;) {
       uint64_t granted = 0;
@@ -235,18 +309,21 @@ void CudaTable::copy_on_write(const uint32_t* run_rows, uint64_t runs, uint32_t 
     }
   }
   if (taken > 0) sink_->count_copy_on_write(taken);
-  captured_left_seen_.store(captured_left_);
+  // Only once the records are in staging: the drain reports the snapshot written out when this
+  // reaches 0.
+  sink_->flush();
+  leave_captured(taken);
 }
 
 void CudaTable::end_snapshot(bool failed) {
   // The host state first, whatever the device does below: the sink dies with the job.
-  const Caller caller(callers_);
   std::lock_guard lock(mutex_);
+  std::lock_guard drain_lock(drain_mutex_);  // no drain piece in flight
   const bool active = snapshot_active_;
   sink_ = nullptr;
   snapshot_active_ = false;
-  captured_left_ = 0;
-  captured_left_seen_.store(0);
+  captured_left_.store(0);
+  drain_open_ = false;
   drain_word_ = 0;
   drain_end_word_ = 0;
   ledger_.end_snapshot(failed);
@@ -262,7 +339,7 @@ void CudaTable::end_snapshot(bool failed) {
   }
   check(cudaMemsetAsync(captured_.get(), 0, captured_.bytes(), stream), "cudaMemsetAsync");
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  stage_.reset();  // up to kStageBytes per table: not kept between snapshots
+  stage_.reset();  // up to kStageBytes per table: not kept between snapshots (the drain's is)
 }
 
 // Rows get ids in the order given, like the host backend's serial inserts: the keys, checked

@@ -17,6 +17,7 @@ CudaTable::CudaTable(TableSpec spec, int device)
     max_blocks_ = static_cast<uint64_t>(std::max(sms, 1)) * (2048 / kBlock) * 4;
     check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
     check(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaStreamCreateWithFlags(&drain_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
 
     // Chunk 0 holds at least initial_capacity rows (and at least 64: one bitmap word).
     const uint32_t base_shift = row::base_shift_for(this->spec().initial_capacity);
@@ -41,6 +42,7 @@ CudaTable::CudaTable(TableSpec spec, int device)
           "cudaMemsetAsync");
 
     counters_ = DeviceBuffer(sizeof(DeviceCounters), "counters");
+    drain_counters_ = DeviceBuffer(sizeof(DrainCounters), "drain counters");
     check(cudaMemsetAsync(counters_.get(), 0, counters_.bytes(), own_stream_), "cudaMemsetAsync");
     if (this->spec().evicts()) {
       freed_ = DeviceBuffer(dirty_words_ * sizeof(uint64_t), "freed bitmap");
@@ -58,6 +60,7 @@ CudaTable::~CudaTable() {
   DeviceGuard guard(device_, std::nothrow);
   if (done_ != nullptr) (void)cudaEventSynchronize(done_);
   if (own_stream_ != nullptr) (void)cudaStreamSynchronize(own_stream_);
+  if (drain_stream_ != nullptr) (void)cudaStreamSynchronize(drain_stream_);
   release();
   (void)cudaGetLastError();
 }
@@ -75,10 +78,14 @@ void CudaTable::release() noexcept {
   captured_.reset();
   snapshot_set_.reset();
   stage_.reset();
+  drain_buffer_.reset();
+  drain_counters_.reset();
   if (done_ != nullptr) (void)cudaEventDestroy(done_);
   if (own_stream_ != nullptr) (void)cudaStreamDestroy(own_stream_);
+  if (drain_stream_ != nullptr) (void)cudaStreamDestroy(drain_stream_);
   done_ = nullptr;
   own_stream_ = nullptr;
+  drain_stream_ = nullptr;
   chunks_ = 0;
 }
 
@@ -178,6 +185,8 @@ uint64_t CudaTable::count_new_keys(const int64_t* keys, size_t n, cudaStream_t s
 // new capacity; rows never move, the index is rebuilt from the rows' keys. The stream is idle
 // (the caller synchronized it). Nothing is committed until every allocation has succeeded.
 void CudaTable::grow(uint64_t need, uint64_t rows, cudaStream_t stream) {
+  // The drain reads arena_ and captured_, which this replaces: no drain piece runs meanwhile.
+  std::lock_guard drain_lock(drain_mutex_);
   uint32_t chunks = chunks_;
   row::ArenaRef arena = arena_;
   while (row::arena_capacity(chunks, arena.base_shift) < need) {

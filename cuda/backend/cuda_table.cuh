@@ -5,7 +5,9 @@
 //
 // Ordering: each call waits (on the device) for an event recorded at the end of the table's
 // previous call, so a table's work runs in call order whatever streams the caller uses, and
-// the grow-only scratch buffer is never used by two calls at once.
+// the grow-only scratch buffer is never used by two calls at once. The checkpoint drain is the
+// exception: it runs on a stream of its own beside the calls, with its own buffers and lock
+// (drain_mutex_), and copies a row before it takes the row's captured bit (cuda_snapshot.cu).
 //
 // The class is declared here and its methods are spread by concern: cuda_table.cu (setup,
 // growth, lookup, counters), cuda_update.cu (the fused update), cuda_eviction.cu (eviction,
@@ -21,6 +23,7 @@
 #include <atomic>
 #include <bit>
 #include <climits>
+#include <exception>
 #include <cstdint>
 #include <cub/block/block_reduce.cuh>
 #include <cub/device/device_radix_sort.cuh>
@@ -103,8 +106,6 @@ class CudaTable final : public Table {
     cudaStream_t stream_;
   };
 
-  // What every data-path call holds: the table's lock, its device, and its place in the
-  // table's call order.
   // Hands the sink's records to the writer on every way out of drain() and copy_on_write().
   struct FlushOnExit {
     SnapshotSink* sink;
@@ -116,23 +117,14 @@ class CudaTable final : public Table {
     }
   };
 
-  // Counts the calls that hold or wait for mutex_: drain() stays out of their way.
-  struct Caller {
-    explicit Caller(std::atomic<int>& n) : n_(n) { n_.fetch_add(1, std::memory_order_acq_rel); }
-    ~Caller() { n_.fetch_sub(1, std::memory_order_acq_rel); }
-    Caller(const Caller&) = delete;
-    Caller& operator=(const Caller&) = delete;
-    std::atomic<int>& n_;
-  };
-
+  // What every data-path call holds: the table's lock, its device, and its place in the
+  // table's call order.
   struct Call {
     Call(CudaTable& t, void* stream_ptr)
-        : caller(t.callers_),
-          lock(t.mutex_),
+        : lock(t.mutex_),
           guard(t.device_),
           stream(static_cast<cudaStream_t>(stream_ptr)),
           scope(t.done_, stream) {}
-    Caller caller;
     std::lock_guard<std::mutex> lock;
     DeviceGuard guard;
     cudaStream_t stream;
@@ -170,12 +162,18 @@ class CudaTable final : public Table {
   uint64_t stage_rows() const {
     return std::max<uint64_t>(1, kStageBytes / row::record_bytes(arena_.stride));
   }
-  uint64_t drain_piece(uint64_t want, char* out, cudaStream_t stream);
+  char* drain_buffer(size_t bytes);
+  DrainCounters read_drain_counters();
+  uint64_t drain_piece(uint64_t want, char* out, bool* exhausted);
+  void leave_captured(uint64_t rows);
   void copy_on_write(const uint32_t* rows, uint64_t n, uint32_t no_row, cudaStream_t stream);
 
   int device_;
   uint64_t max_blocks_ = 1;
   std::mutex mutex_;
+  // Held by drain() for the whole call; taken after mutex_ by the calls that replace what the
+  // drain uses (capture, end_snapshot, grow). drain() never waits for mutex_.
+  std::mutex drain_mutex_;
   row::ArenaRef arena_{};
   uint32_t chunks_ = 0;
   std::array<DeviceBuffer, row::kMaxChunks> values_;
@@ -218,13 +216,20 @@ class CudaTable final : public Table {
   DeviceBuffer stage_;
   SnapshotSink* sink_ = nullptr;
   bool snapshot_active_ = false;
-  // >= the rows still captured (exact unless a call failed part-way); 0: no copy-on-write.
-  uint64_t captured_left_ = 0;
-  std::atomic<uint64_t> captured_left_seen_{0};  // captured_left_ as drain() last left it
-  DrainTurn drain_turn_;
-  std::atomic<int> callers_{0};
-  // Drain resumes at this word; every word before it is empty. Captured rows lie below
-  // drain_end_word_ (the live rows at capture).
+  // >= the captured rows whose records are not in staging yet (exact unless a call failed
+  // part-way); 0: no copy-on-write. Lowered by drain() and copy-on-write, each after its records
+  // are in the sink.
+  std::atomic<uint64_t> captured_left_{0};
+
+  // The drain, under drain_mutex_: its stream, its device buffer (listing scratch and two
+  // staging pieces of records, about 2 x kStageBytes, kept from the first snapshot on) and
+  // result slots, and whether a snapshot is open to it. It resumes at
+  // drain_word_ (every word before it is empty); captured rows lie below drain_end_word_ (the
+  // live rows at capture).
+  cudaStream_t drain_stream_ = nullptr;
+  DeviceBuffer drain_buffer_;
+  DeviceBuffer drain_counters_;
+  bool drain_open_ = false;
   uint64_t drain_word_ = 0;
   uint64_t drain_end_word_ = 0;
 };

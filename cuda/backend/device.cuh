@@ -18,11 +18,13 @@ inline constexpr uint32_t kFullMask = 0xffffffffu;
 // Scratch sub-buffers start on this boundary (CUB wants 256 bytes for its temp storage).
 inline constexpr size_t kScratchAlign = 256;
 
-// Device staging of the snapshot paths (drain, copy-on-write, load_rows) holds at most about
-// this much at a time; larger amounts go in pieces.
+// Device staging of the snapshot paths (copy-on-write, load_rows) holds at most about this much
+// at a time, larger amounts going in pieces; the drain's holds two such pieces (its copies, and
+// the ones it keeps) and its listing scratch.
 inline constexpr uint64_t kStageBytes = uint64_t{32} << 20;
-// Bitmap words drain scans per pass: enough for a bounded number of passes per piece on a
-// sparse bitmap, few enough that a dense one does not scan far past the rows it takes.
+// Bitmap words drain scans per pass (twice the words of a staging piece, within these bounds):
+// enough for a bounded number of passes per piece on a sparse bitmap, few enough that a dense
+// one does not scan far past the rows it takes.
 inline constexpr uint64_t kMinDrainWords = uint64_t{1} << 16;
 inline constexpr uint64_t kMaxDrainWords = uint64_t{1} << 22;  // 2^28 rows: counts fit uint32
 
@@ -36,10 +38,16 @@ struct DeviceCounters {
   unsigned long long dirty_rows;    // result slot of counters()
   unsigned long long new_keys;      // result slot of the max_capacity check
   unsigned long long captured;      // result slot of capture()
-  unsigned long long drain_total;   // result slots of one drain pass: captured rows in the
-  unsigned long long drain_word;    //   window, and the word where the pass stopped taking
   unsigned long long cow_rows;      // result slot of one copy-on-write pass
   unsigned long long selected;      // result slot of a row selection (eviction, admission)
+};
+
+// The drain's own result slots (it runs on its own stream, beside the table's calls): one
+// listing pass (rows in the window, the word where the listing stopped) and one compaction.
+struct DrainCounters {
+  unsigned long long listed;
+  unsigned long long cut_word;
+  unsigned long long kept;
 };
 
 template <int BlockSize>

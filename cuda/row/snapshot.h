@@ -72,4 +72,52 @@ EMBSTORE_HD void write_record(char* record, int64_t key, const float* row, uint3
   memcpy(record + 8, row, uint64_t{stride} * 4);
 }
 
+// One 8-byte word from src to dst, both 8-byte aligned: a single 64-bit load and store on the
+// device, where a memcpy through char pointers may go byte by byte.
+EMBSTORE_HD void copy_word8(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__)
+  *static_cast<uint2*>(dst) = *static_cast<const uint2*>(src);
+#else
+  memcpy(dst, src, 8);
+#endif
+}
+
+EMBSTORE_HD void copy_word4(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__)
+  *static_cast<uint32_t*>(dst) = *static_cast<const uint32_t*>(src);
+#else
+  memcpy(dst, src, 4);
+#endif
+}
+
+// Lane `lane` of a tile of `lanes` threads that write one staging record together: the bytes of
+// write_record, padding zeroed. Consecutive lanes take consecutive words, so a tile's accesses
+// coalesce, and the row moves in 8-byte words where it starts 8-byte aligned (in floats
+// otherwise). `record` is 8-byte aligned (records are record_bytes apart in aligned memory).
+EMBSTORE_HD void write_record_part(char* record, int64_t key, const float* row, uint32_t stride,
+                                   uint32_t lane, uint32_t lanes) {
+  const uint64_t used = 8 + uint64_t{stride} * 4;
+  if (lane == 0) {
+    copy_word8(record, &key);
+    const uint32_t zero = 0;
+    if (record_bytes(stride) > used) copy_word4(record + used, &zero);  // 4 bytes of padding
+  }
+  char* out = record + 8;
+  const char* in = reinterpret_cast<const char*>(row);
+  uint32_t done = 0;
+  if ((reinterpret_cast<uintptr_t>(row) & 7) == 0) {
+    const uint32_t pairs = stride / 2;
+    for (uint32_t p = lane; p < pairs; p += lanes) copy_word8(out + p * 8, in + p * 8);
+    done = pairs * 2;
+  }
+  for (uint32_t c = done + lane; c < stride; c += lanes) copy_word4(out + c * 4, in + c * 4);
+}
+
+// Lane `lane` of a tile moving one whole record of `record_size` bytes (a multiple of 8) between
+// 8-byte aligned places.
+EMBSTORE_HD void move_record_part(char* dst, const char* src, uint64_t record_size, uint32_t lane,
+                                  uint32_t lanes) {
+  for (uint64_t w = lane; w < record_size / 8; w += lanes) copy_word8(dst + w * 8, src + w * 8);
+}
+
 }  // namespace embstore::row

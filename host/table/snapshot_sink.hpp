@@ -3,7 +3,6 @@
 // (cuda/row/snapshot.h): key, value, optimizer state.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 
 namespace embstore {
@@ -23,37 +22,6 @@ class SnapshotSink {
   virtual void flush() = 0;
   // Rows copied out by copy-on-write (statistics).
   virtual void count_copy_on_write(uint64_t rows) = 0;
-};
-
-// When a drain() that needs the table's lock gives way to training calls (the CUDA backend's,
-// which shares the table's stream order; the host backend drains beside training). It gives
-// way while calls want the table, but not for longer than kPatience in a row: two threads
-// training one table keep it wanted nearly all the time, and rows that training does not touch
-// must get written all the same. Only the drain thread uses it.
-class DrainTurn {
- public:
-  static constexpr std::chrono::microseconds kPatience{2000};
-
-  // busy: a call holds or wants the table. True: skip this drain.
-  bool give_way(bool busy) {
-    if (!busy) {
-      waiting_ = false;
-      return false;
-    }
-    const auto now = std::chrono::steady_clock::now();
-    if (!waiting_) {
-      waiting_ = true;
-      since_ = now;
-      return true;
-    }
-    if (now - since_ < kPatience) return true;
-    waiting_ = false;
-    return false;
-  }
-
- private:
-  bool waiting_ = false;
-  std::chrono::steady_clock::time_point since_;
 };
 
 }  // namespace embstore

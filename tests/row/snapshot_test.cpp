@@ -4,6 +4,7 @@
 // staging record's layout.
 #include "cuda/row/snapshot.h"
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -107,4 +108,37 @@ TEST_CASE("a staging record is the key then the row, 8-byte aligned", "[row][sna
   std::memcpy(&key, record, 8);
   REQUIRE(key == -42);
   REQUIRE(std::memcmp(record + 8, row, sizeof row) == 0);
+}
+
+// The CUDA kernels write records with a tile of lanes per record (write_record_part) and move
+// them with move_record_part: every lane count must give write_record's bytes, with the padding
+// zeroed, whether the row starts 8-byte aligned (wide words) or not (floats).
+TEST_CASE("a record written by a tile of lanes equals write_record's", "[row][snapshot]") {
+  for (uint32_t stride : {1u, 2u, 3u, 7u, 8u, 64u, 65u, 128u}) {
+    for (uint32_t misalign : {0u, 1u}) {  // the row at an 8-byte boundary, or 4 bytes past it
+      std::vector<float> storage(stride + 2);
+      for (uint32_t c = 0; c < storage.size(); ++c) storage[c] = 0.5f * static_cast<float>(c) - 3;
+      // A float vector's data is at least 8-byte aligned on this platform.
+      REQUIRE(reinterpret_cast<uintptr_t>(storage.data()) % 8 == 0);
+      const float* row = storage.data() + misalign;
+      const uint64_t size = record_bytes(stride);
+      std::vector<uint64_t> expected_words(size / 8, 0), got_words(size / 8);
+      char* expected = reinterpret_cast<char*>(expected_words.data());
+      write_record(expected, -7, row, stride);
+      for (uint32_t lanes : {1u, 2u, 4u, 8u, 32u}) {
+        CAPTURE(stride, misalign, lanes);
+        std::fill(got_words.begin(), got_words.end(), ~uint64_t{0});  // padding must be cleared
+        char* got = reinterpret_cast<char*>(got_words.data());
+        for (uint32_t lane = 0; lane < lanes; ++lane) {
+          write_record_part(got, -7, row, stride, lane, lanes);
+        }
+        REQUIRE(std::memcmp(got, expected, size) == 0);
+        std::vector<uint64_t> moved(size / 8, 0);
+        for (uint32_t lane = 0; lane < lanes; ++lane) {
+          move_record_part(reinterpret_cast<char*>(moved.data()), got, size, lane, lanes);
+        }
+        REQUIRE(moved == expected_words);
+      }
+    }
+  }
 }

@@ -38,41 +38,74 @@ static __global__ void __launch_bounds__(BlockSize)
   }
 }
 
-// Captured rows per word of the window [first_word, first_word + n_words).
+// Drain, listing (docs/DESIGN.md, "Drain on the GPU"): one reading of the window
+// [first_word, first_word + n_words) of the captured bitmap, which copy-on-write may clear bits
+// of meanwhile, into words[], and each word's count; the listing works from this reading only.
 template <int BlockSize>
 static __global__ void __launch_bounds__(BlockSize)
-    captured_counts_kernel(const uint64_t* captured, uint64_t first_word, uint64_t n_words,
-                           uint32_t* counts) {
+    read_window_kernel(const uint64_t* captured, uint64_t first_word, uint64_t n_words,
+                       uint64_t* words, uint32_t* counts) {
   for (uint64_t i = grid_thread<BlockSize>(); i < n_words; i += grid_threads<BlockSize>()) {
-    counts[i] = static_cast<uint32_t>(row::popcount64(captured[first_word + i]));
+    const uint64_t bits = row::atomic_load(&captured[first_word + i]);
+    words[i] = bits;
+    counts[i] = static_cast<uint32_t>(row::popcount64(bits));
   }
 }
 
-// Takes the first `want` captured rows of the window in row order: ends[i] is the inclusive
-// prefix sum of the window's per-word counts, so word i's rows go to out[ends[i] - count ..].
-// One thread owns a word. *total gets the captured rows of the window; *cut_word the word
-// holding the want-th of them (meaningful where *total >= want): every word before it is
-// empty afterwards.
+// Lists the first `want` rows of the window's reading in row order, without taking them: ends[i]
+// is the inclusive prefix sum of the counts, so word i's rows go to out[ends[i] - count ..].
+// One thread owns a word. *total gets the rows of the window; *cut_word (meaningful where
+// *total > want) the word to resume at: the one holding the want-th row, or the next one when
+// that row was the word's last.
 template <int BlockSize>
 static __global__ void __launch_bounds__(BlockSize)
-    take_captured_kernel(uint64_t* captured, uint64_t first_word, uint64_t n_words,
-                         const uint32_t* ends, uint64_t want, uint32_t* out,
-                         unsigned long long* total, unsigned long long* cut_word) {
+    list_window_kernel(const uint64_t* words, uint64_t first_word, uint64_t n_words,
+                       const uint32_t* ends, uint64_t want, uint32_t* out,
+                       unsigned long long* total, unsigned long long* cut_word) {
   for (uint64_t i = grid_thread<BlockSize>(); i < n_words; i += grid_threads<BlockSize>()) {
     const uint64_t end = ends[i];
     if (i == n_words - 1) *total = end;
-    const uint64_t word_index = first_word + i;
-    uint64_t bits = captured[word_index];
+    uint64_t bits = words[i];
     const uint64_t begin = end - static_cast<uint64_t>(row::popcount64(bits));
     if (bits == 0 || begin >= want) continue;
-    if (want <= end) *cut_word = word_index;  // begin < want <= end: exactly one thread
+    const uint64_t word_index = first_word + i;
+    if (want <= end) *cut_word = want == end ? word_index + 1 : word_index;  // one thread
     for (uint64_t j = begin; bits != 0 && j < want; ++j) {
-      const uint64_t r =
-          word_index * 64 + static_cast<uint64_t>(__ffsll(static_cast<long long>(bits)) - 1);
+      out[j] = static_cast<uint32_t>(word_index * 64 +
+                                     static_cast<uint64_t>(__ffsll(static_cast<long long>(bits)) - 1));
       bits &= bits - 1;
-      (void)row::take_captured<false>(captured, r);  // the word is this thread's alone
-      out[j] = static_cast<uint32_t>(r);
     }
+  }
+}
+
+// Drain, taking: after the listed rows' records are copied (the kernel before this one on the
+// drain stream), takes each listed row's captured bit. flags[i] = 1 where the drain took it:
+// no copy-on-write had, so the row has not changed since capture and its copied record is
+// good. 0 where copy-on-write took it first: that call writes the row, and the copy (which
+// may have read the row while it was being updated) is dropped.
+template <int BlockSize>
+static __global__ void __launch_bounds__(BlockSize)
+    take_listed_kernel(uint64_t* captured, const uint32_t* rows, uint64_t n, uint32_t* flags) {
+  for (uint64_t i = grid_thread<BlockSize>(); i < n; i += grid_threads<BlockSize>()) {
+    flags[i] = row::take_captured<true>(captured, rows[i]) ? 1u : 0u;
+  }
+}
+
+// Drain, compacting: record i of `records` goes to out[at[i]] where flags[i] is set (at: the
+// exclusive prefix sum of flags), a tile per record; *kept gets the records kept.
+template <int BlockSize>
+static __global__ void __launch_bounds__(BlockSize)
+    keep_taken_kernel(const char* records, const uint32_t* flags, const uint32_t* at, uint64_t n,
+                      uint64_t record_size, uint32_t tile_shift, char* out,
+                      unsigned long long* kept) {
+  const uint32_t tile = 1u << tile_shift;
+  const uint32_t lane = threadIdx.x & (tile - 1);
+  if (grid_thread<BlockSize>() == 0) *kept = uint64_t{at[n - 1]} + flags[n - 1];
+  for (uint64_t i = grid_thread<BlockSize>() >> tile_shift; i < n;
+       i += grid_threads<BlockSize>() >> tile_shift) {
+    if (flags[i] == 0) continue;  // uniform within the tile
+    row::move_record_part(out + at[i] * record_size, records + i * record_size, record_size, lane,
+                          tile);
   }
 }
 
@@ -106,19 +139,21 @@ static __global__ void __launch_bounds__(BlockSize)
   }
 }
 
-// One staging record per row id (row::write_record), padding zeroed; the first
-// min(n, *count) ids where count is given (a count a kernel before it wrote).
+// One staging record per row id (row::write_record_part, a tile of lanes per record, padding
+// zeroed); the first min(n, *count) ids where count is given (a count a kernel before it wrote).
 template <int BlockSize>
 static __global__ void __launch_bounds__(BlockSize)
     write_records_kernel(row::ArenaRef arena, const uint32_t* rows, uint64_t n,
-                         const unsigned long long* count, char* records, uint64_t record_size) {
+                         const unsigned long long* count, char* records, uint64_t record_size,
+                         uint32_t tile_shift) {
   const uint64_t m = count != nullptr && *count < n ? *count : n;
-  const uint64_t used = 8 + uint64_t{arena.stride} * 4;
-  for (uint64_t i = grid_thread<BlockSize>(); i < m; i += grid_threads<BlockSize>()) {
+  const uint32_t tile = 1u << tile_shift;
+  const uint32_t lane = threadIdx.x & (tile - 1);
+  for (uint64_t i = grid_thread<BlockSize>() >> tile_shift; i < m;
+       i += grid_threads<BlockSize>() >> tile_shift) {
     const uint32_t r = rows[i];
-    char* record = records + i * record_size;
-    row::write_record(record, arena.row_meta(r)->key, arena.row(r), arena.stride);
-    if (record_size > used) memset(record + used, 0, record_size - used);
+    row::write_record_part(records + i * record_size, arena.row_meta(r)->key, arena.row(r),
+                           arena.stride, lane, tile);
   }
 }
 
