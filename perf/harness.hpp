@@ -60,6 +60,7 @@ std::unique_ptr<Scenario> make_lookup_scenario();
 std::unique_ptr<Scenario> make_optimizer_scenario();
 std::unique_ptr<Scenario> make_checkpoint_scenario();
 std::unique_ptr<Scenario> make_train_scenario();
+std::unique_ptr<Scenario> make_restore_scenario();
 
 // Throws with the library's own message (which names the call): a benchmark that silently
 // measures failures lies.

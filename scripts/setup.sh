@@ -2,9 +2,10 @@
 # Installs embstore's build dependencies from Debian's packages. Idempotent: does nothing when
 # everything is present. The CUDA toolkit (nvcc, CUB, NCCL) is expected at /usr/local/cuda
 # where a CUDA build is wanted; without it the build is host-only.
-#   scripts/setup.sh [--plot] [--fuzz]
+#   scripts/setup.sh [--plot] [--fuzz] [--bench]
 #     --plot: also gnuplot, for the benchmark plots (scripts/bench-*.sh)
 #     --fuzz: also clang and its libFuzzer and sanitizer runtimes (scripts/fuzz.sh)
+#     --bench: also fio, the disk baseline of `embstore-perf restore`
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config liburing-dev libfmt-dev catch2 nlohmann-json3-dev
@@ -13,7 +14,8 @@ for arg in "$@"; do
   case "$arg" in
     --plot) packages+=(gnuplot-nox) ;;
     --fuzz) packages+=(clang libclang-rt-14-dev) ;;
-    *) echo "usage: scripts/setup.sh [--plot] [--fuzz]" >&2; exit 2 ;;
+    --bench) packages+=(fio) ;;
+    *) echo "usage: scripts/setup.sh [--plot] [--fuzz] [--bench]" >&2; exit 2 ;;
   esac
 done
 

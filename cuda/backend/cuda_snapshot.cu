@@ -130,8 +130,8 @@ uint64_t CudaTable::drain_piece(uint64_t want, char* out, bool* exhausted) {
   } sync_on_unwind{stream};
   // Sized for a whole staging piece, whatever this one asks, so that the buffer is allocated
   // once.
-  const uint64_t window = std::clamp<uint64_t>(row::bitmap_words(stage_rows()) * 2,
-                                               kMinDrainWords, kMaxDrainWords);
+  const uint64_t window =
+      std::clamp<uint64_t>(row::bitmap_words(stage_rows()) * 2, kMinDrainWords, kMaxDrainWords);
   want = std::min(want, stage_rows());
   const uint64_t capacity = stage_rows();
   const uint64_t record = row::record_bytes(arena_.stride);
@@ -276,8 +276,7 @@ void CudaTable::copy_on_write(const uint32_t* run_rows, uint64_t runs, uint32_t 
   uint64_t taken = 0;
   bool aborted = false;
   const uint32_t shift = tile_shift_for(arena_.stride / 2 + 1);
-  for (uint64_t first = 0; first < runs && captured_left_.load() > 0 && !aborted;
-       first += window) {
+  for (uint64_t first = 0; first < runs && captured_left_.load() > 0 && !aborted; first += window) {
     const uint64_t n = std::min<uint64_t>(window, runs - first);
     check(cudaMemsetAsync(count, 0, sizeof(*count), stream), "cudaMemsetAsync");
     take_runs_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
@@ -342,10 +341,23 @@ void CudaTable::end_snapshot(bool failed) {
   stage_.reset();  // up to kStageBytes per table: not kept between snapshots (the drain's is)
 }
 
+void CudaTable::reserve(uint64_t rows) {
+  Call call(*this, own_stream_);
+  const cudaStream_t stream = call.stream;
+  const uint64_t held = read_counters(stream).rows;  // exact: synchronizes after the wait
+  rows_bound_ = held;
+  if (held + rows > capacity_rows()) grow(held + rows, held, stream);  // the stream is idle
+}
+
 // Rows get ids in the order given, like the host backend's serial inserts: the keys, checked
 // distinct and absent per piece, each claim an empty slot with a preset id.
+
 void CudaTable::load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
-                          uint64_t step) {
+                          uint64_t step, bool skip_held) {
+  if (skip_held) {
+    fail(EMBSTORE_INTERNAL, "table '{}': the CUDA backend does not skip held keys in load_rows",
+         spec().name);
+  }
   if (n == 0) return;
   Call call(*this, own_stream_);
   const cudaStream_t stream = call.stream;

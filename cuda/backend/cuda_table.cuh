@@ -23,7 +23,6 @@
 #include <atomic>
 #include <bit>
 #include <climits>
-#include <exception>
 #include <cstdint>
 #include <cub/block/block_reduce.cuh>
 #include <cub/device/device_radix_sort.cuh>
@@ -31,6 +30,7 @@
 #include <cub/device/device_scan.cuh>
 #include <cub/device/device_select.cuh>
 #include <cuda/atomic>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -78,8 +78,10 @@ class CudaTable final : public Table {
   uint64_t drain(SnapshotSink* sink, uint64_t max_rows) override;
   void end_snapshot(bool failed) override;
   uint64_t evict_before(uint64_t cutoff_step) override;
+  void reserve(uint64_t rows) override;
+  // Not skips_held_keys(): the restore drops the keys of older versions on the host.
   void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
-                 uint64_t step) override;
+                 uint64_t step, bool skip_held) override;
   bool load_admission(const io::AdmissionFile& counts, std::string* why) override;
 
  private:

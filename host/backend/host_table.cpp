@@ -24,8 +24,8 @@
 #include "cuda/row/snapshot.h"
 #include "host/backend/backends.hpp"
 #include "host/error.hpp"
-#include "host/table/key_ledger.hpp"
 #include "host/store/thread_pool.hpp"
+#include "host/table/key_ledger.hpp"
 
 namespace embstore {
 namespace {
@@ -251,24 +251,39 @@ class HostTable final : public Table {
     sink_ = nullptr;
   }
 
+  void reserve(uint64_t rows) override {
+    std::lock_guard lock(mutex_);
+    reserve_rows(next_row_ + rows);
+  }
+
+  bool skips_held_keys() const override { return true; }
+
   void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
-                 uint64_t step) override {
+                 uint64_t step, bool skip_held) override {
     std::lock_guard lock(mutex_);
     if (n == 0) return;
     const uint64_t limit = row::row_limit(spec().max_capacity);
-    if (rows_ + n > limit) fail_over_limit(spec(), n, rows_, "rows to load", "loaded");
-    reserve_rows(next_row_ + n);
+    // Skipping, the rows added are known only as they are added: checked after each (the
+    // table is a restore's, dropped when this throws), and the table grows only if reserve()
+    // was too small.
+    if (!skip_held) {
+      if (rows_ + n > limit) fail_over_limit(spec(), n, rows_, "rows to load", "loaded");
+      reserve_rows(next_row_ + n);
+    }
     const uint32_t dim = spec().dim;
     const uint32_t state_dim = spec().state_dim();
     for (size_t i = 0; i < n; ++i) {
-      const uint32_t r = find_or_add_row(keys[i], nullptr);  // sets the row's key
+      bool added = false;
+      const uint32_t r = find_or_add_row(keys[i], &added);  // sets a new row's key
+      if (skip_held && !added) continue;
+      ++inserted_;
+      if (rows_ > limit) fail_over_limit(spec(), 1, rows_ - 1, "rows to load", "loaded");
       row::RowMeta* meta = arena_.row_meta(r);
       meta->step = step;
       float* dst = arena_.row(r);
       std::memcpy(dst, values + i * dim, dim * sizeof(float));
       if (state_dim > 0) std::memcpy(dst + dim, state + i * state_dim, state_dim * sizeof(float));
     }
-    inserted_ += n;
   }
 
   bool load_admission(const io::AdmissionFile& counts, std::string* why) override {

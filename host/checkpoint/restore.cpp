@@ -56,11 +56,17 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
       }
     }
     std::unique_ptr<Table> impl = store_.make_table(std::move(spec));
+    // Built once, at its final size: no growth or rehash while it loads.
+    impl->reserve(rows_to_reserve(plan, t));
+    // Newest version first. A table that knows its keys skips the older rows of a key itself;
+    // otherwise the chain reader drops them, with a set of every key.
+    io::ChainReadOptions options;
+    options.sink_skips_held = impl->skips_held_keys();
     // A backend that checks its input (the CUDA one refuses repeated keys) finds the file
     // inconsistent: corrupt.
     const io::RowSink load = [&](const io::RowBlock& b, std::string* why) {
       try {
-        impl->load_rows(b.keys, b.values, b.state, b.rows, m.version);
+        impl->load_rows(b.keys, b.values, b.state, b.rows, m.version, options.sink_skips_held);
       } catch (const Error& e) {
         if (e.status() != EMBSTORE_INVALID_ARGUMENT) throw;
         *why = e.what();
@@ -68,7 +74,7 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
       }
       return 0;
     };
-    read_table(plan, t, false, load, [&] { return impl->counters().rows; });
+    read_table(plan, t, options, load, [&] { return impl->counters().rows; });
     if (const std::optional<io::AdmissionFile> counts = read_admission(plan, t)) {
       std::string why;
       if (!impl->load_admission(*counts, &why)) {

@@ -1,5 +1,8 @@
 #include "host/checkpoint/restore_plan.hpp"
 
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <cerrno>
 
 #include "cuda/row/index.h"
@@ -66,10 +69,9 @@ RestorePlan plan_version(io::CheckpointDir& checkpoints, size_t index) {
   return plan;
 }
 
-void read_table(const RestorePlan& plan, const TablePlan& table, bool unique_keys,
-                const io::RowSink& sink, const std::function<uint64_t()>& rows_held) {
-  io::ChainReadOptions options;
-  options.unique_keys = unique_keys;
+void read_table(const RestorePlan& plan, const TablePlan& table,
+                const io::ChainReadOptions& options, const io::RowSink& sink,
+                const std::function<uint64_t()>& rows_held) {
   std::string detail;
   if (int r = io::read_chain_rows(plan.chain, *table.entry, options, sink, &detail); r < 0) {
     fail_chain(r, detail);
@@ -79,6 +81,25 @@ void read_table(const RestorePlan& plan, const TablePlan& table, bool unique_key
     fail(EMBSTORE_CORRUPT, "{}: table '{}' has {} rows after loading, the manifest says {}",
          plan.path(), table.entry->name, rows, table.entry->table_rows);
   }
+}
+
+uint64_t rows_to_reserve(const RestorePlan& plan, const TablePlan& table) {
+  // The smallest a row can be on disk: its key and its floats, without block headers.
+  const uint64_t row_bytes = 8 + uint64_t{table.spec.stride()} * 4;
+  uint64_t fit = 0;
+  for (const io::ChainLink& c : plan.chain) {
+    for (const io::TableEntry& e : c.manifest->tables) {
+      if (e.name != table.entry->name) continue;
+      for (const io::FileEntry& f : e.files) {
+        struct stat st;
+        const std::string path = c.path + "/" + f.path;
+        if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+          fit += static_cast<uint64_t>(st.st_size) / row_bytes;
+        }
+      }
+    }
+  }
+  return std::min(fit, table.entry->table_rows);
 }
 
 std::optional<io::AdmissionFile> read_admission(const RestorePlan& plan, const TablePlan& table) {

@@ -52,12 +52,17 @@ size_t choose_version(const std::string& dir, uint64_t version, std::optional<bo
 // The plan of checkpoints->versions()[index]. Reads manifests only.
 RestorePlan plan_version(io::CheckpointDir& checkpoints, size_t index);
 
-// Hands sink the table's rows along the plan's chain (io::read_chain_rows: each key once, the
-// newest row, tombstoned keys left out; with unique_keys also for a full checkpoint alone),
-// then requires rows_held() (the rows the sink ended up with) to be the table's rows at the
-// version.
-void read_table(const RestorePlan& plan, const TablePlan& table, bool unique_keys,
-                const io::RowSink& sink, const std::function<uint64_t()>& rows_held);
+// Hands sink the table's rows along the plan's chain (io::read_chain_rows: the newest row of
+// each key first, tombstoned keys left out; see io::ChainReadOptions), then requires
+// rows_held() (the rows the sink ended up with) to be the table's rows at the version.
+void read_table(const RestorePlan& plan, const TablePlan& table,
+                const io::ChainReadOptions& options, const io::RowSink& sink,
+                const std::function<uint64_t()>& rows_held);
+
+// The rows to reserve for the table before loading it: the manifest's row count, but no more
+// than its row files along the chain can hold at their sizes on disk (a manifest is not
+// trusted with an allocation).
+uint64_t rows_to_reserve(const RestorePlan& plan, const TablePlan& table);
 
 // The table's admission counts at the version: its count files along the chain, each checked
 // against its manifest, merged (io::merge_admission_files); none when it has no files. A

@@ -97,8 +97,7 @@ class Table {
   // Moves up to max_rows captured rows into sink (reserve without waiting: stops early when
   // staging is full), then flushes it. sink is the drain's own, not the copy-on-write one, so
   // a backend may drain while training calls run. Returns the rows still captured; 0 once the
-  // snapshot is written out, copy-on-write included. May do nothing (and return the last
-  // count) while a training call wants the table: training goes first.
+  // snapshot is written out, copy-on-write included.
   virtual uint64_t drain(SnapshotSink* sink, uint64_t max_rows) = 0;
   // The snapshot's admission counts as they were at its capture (all of them, or a delta's
   // changes); none when the table has no admission. Capture only shares the counts: the caller
@@ -119,11 +118,18 @@ class Table {
   // that have a row drop their counts. Returns false, with the reason in *why, when the table
   // cannot use them (no admission, another kind of counting).
   virtual bool load_admission(const io::AdmissionFile& counts, std::string* why) = 0;
+  // Makes room for `rows` more rows at once (arena, bitmaps and index at their final size), so
+  // a restore that knows its row count loads without growing or rehashing.
+  virtual void reserve(uint64_t rows) = 0;
+  // Whether load_rows can skip the keys the table holds (else the caller must drop them).
+  virtual bool skips_held_keys() const { return false; }
   // Inserts n rows with their values (n x dim) and optimizer state (n x state_dim) from host
-  // memory, rows stamped with step, none dirty. For a new, empty table; keys distinct.
+  // memory, rows stamped with step, none dirty. For a table being restored, newest version
+  // first: with skip_held (where skips_held_keys()), a row whose key the table already holds
+  // (from a newer version) is left out; without, keys must be distinct and absent.
   // Throws Error(CAPACITY_EXCEEDED) past max_capacity.
   virtual void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
-                         uint64_t step) = 0;
+                         uint64_t step, bool skip_held) = 0;
 
  private:
   TableSpec spec_;

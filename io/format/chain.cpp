@@ -271,9 +271,11 @@ int read_row_file(const std::string& path, const FileEntry& f, const TableEntry&
 int read_chain_rows(const std::vector<ChainLink>& chain, const TableEntry& table,
                     const ChainReadOptions& options, const RowSink& sink, std::string* detail) {
   // Newest first: a key's newest row wins, and each key is handed over once; a tombstone hides
-  // the key from older files.
+  // the key from older files. seen: every key handed over or hidden, or (when the sink skips
+  // the keys it holds) only the hidden ones.
   std::unordered_set<int64_t> seen;
   const bool filter = chain.size() > 1 || options.unique_keys;
+  const bool track_upserts = options.unique_keys || !options.sink_skips_held;
   std::vector<int64_t> keys;
   std::vector<float> values, state;
   const RowSink hand_over = [&](const RowBlock& block, std::string* why) {
@@ -283,11 +285,15 @@ int read_chain_rows(const std::vector<ChainLink>& chain, const TableEntry& table
       for (uint32_t i = 0; i < block.rows; ++i) seen.insert(block.keys[i]);
       return 0;
     }
+    const auto hidden = [&](int64_t key) { return seen.count(key) != 0; };
+    if (!track_upserts && std::none_of(block.keys, block.keys + block.rows, hidden)) {
+      return sink(block, why);  // the usual case: no tombstone so far names a key of the block
+    }
     keys.clear();
     values.clear();
     state.clear();
     for (uint32_t i = 0; i < block.rows; ++i) {
-      if (!seen.insert(block.keys[i]).second) continue;
+      if (track_upserts ? !seen.insert(block.keys[i]).second : hidden(block.keys[i])) continue;
       keys.push_back(block.keys[i]);
       values.insert(values.end(), block.values + size_t{i} * block.dim,
                     block.values + size_t{i + 1} * block.dim);

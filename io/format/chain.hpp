@@ -106,9 +106,15 @@ class CheckpointDir {
 struct ChainReadOptions {
   // Drops repeated keys also when the chain is a full checkpoint alone (with deltas, always).
   bool unique_keys = false;
+  // The sink leaves out the keys it already holds (a table being restored knows its keys), so
+  // a key's older rows need not be dropped here: only the keys of tombstones are kept, to hide
+  // older rows, and a block goes to the sink as it was read unless one of its keys is hidden.
+  // Without unique_keys only; with it, every key is tracked here.
+  bool sink_skips_held = false;
 };
 
-// Takes one block of rows (upserts only, each key once in the chain). 0, or -errno with the
+// Takes one block of rows (upserts only; each key once in the chain, unless the options say
+// the sink skips the keys it holds). 0, or -errno with the
 // reason in *detail; read_chain_rows then returns it as "<file>: block at offset N: <reason>".
 using RowSink = std::function<int(const RowBlock& block, std::string* detail)>;
 

@@ -57,7 +57,9 @@ io::TableEntry write_table(const RestorePlan& plan, const TablePlan& t, io::Vers
     return 0;
   };
   try {
-    checkpoint::read_table(plan, t, /*unique_keys=*/true, sink, [&] { return written; });
+    io::ChainReadOptions options;
+    options.unique_keys = true;
+    checkpoint::read_table(plan, t, options, sink, [&] { return written; });
   } catch (const Error& e) {
     if (write_error == 0) throw Problem(e.what());
   }

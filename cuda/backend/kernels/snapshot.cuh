@@ -71,8 +71,8 @@ static __global__ void __launch_bounds__(BlockSize)
     const uint64_t word_index = first_word + i;
     if (want <= end) *cut_word = want == end ? word_index + 1 : word_index;  // one thread
     for (uint64_t j = begin; bits != 0 && j < want; ++j) {
-      out[j] = static_cast<uint32_t>(word_index * 64 +
-                                     static_cast<uint64_t>(__ffsll(static_cast<long long>(bits)) - 1));
+      out[j] = static_cast<uint32_t>(
+          word_index * 64 + static_cast<uint64_t>(__ffsll(static_cast<long long>(bits)) - 1));
       bits &= bits - 1;
     }
   }

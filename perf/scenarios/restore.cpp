@@ -1,0 +1,356 @@
+// Scenario `restore`: how long a restore takes from a cold page cache, against the disk.
+//
+// A table of --rows rows (dim and optimizer as given) is filled and checkpointed in full, then
+// --max-deltas times --delta-fraction of its rows (a different spread-out set each time) are
+// updated and checkpointed incrementally. Then the source store is destroyed and, for each
+// chain length K of --deltas, every file under the directory is dropped from the page cache
+// (posix_fadvise DONTNEED; the files were fsynced at commit, so no page is dirty) and a new,
+// empty store restores version K (the full and its first K deltas), timed from the call to its
+// return. Each restore is checked: the row count, and a sample of rows against the values the
+// source store had at that version.
+//
+// Reported per K: seconds, the bytes of the chain's row files and bytes/s, the peak resident
+// memory the restore added (VmHWM, reset through /proc/self/clear_refs before each restore)
+// against the restored rows' bytes, and seconds against K = 0. Where fio is installed, its
+// sequential read of the full checkpoint's row file (O_DIRECT, io_uring, 1 MiB blocks, same
+// cold cache) gives the disk's bandwidth, and each restore's bandwidth is reported against it.
+//
+// --quick: 200,000 rows and K in {0, 1, 4}, for a smoke run.
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "perf/harness.hpp"
+#include "perf/report.hpp"
+#include "perf/zipf.hpp"
+
+namespace embstore::perf {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Drops every file under dir from the page cache; returns the files' bytes.
+uint64_t drop_from_page_cache(const std::string& dir) {
+  uint64_t bytes = 0;
+  for (const fs::directory_entry& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw std::runtime_error(fmt::format("open {}: {}", e.path().string(), errno));
+    ::fdatasync(fd);  // cheap when clean; DONTNEED skips dirty pages
+    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+    bytes += e.file_size();
+  }
+  return bytes;
+}
+
+// A field of /proc/self/status in bytes ("VmHWM", "VmRSS"), 0 where absent.
+uint64_t proc_status_bytes(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) != 0) continue;
+    return std::stoull(line.substr(field.size() + 1)) * 1024;  // "NNN kB"
+  }
+  return 0;
+}
+
+// Resets VmHWM to the current RSS (Linux 4.0+); false where the kernel refuses.
+bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
+}
+
+// The bytes of the row files of the version directories a restore of `version` reads.
+uint64_t chain_row_bytes(const std::string& dir, const std::vector<uint64_t>& versions, size_t k) {
+  uint64_t bytes = 0;
+  for (const fs::directory_entry& v : fs::directory_iterator(dir)) {
+    const std::string name = v.path().filename().string();
+    const size_t dot = name.find('.');
+    if (dot == std::string::npos || !v.is_directory()) continue;
+    const uint64_t number = std::stoull(name.substr(0, dot));
+    if (std::find(versions.begin(), versions.begin() + static_cast<long>(k) + 1, number) ==
+        versions.begin() + static_cast<long>(k) + 1) {
+      continue;
+    }
+    for (const fs::directory_entry& e : fs::recursive_directory_iterator(v.path())) {
+      if (e.is_regular_file() && e.path().extension() == ".rows") bytes += e.file_size();
+    }
+  }
+  return bytes;
+}
+
+// fio's sequential read of `path` with a cold cache, in bytes/s; 0 without fio or on failure.
+double fio_read_bandwidth(const std::string& path, std::string* how) {
+  if (std::system("command -v fio >/dev/null 2>&1") != 0) {
+    *how = "fio not installed (scripts/setup.sh --bench)";
+    return 0;
+  }
+  const std::string cmd = fmt::format(
+      "fio --name=seqread --filename='{}' --rw=read --bs=1M --direct=1 --ioengine=io_uring "
+      "--iodepth=8 --readonly --output-format=terse --terse-version=3 2>/dev/null",
+      path);
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return 0;
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  if (::pclose(pipe) != 0) {
+    *how = "fio failed";
+    return 0;
+  }
+  // Terse v3: field 7 (1-based) is the read bandwidth in KiB/s.
+  std::vector<std::string> fields;
+  size_t start = 0;
+  for (size_t i = 0; i <= out.size(); ++i) {
+    if (i == out.size() || out[i] == ';') {
+      fields.push_back(out.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  if (fields.size() < 7) {
+    *how = "fio output not understood";
+    return 0;
+  }
+  *how = "fio --rw=read --bs=1M --direct=1 --ioengine=io_uring --iodepth=8";
+  return std::stod(fields[6]) * 1024.0;
+}
+
+class RestoreScenario final : public Scenario {
+ public:
+  const char* name() const override { return "restore"; }
+  const char* description() const override {
+    return "restore of a full checkpoint and of chains of deltas from a cold page cache";
+  }
+
+  void set_defaults(CommonOptions& o) const override { o.threads = 0; }
+
+  void add_options(CLI::App& app) override {
+    app.add_option("--dir", dir_, "directory the checkpoints are written under")->required();
+    app.add_option("--rows", rows_, "rows in the table")
+        ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 31))
+        ->capture_default_str();
+    app.add_option("--optimizer", optimizer_, "optimizer of the table")
+        ->check(CLI::IsMember(optimizer_names()))
+        ->capture_default_str();
+    app.add_option("--deltas", deltas_, "chain lengths to restore (deltas after the full)")
+        ->delimiter(',')
+        ->capture_default_str();
+    app.add_option("--delta-fraction", delta_fraction_, "fraction of the rows each delta holds")
+        ->check(CLI::Range(0.0, 1.0))
+        ->capture_default_str();
+    app.add_option("--repeat", repeat_, "restores per chain length (the median is reported)")
+        ->check(CLI::Range(1, 100))
+        ->capture_default_str();
+    app.add_flag("--quick", quick_, "200,000 rows and chain lengths 0, 1, 4");
+    app.add_flag("--keep", keep_, "keep the checkpoint directory");
+  }
+
+  int run(const CommonOptions& o, Report& report) override {
+    if (quick_) {
+      rows_ = std::min<uint64_t>(rows_, 200'000);
+      deltas_ = {0, 1, 4};
+    }
+    std::sort(deltas_.begin(), deltas_.end());
+    deltas_.erase(std::unique(deltas_.begin(), deltas_.end()), deltas_.end());
+    const size_t max_deltas = deltas_.empty() ? 0 : deltas_.back();
+    const std::string dir = fmt::format("{}/embstore-perf-restore-{}", dir_, ::getpid());
+    struct Remove {
+      std::string path;
+      bool keep;
+      ~Remove() {
+        std::error_code ec;
+        if (!keep) fs::remove_all(path, ec);
+      }
+    } remove{dir, keep_};
+
+    // Build: the full checkpoint and max_deltas deltas, with a sample of rows at each version.
+    const size_t sample = std::min<uint64_t>(rows_, 1024);
+    std::vector<int64_t> sample_keys(sample);
+    for (size_t i = 0; i < sample; ++i) sample_keys[i] = key_of_rank(1 + i * (rows_ / sample));
+    std::vector<uint64_t> versions;               // versions[k]: the full (k = 0) or delta k
+    std::vector<std::vector<float>> sample_rows;  // at each version
+    embstore_backend_t backend;
+    const Stopwatch build_watch;
+    {
+      Store store(o);
+      backend = store.backend();
+      embstore_table_t* table =
+          create_table(store, "perf_restore", o.dim, optimizer_from_name(optimizer_));
+      const size_t chunk = 1 << 16;
+      std::vector<int64_t> keys(chunk);
+      std::vector<float> grads(chunk * o.dim);
+      SplitMix64 rng(o.seed);
+      for (float& g : grads) g = static_cast<float>(rng.next_unit() * 0.02 - 0.01);
+      BackendBuffer<int64_t> d_keys(backend, chunk);
+      BackendBuffer<float> d_out(backend, chunk * o.dim);
+      BackendBuffer<float> d_grads(backend, grads.size());
+      d_grads.upload(grads.data(), grads.size());
+      for (uint64_t first = 0; first < rows_; first += chunk) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, rows_ - first));
+        for (size_t i = 0; i < n; ++i) keys[i] = key_of_rank(first + i + 1);
+        d_keys.upload(keys.data(), n);
+        check(
+            embstore_lookup(table, d_keys.data(), n, d_out.data(), EMBSTORE_LOOKUP_INSERT, nullptr),
+            "embstore_lookup");
+        // The optimizer state is not all zeros, as after training.
+        check(embstore_apply_gradients(table, d_keys.data(), d_grads.data(), n, nullptr),
+              "embstore_apply_gradients");
+      }
+      backend_sync(backend);
+      uint64_t step = 0;
+      auto checkpoint = [&](embstore_ckpt_kind_t kind) {
+        check(embstore_step(store.get(), ++step), "embstore_step");
+        uint64_t v = 0;
+        check(embstore_checkpoint(store.get(), dir.c_str(), kind, &v), "embstore_checkpoint");
+        check(embstore_checkpoint_wait(store.get(), v), "embstore_checkpoint_wait");
+        versions.push_back(v);
+        sample_rows.push_back(read_rows(table, backend, sample_keys, o.dim));
+      };
+      checkpoint(EMBSTORE_CKPT_FULL);
+      const uint64_t dirty = std::max<uint64_t>(1, static_cast<uint64_t>(delta_fraction_ * rows_));
+      const uint64_t stride = std::max<uint64_t>(1, rows_ / dirty);
+      for (size_t k = 1; k <= max_deltas; ++k) {
+        // Ranks k, k + stride, ...: a different set for each delta, spread over the table.
+        for (uint64_t first = 0; first < dirty; first += chunk) {
+          const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, dirty - first));
+          for (size_t i = 0; i < n; ++i) {
+            keys[i] = key_of_rank(1 + (k + (first + i) * stride) % rows_);
+          }
+          d_keys.upload(keys.data(), n);
+          check(embstore_apply_gradients(table, d_keys.data(), d_grads.data(), n, nullptr),
+                "embstore_apply_gradients");
+        }
+        backend_sync(backend);
+        checkpoint(EMBSTORE_CKPT_INCREMENTAL);
+      }
+    }
+    const double build_seconds = build_watch.seconds();
+
+    // A row: its key, value and optimizer state.
+    const uint32_t state = optimizer_ == "sgd"               ? 0
+                           : optimizer_ == "rowwise_adagrad" ? 1
+                           : optimizer_ == "adam"            ? 2 * o.dim
+                                                             : o.dim;
+    const uint64_t row_bytes = 8 + uint64_t{o.dim + state} * 4;
+    const uint64_t table_bytes = rows_ * row_bytes;
+
+    // The disk's sequential read of the full checkpoint's row file.
+    std::string fio_how;
+    double fio_bps = 0;
+    for (const fs::directory_entry& e : fs::recursive_directory_iterator(dir)) {
+      if (e.path().string().find(".full/") == std::string::npos) continue;
+      if (e.path().extension() != ".rows") continue;
+      drop_from_page_cache(dir);
+      fio_bps = fio_read_bandwidth(e.path().string(), &fio_how);
+      break;
+    }
+
+    report_common(report, o, backend);
+    report.set("optimizer", optimizer_);
+    report.set("rows", rows_);
+    report.set("delta_fraction", delta_fraction_);
+    report.set("table_bytes", table_bytes);
+    report.set("build_seconds", build_seconds);
+    report.set("fio_bytes_per_second", fio_bps);
+    report.say("table: {} rows x dim {} ({}), {}B of rows; {} backend, host_threads {}", rows_,
+               o.dim, optimizer_, si(static_cast<double>(table_bytes)), backend_name(backend),
+               o.threads);
+    report.say("disk: {}", fio_bps > 0
+                               ? fmt::format("{}B/s sequential read ({})", si(fio_bps), fio_how)
+                               : fio_how);
+
+    int code = 0;
+    double seconds_k0 = 0;
+    for (size_t k : deltas_) {
+      std::vector<double> seconds;
+      uint64_t peak = 0;
+      bool peak_known = true;
+      for (int rep = 0; rep < repeat_; ++rep) {
+        drop_from_page_cache(dir);
+        Store store(o);
+        const uint64_t rss_before = proc_status_bytes("VmRSS");
+        peak_known = reset_peak_rss() && peak_known;
+        const Stopwatch w;
+        uint64_t restored = 0;
+        check(embstore_restore(store.get(), dir.c_str(), versions[k], &restored),
+              "embstore_restore");
+        seconds.push_back(w.seconds());
+        const uint64_t hwm = proc_status_bytes("VmHWM");
+        peak = std::max(peak, hwm > rss_before ? hwm - rss_before : 0);
+        embstore_table_t* table = nullptr;
+        check(embstore_table_get(store.get(), "perf_restore", &table), "embstore_table_get");
+        const uint64_t rows = table_stats(table).rows;
+        if (restored != versions[k] || rows != rows_ ||
+            read_rows(table, backend, sample_keys, o.dim) != sample_rows[k]) {
+          report.say(
+              "MISMATCH: restore of version {} gave version {}, {} rows (of {}), or "
+              "sampled rows that differ from the source's",
+              versions[k], restored, rows, rows_);
+          code = kExitMismatch;
+        }
+      }
+      const double s = median(seconds);
+      if (k == 0) seconds_k0 = s;
+      const uint64_t bytes = chain_row_bytes(dir, versions, k);
+      const std::string key = fmt::format("deltas_{}", k);
+      report.set(key + "_seconds", s);
+      report.set(key + "_row_file_bytes", bytes);
+      report.set(key + "_bytes_per_second", bytes / s);
+      if (fio_bps > 0) report.set(key + "_to_fio", bytes / s / fio_bps);
+      if (seconds_k0 > 0) report.set(key + "_to_full_seconds", s / seconds_k0);
+      if (peak_known) report.set(key + "_peak_rss_to_table_bytes", double(peak) / table_bytes);
+      report.say(
+          "full + {:2} deltas: {:.3f} s, {}B of row files, {}B/s{}; x{:.2f} the full alone; "
+          "peak memory {}",
+          k, s, si(static_cast<double>(bytes)), si(bytes / s),
+          fio_bps > 0 ? fmt::format(" ({:.2f} of fio)", bytes / s / fio_bps) : "",
+          seconds_k0 > 0 ? s / seconds_k0 : 0.0,
+          peak_known ? fmt::format("+{}B, {:.2f}x the rows' bytes", si(double(peak)),
+                                   double(peak) / table_bytes)
+                     : "unknown (no /proc/self/clear_refs)");
+    }
+    return code;
+  }
+
+ private:
+  // The values of `keys` (find, no insert), on the host.
+  static std::vector<float> read_rows(embstore_table_t* table, embstore_backend_t backend,
+                                      const std::vector<int64_t>& keys, uint32_t dim) {
+    BackendBuffer<int64_t> d_keys(backend, keys.size());
+    BackendBuffer<float> d_out(backend, keys.size() * dim);
+    d_keys.upload(keys.data(), keys.size());
+    check(embstore_lookup(table, d_keys.data(), keys.size(), d_out.data(), 0, nullptr),
+          "embstore_lookup");
+    backend_sync(backend);
+    std::vector<float> scratch;
+    const float* values = d_out.host_view(0, keys.size() * dim, scratch);
+    return std::vector<float>(values, values + keys.size() * dim);
+  }
+
+  std::string dir_;
+  uint64_t rows_ = 10'000'000;
+  std::string optimizer_ = "adagrad";
+  std::vector<size_t> deltas_ = {0, 1, 4, 16};
+  double delta_fraction_ = 0.01;
+  int repeat_ = 1;
+  bool quick_ = false;
+  bool keep_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Scenario> make_restore_scenario() { return std::make_unique<RestoreScenario>(); }
+
+}  // namespace embstore::perf
