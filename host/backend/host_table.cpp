@@ -23,6 +23,7 @@
 #include "cuda/row/optimizer.h"
 #include "cuda/row/snapshot.h"
 #include "host/backend/backends.hpp"
+#include "host/backend/host_buffer.hpp"
 #include "host/error.hpp"
 #include "host/store/thread_pool.hpp"
 #include "host/table/key_ledger.hpp"
@@ -35,53 +36,6 @@ constexpr size_t kGrain = 4096;
 // How many keys ahead the probe and copy loops prefetch: enough to cover a memory latency.
 constexpr size_t kAhead = 16;
 constexpr uint32_t kEnd = 0xFFFFFFFFu;
-
-// Anonymous mapping: pages arrive zeroed on first touch, large ones as huge pages where the
-// kernel allows, which saves TLB misses on random row access.
-class HostBuffer {
- public:
-  static constexpr size_t kHugePage = size_t{2} << 20;
-
-  HostBuffer() = default;
-  explicit HostBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes < kHugePage) {
-      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) throw std::bad_alloc();
-      data_ = p;
-      return;
-    }
-    // Huge pages need 2 MiB alignment, which mmap does not promise: map more, trim the ends.
-    bytes_ = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-    const size_t mapped = bytes_ + kHugePage;
-    void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    const auto base = reinterpret_cast<uintptr_t>(p);
-    const uintptr_t aligned = (base + kHugePage - 1) / kHugePage * kHugePage;
-    if (aligned > base) munmap(p, aligned - base);
-    const uintptr_t tail = base + mapped - (aligned + bytes_);
-    if (tail > 0) munmap(reinterpret_cast<void*>(aligned + bytes_), tail);
-    data_ = reinterpret_cast<void*>(aligned);
-    madvise(data_, bytes_, MADV_HUGEPAGE);
-  }
-  ~HostBuffer() {
-    if (data_) munmap(data_, bytes_);
-  }
-  HostBuffer(HostBuffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-  HostBuffer& operator=(HostBuffer&& o) noexcept {
-    std::swap(data_, o.data_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(data_);
-  }
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
 
 // Rows of a batch whose output exceeds the caches are written with streaming stores: the
 // output cannot stay cached anyway, and this saves reading every destination line first.
@@ -254,6 +208,7 @@ class HostTable final : public Table {
   void reserve(uint64_t rows) override {
     std::lock_guard lock(mutex_);
     reserve_rows(next_row_ + rows);
+    populate_rows(next_row_, next_row_ + rows);
   }
 
   bool skips_held_keys() const override { return true; }
@@ -270,20 +225,35 @@ class HostTable final : public Table {
       if (rows_ + n > limit) fail_over_limit(spec(), n, rows_, "rows to load", "loaded");
       reserve_rows(next_row_ + n);
     }
-    const uint32_t dim = spec().dim;
-    const uint32_t state_dim = spec().state_dim();
+    // The index first, one key at a time in order (rows get the ids a serial insert gives),
+    // then the copies on the pool's threads: they are most of the work. A key the table holds
+    // (skip_held), or one repeated in the input (a corrupt file, which the caller's row count
+    // check reports), gets no row here.
+    rows_scratch_.resize(n);
+    uint32_t* rows = rows_scratch_.data();
     for (size_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) __builtin_prefetch(&index_.slots[index_.home(keys[i + kAhead])]);
       bool added = false;
       const uint32_t r = find_or_add_row(keys[i], &added);  // sets a new row's key
-      if (skip_held && !added) continue;
+      rows[i] = added ? r : row::kNoRow;
+      if (!added) continue;
       ++inserted_;
       if (rows_ > limit) fail_over_limit(spec(), 1, rows_ - 1, "rows to load", "loaded");
-      row::RowMeta* meta = arena_.row_meta(r);
-      meta->step = step;
-      float* dst = arena_.row(r);
-      std::memcpy(dst, values + i * dim, dim * sizeof(float));
-      if (state_dim > 0) std::memcpy(dst + dim, state + i * state_dim, state_dim * sizeof(float));
     }
+    const uint32_t dim = spec().dim;
+    const uint32_t state_dim = spec().state_dim();
+    const row::ArenaRef arena = arena_;
+    pool_.parallel_for(n, kGrain, [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) {
+        if (rows[i] == row::kNoRow) continue;
+        arena.row_meta(rows[i])->step = step;
+        float* dst = arena.row(rows[i]);
+        std::memcpy(dst, values + i * dim, dim * sizeof(float));
+        if (state_dim > 0) {
+          std::memcpy(dst + dim, state + i * state_dim, state_dim * sizeof(float));
+        }
+      }
+    });
   }
 
   bool load_admission(const io::AdmissionFile& counts, std::string* why) override {
@@ -675,10 +645,30 @@ class HostTable final : public Table {
     room_ = std::min(row::arena_capacity(chunks_, arena_.base_shift), (index_.mask + 1) / 2);
   }
 
+  // Faults in the arena of rows [first, end) (values and metadata) on the pool's threads.
+  void populate_rows(uint64_t first, uint64_t end) {
+    const uint64_t stride_bytes = uint64_t{arena_.stride} * sizeof(float);
+    uint64_t chunk_first = 0;
+    for (uint32_t c = 0; c < chunks_ && chunk_first < end; ++c) {
+      const uint64_t chunk_end = chunk_first + row::chunk_rows(c, arena_.base_shift);
+      const uint64_t lo = std::max(first, chunk_first), hi = std::min(end, chunk_end);
+      if (lo < hi) {
+        value_chunks_[c].populate(pool_, (lo - chunk_first) * stride_bytes,
+                                  (hi - lo) * stride_bytes);
+        meta_chunks_[c].populate(pool_, (lo - chunk_first) * sizeof(row::RowMeta),
+                                 (hi - lo) * sizeof(row::RowMeta));
+      }
+      chunk_first = chunk_end;
+    }
+  }
+
   void rebuild_index(uint64_t slots) {
     HostBuffer buffer(slots * sizeof(row::Slot));
     row::IndexRef index{buffer.as<row::Slot>(), slots - 1};
-    std::memset(index.slots, 0xFF, slots * sizeof(row::Slot));  // every row = kEmptyRow
+    // Every row = kEmptyRow; in parallel, as this is the index's first touch.
+    pool_.parallel_for(slots, size_t{1} << 16, [&](size_t begin, size_t end) {
+      std::memset(index.slots + begin, 0xFF, (end - begin) * sizeof(row::Slot));
+    });
     if (index_.slots != nullptr) {
       for (uint64_t s = 0; s <= index_.mask; ++s) {
         const row::Slot& old = index_.slots[s];

@@ -62,6 +62,7 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
     // otherwise the chain reader drops them, with a set of every key.
     io::ChainReadOptions options;
     options.sink_skips_held = impl->skips_held_keys();
+    options.check_behind = true;  // the table is aside: a failure drops it
     // A backend that checks its input (the CUDA one refuses repeated keys) finds the file
     // inconsistent: corrupt.
     const io::RowSink load = [&](const io::RowBlock& b, std::string* why) {

@@ -227,10 +227,12 @@ int check_file_size(const std::string& path, const FileEntry& f, std::string* de
 }
 
 int read_row_file(const std::string& path, const FileEntry& f, const TableEntry& t, bool full,
-                  const RowSink& on_block, std::string* detail) {
+                  const RowSink& on_block, std::string* detail, bool check_behind) {
   if (int r = check_file_size(path, f, detail); r < 0) return r;
   std::unique_ptr<RowFileReader> reader;
-  if (int r = RowFileReader::open(path, {}, &reader); r < 0) return path_error(path, r, detail);
+  if (int r = RowFileReader::open(path, {}, &reader, check_behind); r < 0) {
+    return path_error(path, r, detail);
+  }
   RowBlock b;
   uint64_t rows = 0;
   int r;
@@ -249,7 +251,21 @@ int read_row_file(const std::string& path, const FileEntry& f, const TableEntry&
     rows += b.rows;
     if (!on_block) continue;
     std::string why;
-    if (int e = on_block(b, &why); e < 0) {
+    int e = 0;
+    // A block checked behind may have made on_block fail: then its corruption is the error.
+    const auto corrupt_block = [&] {
+      return check_behind && reader->wait_checked() == -EBADMSG
+                 ? corrupt(detail, fmt::format("{}: {}", path, reader->error_detail()))
+                 : 0;
+    };
+    try {
+      e = on_block(b, &why);
+    } catch (...) {
+      if (const int c = corrupt_block(); c < 0) return c;
+      throw;
+    }
+    if (e < 0) {
+      if (const int c = corrupt_block(); c < 0) return c;
       *detail = fmt::format("{}: block at offset {}: {}", path, b.offset, why);
       return e;
     }
@@ -319,7 +335,8 @@ int read_chain_rows(const std::vector<ChainLink>& chain, const TableEntry& table
           detail, fmt::format("{}: table '{}' changes shape along the chain", c.path, table.name));
     }
     for (const FileEntry& f : it->files) {
-      if (int r = read_row_file(c.path + "/" + f.path, f, *it, c.manifest->full, hand_over, detail);
+      if (int r = read_row_file(c.path + "/" + f.path, f, *it, c.manifest->full, hand_over, detail,
+                                options.check_behind);
           r < 0) {
         return r;
       }

@@ -111,6 +111,10 @@ struct ChainReadOptions {
   // older rows, and a block goes to the sink as it was read unless one of its keys is hidden.
   // Without unique_keys only; with it, every key is tracked here.
   bool sink_skips_held = false;
+  // A block's payload checksum is checked while the sink uses it, and a mismatch fails the
+  // read afterwards (RowFileReader's check_behind): for a sink whose work is dropped when the
+  // read fails (a restore loading tables aside).
+  bool check_behind = false;
 };
 
 // Takes one block of rows (upserts only; each key once in the chain, unless the options say
@@ -126,9 +130,10 @@ int check_file_size(const std::string& path, const FileEntry& f, std::string* de
 // with every check restore makes: size, every block (checksums, no tombstones in a full
 // checkpoint, the manifest's dim and state_dim), row count, and the whole file's XXH3 (hashed
 // as it is read). Hands each block to on_block (may be empty), in file order. 0; -EBADMSG with
-// *detail naming the file (and the block's offset); other -errno from reading.
+// *detail naming the file (and the block's offset); other -errno from reading. check_behind:
+// RowFileReader's, for a caller that drops everything on_block did when this fails.
 int read_row_file(const std::string& path, const FileEntry& f, const TableEntry& t, bool full,
-                  const RowSink& on_block, std::string* detail);
+                  const RowSink& on_block, std::string* detail, bool check_behind = false);
 
 // Hands sink the rows that chain (newest first, as CheckpointDir::chain gives it) holds for
 // table (an entry of chain.front()'s manifest): every file of the table in every version that

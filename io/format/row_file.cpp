@@ -6,6 +6,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <limits>
 
 namespace embstore::io {
@@ -175,14 +176,95 @@ int RowFileWriter::finish() {
 
 // ------------------------------------------------------------------------------ reader --
 
+// The thread of a reader with check_behind: checks one block's payload at a time, handed over
+// by next_block() and waited for by the next call.
+class RowFileReader::BehindChecker {
+ public:
+  explicit BehindChecker(RowFileReader& reader) : reader_(reader), thread_([this] { run(); }) {}
+  ~BehindChecker() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+  void start(const Payload& p) {
+    {
+      std::lock_guard lock(mutex_);
+      job_ = p;
+      busy_ = true;
+      problem_ = nullptr;
+    }
+    changed_.notify_all();
+  }
+  // nullptr, or what was wrong with the last block handed over (at *offset).
+  const char* wait(uint64_t* offset) {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return !busy_; });
+    *offset = job_.offset;
+    return problem_;
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      changed_.wait(lock, [&] { return stop_ || busy_; });
+      if (stop_) return;
+      const Payload p = job_;
+      lock.unlock();
+      const char* problem = reader_.check_payload(p, /*hash=*/true);
+      lock.lock();
+      problem_ = problem;
+      busy_ = false;
+      changed_.notify_all();
+    }
+  }
+
+  RowFileReader& reader_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  Payload job_;
+  const char* problem_ = nullptr;
+  bool busy_ = false, stop_ = false;
+  std::thread thread_;  // last: starts once the rest is set up
+};
+
 int RowFileReader::open(const std::string& path, const ReaderOptions& options,
-                        std::unique_ptr<RowFileReader>* out) {
+                        std::unique_ptr<RowFileReader>* out, bool check_behind) {
   if (out == nullptr) return -EINVAL;
   std::unique_ptr<RowFileReader> r(new RowFileReader());
   r->hash_.reset(XXH3_createState());
   if (!r->hash_ || XXH3_64bits_reset(r->hash_.get()) != XXH_OK) return -ENOMEM;
   if (const int e = FileReader::open(path, options, &r->reader_); e < 0) return e;
+  if (check_behind) {
+    try {
+      r->behind_ = std::make_unique<BehindChecker>(*r);
+    } catch (const std::exception&) {  // bad_alloc, or system_error from the thread
+      return -ENOMEM;
+    }
+  }
   *out = std::move(r);
+  return 0;
+}
+
+RowFileReader::~RowFileReader() = default;  // behind_ joins its thread first
+
+const char* RowFileReader::check_payload(const Payload& p, bool hash) {
+  if (hash) XXH3_64bits_update(hash_.get(), p.data, p.span);
+  if (p.xxh3 != XXH3_64bits(p.data, p.bytes)) return "payload checksum mismatch";
+  // Padding lies outside both checksums; zeros keep the file's bytes fully determined.
+  for (uint64_t i = p.bytes; i < p.span; ++i) {
+    if (p.data[i] != 0) return "nonzero padding";
+  }
+  return nullptr;
+}
+
+int RowFileReader::wait_behind() {
+  if (!behind_) return 0;
+  uint64_t offset = 0;
+  if (const char* problem = behind_->wait(&offset)) return corrupt(offset, problem);
   return 0;
 }
 
@@ -192,7 +274,7 @@ int RowFileReader::corrupt(uint64_t offset, const std::string& what) {
   return error_;
 }
 
-int RowFileReader::take(size_t n, const char** data) {
+int RowFileReader::take(size_t n, const char** data, bool hash) {
   if (chunk_at_ == chunk_bytes_) {
     const void* p = nullptr;
     if (const int e = reader_->next(&p, &chunk_bytes_); e < 0) return e;
@@ -201,7 +283,7 @@ int RowFileReader::take(size_t n, const char** data) {
   }
   if (chunk_bytes_ - chunk_at_ >= n) {
     *data = chunk_ + chunk_at_;
-    XXH3_64bits_update(hash_.get(), *data, n);
+    if (hash) XXH3_64bits_update(hash_.get(), *data, n);
     chunk_at_ += n;
     offset_ += n;
     return 0;
@@ -225,7 +307,7 @@ int RowFileReader::take(size_t n, const char** data) {
   }
   offset_ += n;
   *data = dst;
-  XXH3_64bits_update(hash_.get(), dst, n);
+  if (hash) XXH3_64bits_update(hash_.get(), dst, n);
   return 0;
 }
 
@@ -234,6 +316,8 @@ uint64_t RowFileReader::checksum() const { return XXH3_64bits_digest(hash_.get()
 int RowFileReader::next_block(RowBlock* out) {
   if (error_ != 0) return error_;
   if (out == nullptr) return -EINVAL;
+  // The previous block's check ends before its buffer can be reused below.
+  if (const int e = wait_behind(); e < 0) return e;
   const uint64_t size = reader_->size();
   const uint64_t at = offset_;
   if (at == size) return 0;
@@ -273,13 +357,15 @@ int RowFileReader::next_block(RowBlock* out) {
     return corrupt(at, "truncated block");
   }
 
-  if (const int e = take(padded - kRowBlockHeaderBytes, &p); e < 0) return error_ = e;
-  if (get_u64(h + 48) != XXH3_64bits(p, payload_bytes)) {
-    return corrupt(at, "payload checksum mismatch");
+  const bool behind = behind_ != nullptr;
+  if (const int e = take(padded - kRowBlockHeaderBytes, &p, /*hash=*/!behind); e < 0) {
+    return error_ = e;
   }
-  // Padding lies outside both checksums; zeros keep the file's bytes fully determined.
-  for (uint64_t i = payload_bytes; i < padded - kRowBlockHeaderBytes; ++i) {
-    if (p[i] != 0) return corrupt(at, "nonzero padding");
+  const Payload payload{p, payload_bytes, padded - kRowBlockHeaderBytes, get_u64(h + 48), at};
+  if (behind) {
+    behind_->start(payload);
+  } else if (const char* problem = check_payload(payload, /*hash=*/false)) {
+    return corrupt(at, problem);
   }
 
   have_shape_ = true;

@@ -1,6 +1,6 @@
 // Row files of a checkpoint (docs/DESIGN.md, "On-disk layout and commit"):
-// `tables/<table>/shard-00000-of-00001.rows`, a sequence of checksummed blocks. liburing style: every
-// call returns 0 (or a count) or -errno; nothing throws.
+// `tables/<table>/shard-00000-of-00001.rows`, a sequence of checksummed blocks. liburing style:
+// every call returns 0 (or a count) or -errno; nothing throws.
 //
 // Block layout, all integers little-endian:
 //
@@ -40,10 +40,13 @@
 //   return e;  // 0 at a clean end; -EBADMSG with r->error_detail() for a corrupt file
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "io/engine/file_reader.hpp"
@@ -141,8 +144,16 @@ class RowFileWriter {
 class RowFileReader {
  public:
   // FileReader::open's errors. The first block is not read until next_block().
+  //
+  // check_behind: a block's payload checksum, padding and share of the file's XXH3 are checked
+  // on a thread of the reader's own while the caller uses the block, and a mismatch is returned
+  // by the next call of next_block() (the one that would hand out the following block, or
+  // report the end) instead of this one. For a caller that can drop what it did with a block
+  // when a later call fails (a restore loading a table aside): reading, checking and using the
+  // file then overlap. The header is always checked before the block is handed out.
   static int open(const std::string& path, const ReaderOptions& options,
-                  std::unique_ptr<RowFileReader>* out);
+                  std::unique_ptr<RowFileReader>* out, bool check_behind = false);
+  ~RowFileReader();
   RowFileReader(const RowFileReader&) = delete;
   RowFileReader& operator=(const RowFileReader&) = delete;
 
@@ -150,18 +161,37 @@ class RowFileReader {
   // truncated block (error_detail() says where and what); other -errno from reading. An error
   // is returned again by every later call.
   int next_block(RowBlock* out);
+  // With check_behind: waits for the check of the block handed out last; 0, or -EBADMSG (and
+  // error_detail()) when it is corrupt. Without, 0.
+  int wait_checked() { return error_ != 0 ? error_ : wait_behind(); }
   // "block at offset N: what was wrong" after -EBADMSG; empty otherwise.
   const std::string& error_detail() const { return error_detail_; }
   // XXH3_64bits of every byte read so far (headers, payloads, padding): the whole file's
   // checksum once next_block() returned 0, checked against the manifest without a second read.
+  // With check_behind, only once next_block() has returned 0 or an error.
   uint64_t checksum() const;
 
  private:
+  // A block's payload and padding (`span` bytes from data) waiting to be checked against the
+  // header's payload checksum.
+  struct Payload {
+    const char* data = nullptr;
+    uint64_t bytes = 0;
+    uint64_t span = 0;
+    uint64_t xxh3 = 0;
+    uint64_t offset = 0;  // the block's
+  };
+  class BehindChecker;
+
   RowFileReader() = default;
   int corrupt(uint64_t offset, const std::string& what);
   // The next n bytes of the file: in place when they lie in the current chunk, else gathered
-  // into scratch_. Valid until the next call.
-  int take(size_t n, const char** data);
+  // into scratch_. Valid until the next call. Hashed into the file's XXH3 unless told not to.
+  int take(size_t n, const char** data, bool hash = true);
+  // Hashes the payload into the file's XXH3 (when hash) and checks it: nullptr, or what is wrong.
+  const char* check_payload(const Payload& p, bool hash);
+  // With check_behind, waits for the check of the block handed out last: 0 or its error.
+  int wait_behind();
 
   std::unique_ptr<FileReader> reader_;
   std::unique_ptr<XXH3_state_s, detail::HashDeleter> hash_;
@@ -175,6 +205,7 @@ class RowFileReader {
   uint32_t state_dim_ = 0;
   int error_ = 0;
   std::string error_detail_;
+  std::unique_ptr<BehindChecker> behind_;
 };
 
 }  // namespace embstore::io

@@ -1,0 +1,106 @@
+// Restore on each backend: the same rows whatever the number of host threads (the copies run
+// in parallel, rows keep the ids a serial load gives), and a restore that fails half-way (a
+// corrupt block in the last file read, a table that does not fit) leaves the store exactly as
+// it was.
+#include <catch2/catch.hpp>
+
+#include "tests/checkpoint/checkpoint_fixtures.hpp"
+
+using namespace embstore_test;
+using namespace embstore_test::checkpoint;
+
+namespace {
+
+constexpr int64_t kKeys = 40000;  // rows spread over several blocks and thread parts
+
+// A chain in dir: a full checkpoint of kKeys rows, then three deltas that train a quarter of
+// the keys while the idle rule evicts the others (tombstones); returns the source's rows at the
+// newest version, for every key.
+std::vector<float> write_chain(const std::string& dir, uint64_t* rows) {
+  StoreGuard store(make_store());
+  embstore_table_config_t config = config_for("emb", 8, EMBSTORE_OPT_ADAGRAD);
+  config.evict_idle_steps = 2;
+  embstore_table_t* t = make_table(store, config);
+  no_rebaseline(store);
+  const std::vector<int64_t> all = key_range(kKeys);
+  lookup_ok(t, all);
+  apply_ok(t, all, std::vector<float>(all.size() * 8, 0.125f));
+  ok(embstore_step(store, 1));
+  REQUIRE(incremental_ok(store, dir) == 1);
+  for (uint64_t s = 2; s <= 4; ++s) {
+    train_step(store, t, s, kKeys / 4, 2048);
+    REQUIRE(incremental_ok(store, dir) == s);
+  }
+  REQUIRE(stats(t).evicted > 0);  // by the idle rule at embstore_step: the deltas hold tombstones
+  *rows = stats(t).rows;
+  return lookup_ok(t, all, 0);
+}
+
+}  // namespace
+
+TEST_CASE("a restore with many host threads equals one with one thread", "[checkpoint][restore]") {
+  TempDir dir;
+  uint64_t rows = 0;
+  const std::vector<float> expected = write_chain(dir.path(), &rows);
+  const std::vector<int64_t> all = key_range(kKeys);
+  for (const int threads : {1, 4}) {
+    INFO("host_threads " << threads);
+    StoreGuard b(make_store(threads));
+    REQUIRE(restore_ok(b, dir.path(), EMBSTORE_LATEST) == 4);
+    embstore_table_t* tb = get_table(b, "emb");
+    REQUIRE(stats(tb).rows == rows);
+    REQUIRE(same_bits(lookup_ok(tb, all, 0), expected));
+  }
+}
+
+TEST_CASE("a restore that fails half-way leaves the store as it was", "[checkpoint][restore]") {
+  TempDir dir;
+  uint64_t rows = 0;
+  write_chain(dir.path(), &rows);
+  // The store to restore into: the table with rows of its own, and a second table.
+  StoreGuard b(make_store());
+  embstore_table_t* tb = make_table(b, config_for("emb", 8, EMBSTORE_OPT_ADAGRAD));
+  embstore_table_t* other = make_table(b, config_for("other", 4, EMBSTORE_OPT_SGD));
+  const std::vector<int64_t> mine = {kKeys * 10, kKeys * 10 + 1, 7};
+  lookup_ok(tb, mine);
+  lookup_ok(other, mine);
+  ok(embstore_step(b, 99));
+  const std::vector<float> before = lookup_ok(tb, mine, 0);
+  const std::vector<float> other_before = lookup_ok(other, mine, 0);
+  auto unchanged = [&] {
+    REQUIRE(get_table(b, "emb") == tb);
+    REQUIRE(stats(tb).rows == mine.size());
+    REQUIRE(same_bits(lookup_ok(tb, mine, 0), before));
+    REQUIRE(same_bits(lookup_ok(other, mine, 0), other_before));
+    REQUIRE(lookup_ok(tb, {0}, 0) == std::vector<float>(8, 0.0f));  // no restored row leaked
+  };
+
+  SECTION("a corrupt block at the end of the last file read (the full's)") {
+    // The chain loads newest first, so the full checkpoint's file comes last: a byte of one of
+    // its last blocks.
+    const std::string file = table_file(dir.path(), 1, "emb");
+    const uint64_t size = fs::file_size(file);
+    flip_byte(file, size - 4096 - 1);
+    uint64_t v = 0;
+    require_status(embstore_restore(b, dir.path().c_str(), EMBSTORE_LATEST, &v), EMBSTORE_CORRUPT,
+                   file.substr(dir.path().size()).c_str());
+    unchanged();
+  }
+  SECTION("a table that does not fit, after the one that did") {
+    // The checkpoint's table exists with a row limit its rows pass: the load fails when the
+    // table is nearly full, after every delta has loaded.
+    StoreGuard c(make_store());
+    embstore_table_config_t small = config_for("emb", 8, EMBSTORE_OPT_ADAGRAD);
+    small.max_capacity = rows - 1;
+    embstore_table_t* tc = make_table(c, small);
+    lookup_ok(tc, mine);
+    const std::vector<float> c_before = lookup_ok(tc, mine, 0);
+    uint64_t v = 0;
+    require_status(embstore_restore(c, dir.path().c_str(), EMBSTORE_LATEST, &v),
+                   EMBSTORE_CAPACITY_EXCEEDED, "max_capacity");
+    REQUIRE(get_table(c, "emb") == tc);
+    REQUIRE(stats(tc).rows == mine.size());
+    REQUIRE(same_bits(lookup_ok(tc, mine, 0), c_before));
+    unchanged();  // and the first store was never touched
+  }
+}
