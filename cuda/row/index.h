@@ -70,6 +70,30 @@ struct IndexRef {
     }
   }
 
+  // find_or_insert_serial for one of several writers that each own the slots [lo, hi) and
+  // insert the keys whose home slot lies there (a parallel load). An absent key claims the first
+  // empty slot of its probe with row `placeholder`. Returns kClaimed, kFound (the key is in
+  // *slot_out already), or kLeavesRange: the probe would reach a slot outside [lo, hi) (another
+  // writer's), nothing is written, and the key is left for a serial insert afterwards.
+  enum ProbeResult : uint8_t { kClaimed = 0, kFound = 1, kLeavesRange = 2 };
+  EMBSTORE_HD ProbeResult claim_in_range(int64_t key, uint64_t lo, uint64_t hi,
+                                         uint32_t placeholder, uint64_t* slot_out) const {
+    for (uint64_t s = home(key); s >= lo && s < hi; s = next(s)) {
+      Slot& slot = slots[s];
+      if (slot.row == kEmptyRow) {
+        slot.key = key;
+        slot.row = placeholder;
+        *slot_out = s;
+        return kClaimed;
+      }
+      if (slot.key == key) {
+        *slot_out = s;
+        return kFound;
+      }
+    }
+    return kLeavesRange;
+  }
+
   // Single-writer removal (eviction): the key's row, or kNoRow when absent. The entries after
   // it in its cluster move back (backward-shift deletion), so no probe ever needs a marker
   // for a deleted slot.

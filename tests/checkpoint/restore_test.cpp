@@ -13,10 +13,11 @@ namespace {
 
 constexpr int64_t kKeys = 40000;  // rows spread over several blocks and thread parts
 
-// A chain in dir: a full checkpoint of kKeys rows, then three deltas that train a quarter of
-// the keys while the idle rule evicts the others (tombstones); returns the source's rows at the
-// newest version, for every key.
-std::vector<float> write_chain(const std::string& dir, uint64_t* rows) {
+// A chain in dir: a full checkpoint of kKeys rows (version 1), then three deltas that train a
+// quarter of the keys while the idle rule evicts the others (tombstones); returns the source's
+// rows at the newest version, for every key, and its row count (and the same for version 1).
+std::vector<float> write_chain(const std::string& dir, uint64_t* rows,
+                               std::vector<float>* at_full = nullptr) {
   StoreGuard store(make_store());
   embstore_table_config_t config = config_for("emb", 8, EMBSTORE_OPT_ADAGRAD);
   config.evict_idle_steps = 2;
@@ -27,6 +28,7 @@ std::vector<float> write_chain(const std::string& dir, uint64_t* rows) {
   apply_ok(t, all, std::vector<float>(all.size() * 8, 0.125f));
   ok(embstore_step(store, 1));
   REQUIRE(incremental_ok(store, dir) == 1);
+  if (at_full != nullptr) *at_full = lookup_ok(t, all, 0);
   for (uint64_t s = 2; s <= 4; ++s) {
     train_step(store, t, s, kKeys / 4, 2048);
     REQUIRE(incremental_ok(store, dir) == s);
@@ -41,7 +43,8 @@ std::vector<float> write_chain(const std::string& dir, uint64_t* rows) {
 TEST_CASE("a restore with many host threads equals one with one thread", "[checkpoint][restore]") {
   TempDir dir;
   uint64_t rows = 0;
-  const std::vector<float> expected = write_chain(dir.path(), &rows);
+  std::vector<float> at_full;
+  const std::vector<float> expected = write_chain(dir.path(), &rows, &at_full);
   const std::vector<int64_t> all = key_range(kKeys);
   for (const int threads : {1, 4}) {
     INFO("host_threads " << threads);
@@ -50,6 +53,11 @@ TEST_CASE("a restore with many host threads equals one with one thread", "[check
     embstore_table_t* tb = get_table(b, "emb");
     REQUIRE(stats(tb).rows == rows);
     REQUIRE(same_bits(lookup_ok(tb, all, 0), expected));
+    // The full alone: whole blocks of new keys, which the threads insert in parallel.
+    StoreGuard c(make_store(threads));
+    REQUIRE(restore_ok(c, dir.path(), 1) == 1);
+    REQUIRE(stats(get_table(c, "emb")).rows == kKeys);
+    REQUIRE(same_bits(lookup_ok(get_table(c, "emb"), all, 0), at_full));
   }
 }
 

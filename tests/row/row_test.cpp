@@ -86,6 +86,43 @@ TEST_CASE("index finds every inserted key, extreme keys and collisions included"
   REQUIRE(index.find(-2) == kNoRow);
 }
 
+// The parallel load: writers that own halves of the slots, then a serial pass for the keys
+// whose probe crosses into the other half, give the index a serial insert gives.
+TEST_CASE("index claims within a range of slots, and leaves probes that cross it", "[row]") {
+  const uint64_t slots = 64;
+  std::vector<Slot> storage(slots);
+  std::memset(storage.data(), 0xFF, slots * sizeof(Slot));
+  IndexRef index{storage.data(), slots - 1};
+  // Keys homed in the last slot of the first half: the second needs a slot of the other half.
+  std::vector<int64_t> edge;
+  for (int64_t k = 0; edge.size() < 2; ++k) {
+    if (index.home(k) == slots / 2 - 1) edge.push_back(k);
+  }
+  uint64_t at = 0;
+  REQUIRE(index.claim_in_range(edge[0], 0, slots / 2, kLockedRow, &at) == IndexRef::kClaimed);
+  REQUIRE(at == slots / 2 - 1);
+  REQUIRE(storage[at].key == edge[0]);
+  REQUIRE(storage[at].row == kLockedRow);
+  uint64_t again = 0;
+  REQUIRE(index.claim_in_range(edge[0], 0, slots / 2, kLockedRow, &again) == IndexRef::kFound);
+  REQUIRE(again == at);
+  REQUIRE(index.claim_in_range(edge[1], 0, slots / 2, kLockedRow, &again) ==
+          IndexRef::kLeavesRange);
+  REQUIRE(storage[slots / 2].row == kEmptyRow);  // nothing written outside the range
+  // A key homed in the other half is not this writer's.
+  int64_t other = 0;
+  while (index.home(other) < slots / 2) ++other;
+  REQUIRE(index.claim_in_range(other, 0, slots / 2, kLockedRow, &again) == IndexRef::kLeavesRange);
+  // The serial pass places the crossing key where a serial insert would have.
+  storage[at].row = 7;
+  bool inserted = false;
+  REQUIRE(index.find_or_insert_serial(edge[1], 8, &inserted) == 8);
+  REQUIRE(inserted);
+  REQUIRE(storage[slots / 2].key == edge[1]);
+  REQUIRE(index.find(edge[0]) == 7);
+  REQUIRE(index.find(edge[1]) == 8);
+}
+
 TEST_CASE("bitmap set, test and count", "[row]") {
   std::vector<uint64_t> words(bitmap_words(200), 0);
   REQUIRE(words.size() == 4);
