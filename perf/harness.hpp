@@ -3,6 +3,7 @@
 #pragma once
 
 #include <embstore/embstore.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -61,6 +63,25 @@ std::unique_ptr<Scenario> make_optimizer_scenario();
 std::unique_ptr<Scenario> make_checkpoint_scenario();
 std::unique_ptr<Scenario> make_train_scenario();
 std::unique_ptr<Scenario> make_restore_scenario();
+
+// A scenario's working directory, <parent>/embstore-perf-<scenario>-<pid>, removed with
+// everything in it at the end unless kept.
+class ScenarioDir {
+ public:
+  ScenarioDir(const std::string& parent, const char* scenario, bool keep)
+      : path_(fmt::format("{}/embstore-perf-{}-{}", parent, scenario, ::getpid())), keep_(keep) {}
+  ~ScenarioDir() {
+    std::error_code ec;
+    if (!keep_) std::filesystem::remove_all(path_, ec);
+  }
+  ScenarioDir(const ScenarioDir&) = delete;
+  ScenarioDir& operator=(const ScenarioDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  bool keep_;
+};
 
 // Throws with the library's own message (which names the call): a benchmark that silently
 // measures failures lies.

@@ -59,15 +59,8 @@ class CheckpointScenario final : public Scenario {
   }
 
   int run(const CommonOptions& o, Report& report) override {
-    const std::string dir = fmt::format("{}/embstore-perf-checkpoint-{}", dir_, ::getpid());
-    struct Remove {
-      std::string path;
-      bool keep;
-      ~Remove() {
-        std::error_code ec;
-        if (!keep) std::filesystem::remove_all(path, ec);
-      }
-    } remove{dir, keep_};
+    const ScenarioDir scenario_dir(dir_, "checkpoint", keep_);
+    const std::string& dir = scenario_dir.path();
 
     embstore_store_config_t config = Store::default_config();
     config.staging_bytes = size_t{staging_mib_} << 20;

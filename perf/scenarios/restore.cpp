@@ -165,15 +165,8 @@ class RestoreScenario final : public Scenario {
     std::sort(deltas_.begin(), deltas_.end());
     deltas_.erase(std::unique(deltas_.begin(), deltas_.end()), deltas_.end());
     const size_t max_deltas = deltas_.empty() ? 0 : deltas_.back();
-    const std::string dir = fmt::format("{}/embstore-perf-restore-{}", dir_, ::getpid());
-    struct Remove {
-      std::string path;
-      bool keep;
-      ~Remove() {
-        std::error_code ec;
-        if (!keep) fs::remove_all(path, ec);
-      }
-    } remove{dir, keep_};
+    const ScenarioDir scenario_dir(dir_, "restore", keep_);
+    const std::string& dir = scenario_dir.path();
 
     // Build: the full checkpoint and max_deltas deltas, with a sample of rows at each version.
     const size_t sample = std::min<uint64_t>(rows_, 1024);

@@ -94,15 +94,8 @@ class TrainScenario final : public Scenario {
     CommonOptions o = options;
     // At least three incremental checkpoints, and the interval after the last one.
     if (o.steps == 0) o.steps = std::max<uint64_t>(300, 4 * incremental_every_);
-    const std::string dir = fmt::format("{}/embstore-perf-train-{}", dir_, ::getpid());
-    struct Remove {
-      std::string path;
-      bool keep;
-      ~Remove() {
-        std::error_code ec;
-        if (!keep) std::filesystem::remove_all(path, ec);
-      }
-    } remove{dir, keep_};
+    const ScenarioDir scenario_dir(dir_, "train", keep_);
+    const std::string& dir = scenario_dir.path();
 
     report.say("drawing {} steps of {} keys (Zipf {} over {})", o.steps, o.batch, o.zipf,
                o.key_space);
