@@ -346,6 +346,8 @@ void CudaTable::reserve(uint64_t rows) {
   const cudaStream_t stream = call.stream;
   const uint64_t held = read_counters(stream).rows;  // exact: synchronizes after the wait
   rows_bound_ = held;
+  const uint64_t limit = row::row_limit(spec().max_capacity);
+  rows = std::min(rows, limit > held ? limit - held : 0);  // a load past it fails anyway
   if (held + rows > capacity_rows()) grow(held + rows, held, stream);  // the stream is idle
 }
 

@@ -74,7 +74,8 @@ struct IndexRef {
   // insert the keys whose home slot lies there (a parallel load). An absent key claims the first
   // empty slot of its probe with row `placeholder`. Returns kClaimed, kFound (the key is in
   // *slot_out already), or kLeavesRange: the probe would reach a slot outside [lo, hi) (another
-  // writer's), nothing is written, and the key is left for a serial insert afterwards.
+  // writer's), nothing is written, and the key is left for a serial insert afterwards. The range
+  // is a strict part of the index (hi - lo < slots), or a probe on a full index would not end.
   enum ProbeResult : uint8_t { kClaimed = 0, kFound = 1, kLeavesRange = 2 };
   EMBSTORE_HD ProbeResult claim_in_range(int64_t key, uint64_t lo, uint64_t hi,
                                          uint32_t placeholder, uint64_t* slot_out) const {

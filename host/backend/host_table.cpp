@@ -40,6 +40,8 @@ constexpr uint64_t kNoSlot = ~uint64_t{0};
 // A restore's blocks hold about 1 MiB of rows (2,000 of dim 64 with Adagrad): load_rows splits
 // them finer than training batches.
 constexpr size_t kLoadGrain = 256;
+// reserve() leaves room for this many rows more than asked: about two restore blocks.
+constexpr uint64_t kLoadHeadroom = 4096;
 
 // Rows of a batch whose output exceeds the caches are written with streaming stores: the
 // output cannot stay cached anyway, and this saves reading every destination line first.
@@ -211,7 +213,10 @@ class HostTable final : public Table {
 
   void reserve(uint64_t rows) override {
     std::lock_guard lock(mutex_);
-    reserve_rows(next_row_ + rows);
+    const uint64_t limit = row::row_limit(spec().max_capacity);
+    rows = std::min(rows, limit > rows_ ? limit - rows_ : 0);  // a load past it fails anyway
+    // Room beyond: load_rows inserts a block in parallel only while the whole block would fit.
+    reserve_rows(std::min(next_row_ + rows + kLoadHeadroom, uint64_t{row::kMaxRows}));
     populate_rows(next_row_, next_row_ + rows);
   }
 
@@ -230,8 +235,8 @@ class HostTable final : public Table {
       reserve_rows(next_row_ + n);
     }
     // The index first, then the copies on the pool's threads. A key the table holds
-    // (skip_held), or one repeated in the input (a corrupt file, which the caller's row count
-    // check reports), gets no row here. Rows get ids in input order, as a serial insert gives.
+    // (skip_held), or a repeat of a key in the input (a corrupt file; the first copy is kept),
+    // gets no row here. Rows get ids in input order, as a serial insert gives.
     rows_scratch_.resize(n);
     uint32_t* rows = rows_scratch_.data();
     const bool parallel = pool_.size() > 1 && n >= 2 * kLoadGrain && free_rows_.empty() &&
@@ -686,7 +691,6 @@ class HostTable final : public Table {
           const uint64_t h = index.home(keys[i]);
           if (h < lo || h >= hi) continue;
           state[i] = index.claim_in_range(keys[i], lo, hi, row::kLockedRow, &slot_of[i]);
-          if (state[i] == row::IndexRef::kFound) slot_of[i] = kNoSlot;
         }
       }
     });

@@ -91,11 +91,14 @@ uint64_t rows_to_reserve(const RestorePlan& plan, const TablePlan& table) {
     for (const io::TableEntry& e : c.manifest->tables) {
       if (e.name != table.entry->name) continue;
       for (const io::FileEntry& f : e.files) {
+        // What the file really holds: not past the manifest's size, its apparent size, or
+        // the blocks allocated to it (a sparse file claims bytes it does not have).
         struct stat st;
         const std::string path = c.path + "/" + f.path;
-        if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
-          fit += static_cast<uint64_t>(st.st_size) / row_bytes;
-        }
+        if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+        const uint64_t bytes = std::min({f.bytes, static_cast<uint64_t>(st.st_size),
+                                         static_cast<uint64_t>(st.st_blocks) * 512});
+        fit += bytes / row_bytes;
       }
     }
   }

@@ -60,8 +60,9 @@ void read_table(const RestorePlan& plan, const TablePlan& table,
                 const std::function<uint64_t()>& rows_held);
 
 // The rows to reserve for the table before loading it: the manifest's row count, but no more
-// than its row files along the chain can hold at their sizes on disk (a manifest is not
-// trusted with an allocation).
+// than its row files along the chain can hold in the bytes they have on disk (apparent size,
+// allocated blocks and the manifest's size, whichever is least), so that a manifest cannot make
+// a restore allocate more than the files could fill.
 uint64_t rows_to_reserve(const RestorePlan& plan, const TablePlan& table);
 
 // The table's admission counts at the version: its count files along the chain, each checked

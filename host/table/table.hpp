@@ -118,8 +118,9 @@ class Table {
   // that have a row drop their counts. Returns false, with the reason in *why, when the table
   // cannot use them (no admission, another kind of counting).
   virtual bool load_admission(const io::AdmissionFile& counts, std::string* why) = 0;
-  // Makes room for `rows` more rows at once (arena, bitmaps and index at their final size), so
-  // a restore that knows its row count loads without growing or rehashing.
+  // Makes room for `rows` more rows at once (arena, bitmaps and index at their final size; no
+  // more than the row limit allows), so a restore that knows its row count loads without
+  // growing or rehashing.
   virtual void reserve(uint64_t rows) = 0;
   // Whether load_rows can skip the keys the table holds (else the caller must drop them).
   virtual bool skips_held_keys() const { return false; }
@@ -127,7 +128,8 @@ class Table {
   // memory, rows stamped with step, none dirty. For a table being restored, newest version
   // first: with skip_held (where skips_held_keys()), a row whose key the table already holds
   // (from a newer version) is left out; without, keys must be distinct and absent.
-  // Throws Error(CAPACITY_EXCEEDED) past max_capacity.
+  // Throws Error(CAPACITY_EXCEEDED) past max_capacity. For a table being restored aside only:
+  // after a throw the table may be inconsistent and must be dropped.
   virtual void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
                          uint64_t step, bool skip_held) = 0;
 

@@ -22,6 +22,9 @@ std::vector<float> write_chain(const std::string& dir, uint64_t* rows,
   embstore_table_config_t config = config_for("emb", 8, EMBSTORE_OPT_ADAGRAD);
   config.evict_idle_steps = 2;
   embstore_table_t* t = make_table(store, config);
+  // A second table, restored before "emb" (tables load in name order).
+  embstore_table_t* first = make_table(store, config_for("aaa", 4, EMBSTORE_OPT_SGD));
+  lookup_ok(first, key_range(100));
   no_rebaseline(store);
   const std::vector<int64_t> all = key_range(kKeys);
   lookup_ok(t, all);
@@ -76,6 +79,8 @@ TEST_CASE("a restore that fails half-way leaves the store as it was", "[checkpoi
   const std::vector<float> before = lookup_ok(tb, mine, 0);
   const std::vector<float> other_before = lookup_ok(other, mine, 0);
   auto unchanged = [&] {
+    embstore_table_t* none = nullptr;
+    REQUIRE(embstore_table_get(b, "aaa", &none) == EMBSTORE_NOT_FOUND);  // no table added
     REQUIRE(get_table(b, "emb") == tb);
     REQUIRE(stats(tb).rows == mine.size());
     REQUIRE(same_bits(lookup_ok(tb, mine, 0), before));
@@ -95,9 +100,13 @@ TEST_CASE("a restore that fails half-way leaves the store as it was", "[checkpoi
     unchanged();
   }
   SECTION("a table that does not fit, after the one that did") {
-    // The checkpoint's table exists with a row limit its rows pass: the load fails when the
+    // "aaa" loads; then "emb" exists with a row limit its rows pass: its load fails when the
     // table is nearly full, after every delta has loaded.
     StoreGuard c(make_store());
+    embstore_table_t* ta = make_table(c, config_for("aaa", 4, EMBSTORE_OPT_SGD));
+    const std::vector<int64_t> a_keys = {kKeys * 20};
+    lookup_ok(ta, a_keys);
+    const std::vector<float> a_before = lookup_ok(ta, a_keys, 0);
     embstore_table_config_t small = config_for("emb", 8, EMBSTORE_OPT_ADAGRAD);
     small.max_capacity = rows - 1;
     embstore_table_t* tc = make_table(c, small);
@@ -106,6 +115,9 @@ TEST_CASE("a restore that fails half-way leaves the store as it was", "[checkpoi
     uint64_t v = 0;
     require_status(embstore_restore(c, dir.path().c_str(), EMBSTORE_LATEST, &v),
                    EMBSTORE_CAPACITY_EXCEEDED, "max_capacity");
+    REQUIRE(get_table(c, "aaa") == ta);
+    REQUIRE(stats(ta).rows == 1);
+    REQUIRE(same_bits(lookup_ok(ta, a_keys, 0), a_before));
     REQUIRE(get_table(c, "emb") == tc);
     REQUIRE(stats(tc).rows == mine.size());
     REQUIRE(same_bits(lookup_ok(tc, mine, 0), c_before));

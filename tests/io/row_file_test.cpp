@@ -19,10 +19,13 @@
 #include <iterator>
 #include <limits>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "io/engine/fault.hpp"
+#include "io/format/chain.hpp"
+#include "io/format/manifest.hpp"
 #include "tests/io/io_fixtures.hpp"
 
 using namespace embstore::io;
@@ -345,6 +348,56 @@ TEST_CASE("row file: checked behind, the rows and the file's checksum are the sa
       CHECK(checksum == w.checksum);
     }
   }
+}
+
+// A restore's sink loads a block before its check ends (check_behind): when the sink fails on a
+// block that is corrupt (its garbage made the load fail), the corruption is the error reported.
+TEST_CASE("row file: a sink failing on a corrupt block checked behind reports the corruption",
+          "[rowfile]") {
+  TempDir dir;
+  const std::string path = dir.file("s.rows");
+  const std::vector<uint64_t> offsets = write_blocks(path, 3);
+  const std::vector<char> good = read_file(path);
+  FileEntry f;
+  f.path = "s.rows";
+  f.bytes = good.size();
+  f.xxh3 = XXH3_64bits(good.data(), good.size());
+  Rows all;
+  REQUIRE(read_rows(path, {}, &all) == 0);
+  f.rows = all.keys.size();
+  TableEntry t;
+  t.name = "t";
+  t.config.dim = 4;
+  t.state_dim = 2;
+  std::vector<char> bad = good;
+  bad[offsets[1] + 100] ^= 0x10;  // block 1's payload
+  write_file(path, bad);
+  for (const bool throws : {false, true}) {
+    INFO("the sink " << (throws ? "throws" : "returns an error"));
+    size_t blocks = 0;
+    const RowSink sink = [&](const RowBlock& b, std::string* why) -> int {
+      if (b.offset != offsets[1]) return 0;
+      ++blocks;
+      if (throws) throw std::runtime_error("the sink's own failure");
+      *why = "the sink's own failure";
+      return -EINVAL;
+    };
+    std::string detail;
+    CHECK(read_row_file(path, f, t, /*full=*/true, sink, &detail, /*check_behind=*/true) ==
+          -EBADMSG);
+    CHECK(blocks == 1);  // handed out before its check ended
+    CHECK(detail == path + ": " + at_offset(offsets[1]) + " payload checksum mismatch");
+  }
+  // A sink failing on a good block reports its own reason.
+  write_file(path, good);
+  std::string detail;
+  const RowSink refuse = [&](const RowBlock& b, std::string* why) -> int {
+    if (b.offset != offsets[1]) return 0;
+    *why = "refused";
+    return -EINVAL;
+  };
+  CHECK(read_row_file(path, f, t, true, refuse, &detail, true) == -EINVAL);
+  CHECK(detail == path + ": " + at_offset(offsets[1]) + " refused");
 }
 
 TEST_CASE("row file: a truncated file is -EBADMSG", "[rowfile]") {

@@ -121,6 +121,24 @@ TEST_CASE("index claims within a range of slots, and leaves probes that cross it
   REQUIRE(storage[slots / 2].key == edge[1]);
   REQUIRE(index.find(edge[0]) == 7);
   REQUIRE(index.find(edge[1]) == 8);
+  // The second half's writer: a key homed in the index's last slot, taken, wraps to slot 0,
+  // outside its range; a key whose row sits past the range end (inserted serially before) is
+  // left for the serial pass too, which finds it.
+  std::vector<int64_t> last;
+  for (int64_t k = 1000; last.size() < 2; ++k) {
+    if (index.home(k) == slots - 1) last.push_back(k);
+  }
+  REQUIRE(index.claim_in_range(last[0], slots / 2, slots, kLockedRow, &at) == IndexRef::kClaimed);
+  REQUIRE(at == slots - 1);
+  REQUIRE(index.claim_in_range(last[1], slots / 2, slots, kLockedRow, &again) ==
+          IndexRef::kLeavesRange);
+  REQUIRE(storage[0].row == kEmptyRow);
+  storage[at].row = 9;
+  REQUIRE(index.find_or_insert_serial(last[1], 10, &inserted) == 10);
+  REQUIRE(storage[0].key == last[1]);
+  REQUIRE(index.claim_in_range(last[1], slots / 2, slots, kLockedRow, &again) ==
+          IndexRef::kLeavesRange);  // held in slot 0: found by find(), not by this writer
+  REQUIRE(index.find(last[1]) == 10);
 }
 
 TEST_CASE("bitmap set, test and count", "[row]") {
