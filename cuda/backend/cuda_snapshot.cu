@@ -66,7 +66,6 @@ uint64_t CudaTable::capture(bool full, SnapshotSink* sink, uint64_t* live_rows) 
   sink_ = sink;
   snapshot_active_ = true;
   captured_left_.store(captured);
-  drain_open_ = true;
   drain_word_ = 0;
   drain_end_word_ = row::bitmap_words(rows);
   *live_rows = rows - d.free_rows;
@@ -130,8 +129,7 @@ uint64_t CudaTable::drain_piece(uint64_t want, char* out, bool* exhausted) {
   } sync_on_unwind{stream};
   // Sized for a whole staging piece, whatever this one asks, so that the buffer is allocated
   // once.
-  const uint64_t window =
-      std::clamp<uint64_t>(row::bitmap_words(stage_rows()) * 2, kMinDrainWords, kMaxDrainWords);
+  const uint64_t window = kDrainWords;
   want = std::min(want, stage_rows());
   const uint64_t capacity = stage_rows();
   const uint64_t record = row::record_bytes(arena_.stride);
@@ -224,7 +222,7 @@ uint64_t CudaTable::drain(SnapshotSink* sink, uint64_t max_rows) {
   // Beside the table's calls: only drain_mutex_ (for the whole call), which they take only to
   // replace what the drain reads (capture, end_snapshot, growth).
   std::lock_guard lock(drain_mutex_);
-  if (!drain_open_) return 0;  // the snapshot has ended
+  if (!snapshot_active_) return 0;  // the snapshot has ended (written under both locks)
   DeviceGuard guard(device_);
   FlushOnExit flush{sink};
   uint64_t budget = std::min(max_rows, captured_left_.load());
@@ -322,7 +320,6 @@ void CudaTable::end_snapshot(bool failed) {
   sink_ = nullptr;
   snapshot_active_ = false;
   captured_left_.store(0);
-  drain_open_ = false;
   drain_word_ = 0;
   drain_end_word_ = 0;
   ledger_.end_snapshot(failed);

@@ -217,7 +217,7 @@ class CudaTable final : public Table {
   DeviceBuffer snapshot_set_;
   DeviceBuffer stage_;
   SnapshotSink* sink_ = nullptr;
-  bool snapshot_active_ = false;
+  bool snapshot_active_ = false;  // written holding mutex_ and drain_mutex_: readable under either
   // >= the captured rows whose records are not in staging yet (exact unless a call failed
   // part-way); 0: no copy-on-write. Lowered by drain() and copy-on-write, each after its records
   // are in the sink.
@@ -225,13 +225,11 @@ class CudaTable final : public Table {
 
   // The drain, under drain_mutex_: its stream, its device buffer (listing scratch and two
   // staging pieces of records, about 2 x kStageBytes, kept from the first snapshot on) and
-  // result slots, and whether a snapshot is open to it. It resumes at
-  // drain_word_ (every word before it is empty); captured rows lie below drain_end_word_ (the
-  // live rows at capture).
+  // result slots. It resumes at drain_word_ (every word before it is empty); captured rows lie
+  // below drain_end_word_ (the live rows at capture).
   cudaStream_t drain_stream_ = nullptr;
   DeviceBuffer drain_buffer_;
   DeviceBuffer drain_counters_;
-  bool drain_open_ = false;
   uint64_t drain_word_ = 0;
   uint64_t drain_end_word_ = 0;
 };

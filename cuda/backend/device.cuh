@@ -22,11 +22,11 @@ inline constexpr size_t kScratchAlign = 256;
 // at a time, larger amounts going in pieces; the drain's holds two such pieces (its copies, and
 // the ones it keeps) and its listing scratch.
 inline constexpr uint64_t kStageBytes = uint64_t{32} << 20;
-// Bitmap words drain scans per pass (twice the words of a staging piece, within these bounds):
-// enough for a bounded number of passes per piece on a sparse bitmap, few enough that a dense
-// one does not scan far past the rows it takes.
-inline constexpr uint64_t kMinDrainWords = uint64_t{1} << 16;
-inline constexpr uint64_t kMaxDrainWords = uint64_t{1} << 22;  // 2^28 rows: counts fit uint32
+// Bitmap words drain scans per pass: at least twice the words of a staging piece (at most
+// kStageBytes / 16 bytes = 2^21 rows, 2^15 words), so a sparse bitmap takes a bounded number of
+// passes per piece, and few enough that a dense one does not scan far past the rows it takes.
+inline constexpr uint64_t kDrainWords = uint64_t{1} << 16;
+static_assert(kDrainWords >= 2 * (kStageBytes / 16) / 64);
 
 // Device-resident counters. unsigned long long: the type atomicAdd takes.
 struct DeviceCounters {
