@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Restore seconds against chain length (embstore-perf restore: a full checkpoint and K deltas of
 # 1% of the rows, K = 0, 1, 4, 16, each restored from a cold page cache into an empty store,
-# against fio's sequential read of the full's row file), then a plot:
+# against fio's sequential read of the full's row file and, alternating with the restores of the
+# full alone, numpy's cold np.load of the same arrays), then a plot:
 #   scripts/bench-restore.sh DIR [--rows N] [--repeat R]   (defaults: 10,000,000 rows, 3)
 #   scripts/bench-restore.sh --replot                      (the plot again, from perf-results/)
-# Checkpoints are written under DIR (about 6 GB for 10M rows, removed afterwards). Builds
-# embstore-perf into build-rel (Release) and installs fio and gnuplot (scripts/setup.sh --bench
-# --plot) when needed. Results: perf-results/bench-restore.json, perf-results/bench-restore.dat
-# and docs/restore-chain.png.
+# Checkpoints and numpy's files are written under DIR (about 11 GB for 10M rows, removed
+# afterwards). Builds embstore-perf into build-rel (Release), installs fio and gnuplot
+# (scripts/setup.sh --bench --plot) when needed, and numpy from PyPI into build-rel/.venv-bench.
+# Results: perf-results/bench-restore.json, perf-results/bench-restore.dat and
+# docs/restore-chain.png.
 set -euo pipefail
 
 if [[ $# -lt 1 ]]; then
@@ -47,17 +49,21 @@ if [[ $replot -eq 0 ]]; then
       -DEMBSTORE_BUILD_TESTS=OFF >/dev/null
   fi
   cmake --build "$build" -j"$(nproc)" --target embstore-perf >/dev/null
+  venv=$build/.venv-bench
+  [[ -x $venv/bin/python ]] || python3 -m venv "$venv"
+  "$venv/bin/python" -c "import numpy" 2>/dev/null || "$venv/bin/pip" install -q numpy
   "$build/perf/embstore-perf" restore --backend host --dir "$dir" --rows "$rows" \
-    --deltas 0,1,4,16 --repeat "$repeat" --json "$json"
+    --deltas 0,1,4,16 --repeat "$repeat" --numpy "$venv/bin/python" --json "$json"
   python3 - "$json" >"$dat" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 fio = r["fio_bytes_per_second"]
-print("# deltas seconds fio_seconds_for_the_same_bytes rows=%d" % r["rows"])
+print("# deltas seconds fio_seconds_for_the_same_bytes numpy_load_seconds rows=%d" % r["rows"])
 for k in (0, 1, 4, 16):
     s = r["deltas_%d_seconds" % k]
     b = r["deltas_%d_row_file_bytes" % k]
-    print(k, s, b / fio if fio > 0 else "NaN")
+    numpy = r.get("numpy_load_seconds", "NaN") if k == 0 else "NaN"
+    print(k, s, b / fio if fio > 0 else "NaN", numpy)
 PY
 fi
 
@@ -73,6 +79,7 @@ set yrange [0:*]
 set key bottom right
 set grid
 plot "$dat" using 1:2 with linespoints lw 2 pt 7 title "embstore restore", \
-     "$dat" using 1:3 with linespoints lw 2 pt 5 dt 2 title "fio sequential read of the same bytes"
+     "$dat" using 1:3 with linespoints lw 2 pt 5 dt 2 title "fio sequential read of the same bytes", \
+     "$dat" using 1:4 with points pt 9 ps 2 title "numpy np.load of the same arrays (full only)"
 GP
 echo "wrote $dat and docs/restore-chain.png"

@@ -5,10 +5,16 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <new>
+#include <system_error>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "host/store/thread_pool.hpp"
 
@@ -18,6 +24,12 @@
 
 namespace embstore {
 
+// Test-only fault injection: fault(bytes) is asked before each HostBuffer is mapped; true fails
+// it as a kernel out of memory would (std::bad_alloc). An empty function turns it off. Global
+// to the process; tests reset it when done.
+void set_host_alloc_fault(std::function<bool(size_t bytes)> fault);
+bool host_alloc_fault(size_t bytes);
+
 // Anonymous mapping: pages arrive zeroed on first touch, large ones as huge pages where the
 // kernel allows, which saves TLB misses on random row access.
 class HostBuffer {
@@ -26,6 +38,7 @@ class HostBuffer {
 
   HostBuffer() = default;
   explicit HostBuffer(size_t bytes) : bytes_(bytes) {
+    if (host_alloc_fault(bytes)) throw std::bad_alloc();
     if (bytes < kHugePage) {
       void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (p == MAP_FAILED) throw std::bad_alloc();
@@ -66,6 +79,16 @@ class HostBuffer {
   // pages on first touch, which is most of a restore's time when one thread does it. For
   // memory no other thread uses meanwhile. MADV_POPULATE_WRITE (Linux 5.14) where the kernel
   // has it, else every 4 KiB page of the range written with the byte it holds.
+  // Whether the kernel has MADV_POPULATE_WRITE (asked once).
+  static bool can_populate() {
+    static const bool has = [] {
+      // A zero length is accepted exactly where the advice is known.
+      alignas(4096) static char probe[4096];
+      return madvise(probe, 0, MADV_POPULATE_WRITE) == 0;
+    }();
+    return has;
+  }
+
   void populate(ThreadPool& pool, size_t offset, size_t bytes) const {
     if (data_ == nullptr || offset >= bytes_) return;
     bytes = std::min(bytes, bytes_ - offset);
@@ -86,6 +109,60 @@ class HostBuffer {
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// Faults in ranges of memory, in order, on a thread of its own while its owner goes on using
+// them: a restore's reads start at once instead of after the whole table is faulted in, and
+// the copies into rows find their pages there when the prefault runs ahead of them. Only with
+// MADV_POPULATE_WRITE, which never changes a byte a concurrent writer wrote (a page already
+// there is left alone); without it, callers populate() before use instead. The memory must
+// stay mapped until stop() or the destructor, which stop early and join.
+class Prefaulter {
+ public:
+  struct Range {
+    char* data;
+    size_t bytes;
+  };
+
+  Prefaulter() = default;
+  ~Prefaulter() { stop(); }
+  Prefaulter(const Prefaulter&) = delete;
+  Prefaulter& operator=(const Prefaulter&) = delete;
+
+  // Starts faulting in ranges, in order, after stopping any earlier run. False where the
+  // kernel cannot (HostBuffer::can_populate()) or no thread can be started: then nothing runs.
+  bool start(std::vector<Range> ranges) {
+    stop();
+    if (!HostBuffer::can_populate()) return false;
+    stop_.store(false);
+    try {
+      thread_ = std::thread([this, ranges = std::move(ranges)] {
+        for (const Range& r : ranges) {
+          for (size_t at = 0; at < r.bytes && !stop_.load(std::memory_order_relaxed);
+               at += HostBuffer::kHugePage) {
+            const size_t n = std::min(HostBuffer::kHugePage, r.bytes - at);
+            // Rows are used from the start of a page: round the slice out to whole pages.
+            const uintptr_t from = reinterpret_cast<uintptr_t>(r.data + at) / 4096 * 4096;
+            const uintptr_t to = reinterpret_cast<uintptr_t>(r.data + at + n);
+            (void)madvise(reinterpret_cast<void*>(from), to - from, MADV_POPULATE_WRITE);
+          }
+        }
+      });
+    } catch (const std::system_error&) {
+      return false;
+    }
+    return true;
+  }
+
+  // Stops the run (between 2 MiB slices) and waits for it.
+  void stop() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
 };
 
 }  // namespace embstore

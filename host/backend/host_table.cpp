@@ -217,7 +217,11 @@ class HostTable final : public Table {
     rows = std::min(rows, limit > rows_ ? limit - rows_ : 0);  // a load past it fails anyway
     // Room beyond: load_rows inserts a block in parallel only while the whole block would fit.
     reserve_rows(std::min(next_row_ + rows + kLoadHeadroom, uint64_t{row::kMaxRows}));
-    populate_rows(next_row_, next_row_ + rows);
+    // The rows' memory is faulted in behind the caller's back while it loads; where that
+    // cannot be, before it returns.
+    if (!prefaulter_.start(row_ranges(next_row_, next_row_ + rows))) {
+      populate_rows(next_row_, next_row_ + rows);
+    }
   }
 
   bool skips_held_keys() const override { return true; }
@@ -712,6 +716,28 @@ class HostTable final : public Table {
     }
   }
 
+  // The arena of rows [first, end), values and metadata, as ranges in row order (a few
+  // thousand rows each, so the two kinds advance together).
+  std::vector<Prefaulter::Range> row_ranges(uint64_t first, uint64_t end) const {
+    constexpr uint64_t kRowsPerRange = 1 << 14;
+    const uint64_t stride_bytes = uint64_t{arena_.stride} * sizeof(float);
+    std::vector<Prefaulter::Range> ranges;
+    uint64_t chunk_first = 0;
+    for (uint32_t c = 0; c < chunks_ && chunk_first < end; ++c) {
+      const uint64_t chunk_end = chunk_first + row::chunk_rows(c, arena_.base_shift);
+      for (uint64_t lo = std::max(first, chunk_first); lo < std::min(end, chunk_end);) {
+        const uint64_t hi = std::min({end, chunk_end, lo + kRowsPerRange});
+        ranges.push_back({value_chunks_[c].as<char>() + (lo - chunk_first) * stride_bytes,
+                          (hi - lo) * stride_bytes});
+        ranges.push_back({meta_chunks_[c].as<char>() + (lo - chunk_first) * sizeof(row::RowMeta),
+                          (hi - lo) * sizeof(row::RowMeta)});
+        lo = hi;
+      }
+      chunk_first = chunk_end;
+    }
+    return ranges;
+  }
+
   // Faults in the arena of rows [first, end) (values and metadata) on the pool's threads.
   void populate_rows(uint64_t first, uint64_t end) {
     const uint64_t stride_bytes = uint64_t{arena_.stride} * sizeof(float);
@@ -783,6 +809,8 @@ class HostTable final : public Table {
   std::vector<int64_t> missing_keys_;
   std::vector<uint64_t> reading_;  // make_room: the rows of the call that needs room
   std::vector<Group> groups_;
+  // reserve()'s fault-in of the rows a restore loads; last, so it stops before the memory goes.
+  Prefaulter prefaulter_;
 };
 
 }  // namespace

@@ -230,7 +230,7 @@ int read_row_file(const std::string& path, const FileEntry& f, const TableEntry&
                   const RowSink& on_block, std::string* detail, bool check_behind) {
   if (int r = check_file_size(path, f, detail); r < 0) return r;
   std::unique_ptr<RowFileReader> reader;
-  if (int r = RowFileReader::open(path, {}, &reader, check_behind); r < 0) {
+  if (int r = RowFileReader::open(path, kRowFileReads, &reader, check_behind); r < 0) {
     return path_error(path, r, detail);
   }
   RowBlock b;

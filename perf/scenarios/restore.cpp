@@ -15,6 +15,12 @@
 // sequential read of the full checkpoint's row file (O_DIRECT, io_uring, 1 MiB blocks, same
 // cold cache) gives the disk's bandwidth, and each restore's bandwidth is reported against it.
 //
+// --numpy PYTHON: the same arrays a table of these rows holds (int64 keys, float32 values
+// [rows, dim], float32 optimizer state [rows, state]) are also written as .npy files, and
+// before each restore of the full alone PYTHON times numpy's np.load of the three from a cold
+// page cache (interpreter start and import not counted). Runs alternate, so the disk's drift
+// falls on both; reported: numpy's median and the full's speed against it.
+//
 // --quick: 200,000 rows and K in {0, 1, 4}, for a smoke run.
 #include <fcntl.h>
 #include <sys/wait.h>
@@ -127,6 +133,69 @@ double fio_read_bandwidth(const std::string& path, std::string* how) {
   return std::stod(fields[6]) * 1024.0;
 }
 
+// Writes a C-order .npy file (format 1.0) of shape {rows} (cols 0) or {rows, cols}, dtype descr
+// ("<i8", "<f4") of elem_bytes each, filled with pseudo-random bytes (the load's speed does
+// not depend on them), and fsyncs it.
+void write_npy(const std::string& path, const char* descr, size_t elem_bytes, uint64_t rows,
+               uint64_t cols, uint64_t seed) {
+  std::string header = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': ({},{}), }}",
+                                   descr, rows, cols > 0 ? fmt::format(" {}", cols) : "");
+  // Magic (6), version (2), header length (2), header: padded with spaces to 64 bytes, '\n'.
+  const size_t unpadded = 10 + header.size() + 1;
+  header.append((64 - unpadded % 64) % 64, ' ');
+  header.push_back('\n');
+  std::string prefix("\x93NUMPY\x01\x00", 8);
+  prefix.push_back(static_cast<char>(header.size() & 0xFF));
+  prefix.push_back(static_cast<char>(header.size() >> 8));
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error(fmt::format("open {}: errno {}", path, errno));
+  auto write_all = [&](const char* p, size_t n) {
+    while (n > 0) {
+      const ssize_t w = ::write(fd, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) throw std::runtime_error(fmt::format("write {}: errno {}", path, errno));
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+  };
+  write_all(prefix.data(), prefix.size());
+  write_all(header.data(), header.size());
+  std::vector<uint64_t> chunk((size_t{4} << 20) / sizeof(uint64_t));
+  SplitMix64 rng(seed);
+  for (uint64_t left = rows * std::max<uint64_t>(cols, 1) * elem_bytes; left > 0;) {
+    for (uint64_t& w : chunk) w = rng.next() & 0x3F7FFFFF3F7FFFFFull;  // finite floats
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(left, chunk.size() * 8));
+    write_all(reinterpret_cast<const char*>(chunk.data()), n);
+    left -= n;
+  }
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// Seconds numpy's np.load of paths takes (python is an interpreter with numpy), from a cold
+// page cache; throws when python fails.
+double numpy_load_seconds(const std::string& python, const std::vector<std::string>& paths,
+                          const std::string& dir) {
+  drop_from_page_cache(dir);
+  std::string command = fmt::format(
+      "'{}' -c 'import sys, time, numpy as np\n"
+      "t = time.perf_counter()\n"
+      "a = [np.load(p) for p in sys.argv[1:]]\n"
+      "print(time.perf_counter() - t)'",
+      python);
+  for (const std::string& p : paths) command += fmt::format(" '{}'", p);
+  FILE* out = ::popen(command.c_str(), "r");
+  if (out == nullptr) throw std::runtime_error("popen of " + python + " failed");
+  double seconds = -1;
+  const int got = std::fscanf(out, "%lf", &seconds);
+  const int status = ::pclose(out);
+  if (got != 1 || status != 0 || seconds < 0) {
+    throw std::runtime_error(
+        fmt::format("'{}' could not time np.load (is numpy installed?)", python));
+  }
+  return seconds;
+}
+
 class RestoreScenario final : public Scenario {
  public:
   const char* name() const override { return "restore"; }
@@ -153,6 +222,9 @@ class RestoreScenario final : public Scenario {
     app.add_option("--repeat", repeat_, "restores per chain length (the median is reported)")
         ->check(CLI::Range(1, 100))
         ->capture_default_str();
+    app.add_option("--numpy", numpy_python_,
+                   "a Python with numpy: time np.load of the same arrays, alternating with the "
+                   "restores of the full alone");
     app.add_flag("--quick", quick_, "200,000 rows and chain lengths 0, 1, 4");
     app.add_flag("--keep", keep_, "keep the checkpoint directory");
   }
@@ -250,6 +322,21 @@ class RestoreScenario final : public Scenario {
       break;
     }
 
+    // numpy's files: the same arrays, beside the checkpoints (and dropped from the cache with
+    // them).
+    std::vector<std::string> npy_paths;
+    if (!numpy_python_.empty()) {
+      const std::string npy_dir = dir + "/numpy";
+      fs::create_directories(npy_dir);
+      npy_paths = {npy_dir + "/keys.npy", npy_dir + "/values.npy"};
+      write_npy(npy_paths[0], "<i8", 8, rows_, 0, o.seed);
+      write_npy(npy_paths[1], "<f4", 4, rows_, o.dim, o.seed + 1);
+      if (state > 0) {
+        npy_paths.push_back(npy_dir + "/state.npy");
+        write_npy(npy_paths[2], "<f4", 4, rows_, state, o.seed + 2);
+      }
+    }
+
     report_common(report, o, backend);
     report.set("optimizer", optimizer_);
     report.set("rows", rows_);
@@ -266,11 +353,15 @@ class RestoreScenario final : public Scenario {
 
     int code = 0;
     double seconds_k0 = 0;
+    std::vector<double> numpy_seconds;
     for (size_t k : deltas_) {
       std::vector<double> seconds;
       uint64_t peak = 0;
       bool peak_known = true;
       for (int rep = 0; rep < repeat_; ++rep) {
+        if (k == 0 && !npy_paths.empty()) {
+          numpy_seconds.push_back(numpy_load_seconds(numpy_python_, npy_paths, dir));
+        }
         drop_from_page_cache(dir);
         Store store(o);
         const uint64_t rss_before = proc_status_bytes("VmRSS");
@@ -296,6 +387,17 @@ class RestoreScenario final : public Scenario {
       }
       const double s = median(seconds);
       if (k == 0) seconds_k0 = s;
+      if (k == 0 && !numpy_seconds.empty()) {
+        const double np_s = median(numpy_seconds);
+        report.set("numpy_load_seconds", np_s);
+        report.set("deltas_0_speed_to_numpy", np_s / s);
+        std::string runs;
+        for (double t : numpy_seconds) runs += fmt::format("{}{:.3f}", runs.empty() ? "" : ", ", t);
+        report.say(
+            "numpy np.load of the same arrays ({} files), alternating: {:.3f} s (runs {}); "
+            "the full alone restores at x{:.2f} numpy's speed",
+            npy_paths.size(), np_s, runs, np_s / s);
+      }
       const uint64_t bytes = chain_row_bytes(dir, versions, k);
       const std::string key = fmt::format("deltas_{}", k);
       report.set(key + "_seconds", s);
@@ -333,6 +435,7 @@ class RestoreScenario final : public Scenario {
   }
 
   std::string dir_;
+  std::string numpy_python_;
   uint64_t rows_ = 10'000'000;
   std::string optimizer_ = "adagrad";
   std::vector<size_t> deltas_ = {0, 1, 4, 16};

@@ -1,9 +1,10 @@
 // Restore on each backend: the same rows whatever the number of host threads (the copies run
 // in parallel, rows keep the ids a serial load gives), and a restore that fails half-way (a
-// corrupt block in the last file read, a table that does not fit) leaves the store exactly as
-// it was.
+// corrupt block in the last file read, memory refused, a table that does not fit) leaves the
+// store exactly as it was.
 #include <catch2/catch.hpp>
 
+#include "host/backend/host_buffer.hpp"
 #include "tests/checkpoint/checkpoint_fixtures.hpp"
 
 using namespace embstore_test;
@@ -98,6 +99,37 @@ TEST_CASE("a restore that fails half-way leaves the store as it was", "[checkpoi
     require_status(embstore_restore(b, dir.path().c_str(), EMBSTORE_LATEST, &v), EMBSTORE_CORRUPT,
                    file.substr(dir.path().size()).c_str());
     unchanged();
+  }
+  SECTION("memory refused at each allocation of the host tables' memory in turn") {
+    if (backend() != EMBSTORE_BACKEND_HOST) {
+      WARN("host memory faults are injected on the host backend only");
+      return;
+    }
+    // Allocation n fails (n = 1, 2, ...): the tables' construction, reserve, growth. The
+    // restore with no allocation left to fail succeeds.
+    int failed = 0;
+    for (int n = 1; n <= 64; ++n) {
+      INFO("allocation " << n);
+      int seen = 0;
+      bool fired = false;
+      embstore::set_host_alloc_fault([&](size_t) {
+        fired = ++seen == n;
+        return fired;
+      });
+      uint64_t v = 0;
+      const embstore_status_t st = embstore_restore(b, dir.path().c_str(), EMBSTORE_LATEST, &v);
+      embstore::set_host_alloc_fault({});
+      if (!fired) {
+        REQUIRE(st == EMBSTORE_OK);
+        REQUIRE(v == 4);
+        REQUIRE(stats(get_table(b, "emb")).rows == rows);
+        break;
+      }
+      ++failed;
+      require_status(st, EMBSTORE_OUT_OF_MEMORY, "");
+      unchanged();
+    }
+    REQUIRE(failed >= 4);  // two tables, each built and then reserved at least
   }
   SECTION("a table that does not fit, after the one that did") {
     // "aaa" loads; then "emb" exists with a row limit its rows pass: its load fails when the
