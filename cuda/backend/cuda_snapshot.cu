@@ -349,26 +349,25 @@ void CudaTable::reserve(uint64_t rows) {
 }
 
 // Rows get ids in the order given, like the host backend's serial inserts: the keys, checked
-// distinct and absent per piece, each claim an empty slot with a preset id.
+// distinct and absent per piece (or, skipping held keys, marked: the first occurrence of each
+// key the table does not hold), each claim an empty slot with a preset id.
 
 void CudaTable::load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
                           uint64_t step, bool skip_held) {
-  if (skip_held) {
-    fail(EMBSTORE_INTERNAL, "table '{}': the CUDA backend does not skip held keys in load_rows",
-         spec().name);
-  }
   if (n == 0) return;
   Call call(*this, own_stream_);
   const cudaStream_t stream = call.stream;
   uint64_t rows = read_counters(stream).rows;  // exact: synchronizes after the wait
   rows_bound_ = rows;
   const uint64_t limit = row::row_limit(spec().max_capacity);
-  if (rows + n > limit) fail_over_limit(spec(), n, rows, "rows to load", "loaded");
+  if (!skip_held && rows + n > limit) fail_over_limit(spec(), n, rows, "rows to load", "loaded");
 
   const uint32_t dim = arena_.dim;
   const uint32_t state_dim = arena_.stride - dim;
   const uint64_t row_bytes = sizeof(int64_t) + uint64_t{arena_.stride} * sizeof(float);
-  const uint64_t piece_max = std::max<uint64_t>(1, kStageBytes / row_bytes);
+  // Skipping held keys, two more words per key: whether it loads, and its row among those that do.
+  const uint64_t piece_max =
+      std::max<uint64_t>(1, kStageBytes / (row_bytes + (skip_held ? 2 * sizeof(uint32_t) : 0)));
   const uint32_t shift = tile_shift_for(arena_.stride);
   for (size_t done = 0; done < n;) {
     const uint64_t c = std::min<uint64_t>(n - done, piece_max);
@@ -376,11 +375,15 @@ void CudaTable::load_rows(const int64_t* keys, const float* values, const float*
     const size_t keys_at = layout.take(c * sizeof(int64_t));
     const size_t values_at = layout.take(c * dim * sizeof(float));
     const size_t state_at = layout.take(c * state_dim * sizeof(float));
-    // Not scratch: count_new_keys and grow use that.
+    const size_t keep_at = layout.take(skip_held ? c * sizeof(uint32_t) : 0);
+    const size_t row_at = layout.take(skip_held ? c * sizeof(uint32_t) : 0);
+    // Not scratch: count_new_keys, mark_new_keys and grow use that.
     char* base = stage(layout.bytes, stream);
     auto* d_keys = reinterpret_cast<int64_t*>(base + keys_at);
     auto* d_values = reinterpret_cast<float*>(base + values_at);
     auto* d_state = reinterpret_cast<float*>(base + state_at);
+    uint32_t* d_keep = skip_held ? reinterpret_cast<uint32_t*>(base + keep_at) : nullptr;
+    uint32_t* d_row = skip_held ? reinterpret_cast<uint32_t*>(base + row_at) : nullptr;
     check(cudaMemcpyAsync(d_keys, keys + done, c * sizeof(int64_t), cudaMemcpyHostToDevice, stream),
           "cudaMemcpyAsync");
     check(cudaMemcpyAsync(d_values, values + done * dim, c * dim * sizeof(float),
@@ -391,30 +394,81 @@ void CudaTable::load_rows(const int64_t* keys, const float* values, const float*
                             cudaMemcpyHostToDevice, stream),
             "cudaMemcpyAsync");
     }
-    const uint64_t fresh = count_new_keys(d_keys, c, stream);  // synchronizes
-    if (fresh != c) {
+    uint64_t added = c;
+    if (skip_held) {
+      added = mark_new_keys(d_keys, c, d_keep, d_row, stream);  // synchronizes
+      if (rows + added > limit) {
+        fail_over_limit(spec(), added, rows, "rows to load", "loaded");
+      }
+    } else if (const uint64_t fresh = count_new_keys(d_keys, c, stream); fresh != c) {
       fail(EMBSTORE_INVALID_ARGUMENT,
            "table '{}': load_rows needs distinct keys that the table does not hold; {} of {} "
            "keys at offset {} are repeated or present",
            spec().name, c - fresh, c, done);
     }
-    if (rows + c > capacity_rows()) grow(rows + c, rows, stream);  // the stream is idle
+    if (rows + added > capacity_rows()) grow(rows + added, rows, stream);  // the stream is idle
 
-    load_index_kernel<kBlock>
-        <<<blocks_for(c), kBlock, 0, stream>>>(index_ref(), arena_, d_keys, c, rows, step);
-    check_launch("load_index_kernel");
-    load_values_kernel<kBlock>
-        <<<blocks_for(c << shift), kBlock, 0, stream>>>(arena_, d_values, d_state, c, rows, shift);
-    check_launch("load_values_kernel");
-    add_loaded_rows_kernel<<<1, 1, 0, stream>>>(device_counters(), c);
-    check_launch("add_loaded_rows_kernel");
-    rows += c;
+    if (added > 0) {
+      load_index_kernel<kBlock><<<blocks_for(c), kBlock, 0, stream>>>(index_ref(), arena_, d_keys,
+                                                                      d_keep, d_row, c, rows, step);
+      check_launch("load_index_kernel");
+      load_values_kernel<kBlock><<<blocks_for(c << shift), kBlock, 0, stream>>>(
+          arena_, d_values, d_state, d_keep, d_row, c, rows, shift);
+      check_launch("load_values_kernel");
+      add_loaded_rows_kernel<<<1, 1, 0, stream>>>(device_counters(), added);
+      check_launch("add_loaded_rows_kernel");
+    }
+    rows += added;
     rows_bound_ = rows;
-    loaded_rows_ += c;
+    loaded_rows_ += added;
     done += c;
   }
   // The host buffers may go once this returns.
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+
+// keep[i] = 1 for the first occurrence (in input order) of each of keys[0, n) the index does not
+// hold, row[i] its row among them (exclusive sum of keep); returns how many. Synchronizes.
+uint64_t CudaTable::mark_new_keys(const int64_t* keys, size_t n, uint32_t* keep, uint32_t* row,
+                                  cudaStream_t stream) {
+  size_t sort_bytes = 0, scan_bytes = 0;
+  check(cub::DeviceRadixSort::SortPairs(
+            nullptr, sort_bytes, static_cast<const int64_t*>(nullptr),
+            static_cast<int64_t*>(nullptr), static_cast<const uint32_t*>(nullptr),
+            static_cast<uint32_t*>(nullptr), static_cast<int>(n), 0, 64, stream),
+        "cub::DeviceRadixSort::SortPairs");
+  check(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, static_cast<uint32_t*>(nullptr),
+                                      static_cast<uint32_t*>(nullptr), static_cast<int>(n), stream),
+        "cub::DeviceScan::ExclusiveSum");
+  ScratchLayout layout;
+  const size_t sorted_at = layout.take(n * sizeof(int64_t));
+  const size_t pos_at = layout.take(n * sizeof(uint32_t));
+  const size_t sorted_pos_at = layout.take(n * sizeof(uint32_t));
+  const size_t temp_at = layout.take(std::max(sort_bytes, scan_bytes));
+  char* base = scratch(layout.bytes, stream);
+  auto* sorted = reinterpret_cast<int64_t*>(base + sorted_at);
+  auto* pos = reinterpret_cast<uint32_t*>(base + pos_at);
+  auto* sorted_pos = reinterpret_cast<uint32_t*>(base + sorted_pos_at);
+
+  positions_kernel<<<blocks_for(n), kBlock, 0, stream>>>(pos, n);
+  check_launch("positions_kernel");
+  // Stable: equal keys keep their input order, so the first of each run is the first given.
+  check(cub::DeviceRadixSort::SortPairs(base + temp_at, sort_bytes, keys, sorted, pos, sorted_pos,
+                                        static_cast<int>(n), 0, 64, stream),
+        "cub::DeviceRadixSort::SortPairs");
+  mark_new_load_keys_kernel<kBlock>
+      <<<blocks_for(n), kBlock, 0, stream>>>(index_ref(), sorted, sorted_pos, n, keep);
+  check_launch("mark_new_load_keys_kernel");
+  check(cub::DeviceScan::ExclusiveSum(base + temp_at, scan_bytes, keep, row, static_cast<int>(n),
+                                      stream),
+        "cub::DeviceScan::ExclusiveSum");
+  uint32_t last[2] = {0, 0};  // the last key's keep and row
+  check(cudaMemcpyAsync(&last[0], keep + n - 1, sizeof(uint32_t), cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync");
+  check(cudaMemcpyAsync(&last[1], row + n - 1, sizeof(uint32_t), cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return uint64_t{last[0]} + last[1];
 }
 
 bool CudaTable::load_admission(const io::AdmissionFile& counts, std::string* why) {

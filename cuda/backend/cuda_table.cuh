@@ -79,7 +79,9 @@ class CudaTable final : public Table {
   void end_snapshot(bool failed) override;
   uint64_t evict_before(uint64_t cutoff_step) override;
   void reserve(uint64_t rows) override;
-  // Not skips_held_keys(): the restore drops the keys of older versions on the host.
+  // Skipping held keys: each piece's keys sorted on the device, the first occurrence of each
+  // key the table does not hold loaded (mark_new_keys), the others left out.
+  bool skips_held_keys() const override { return true; }
   void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
                  uint64_t step, bool skip_held) override;
   bool load_admission(const io::AdmissionFile& counts, std::string* why) override;
@@ -158,6 +160,8 @@ class CudaTable final : public Table {
   void evict_rows(const uint32_t* victims, uint64_t n, int64_t* keys_out, const DeviceCounters& d,
                   cudaStream_t stream);
   uint64_t count_new_keys(const int64_t* keys, size_t n, cudaStream_t stream);
+  uint64_t mark_new_keys(const int64_t* keys, size_t n, uint32_t* keep, uint32_t* row,
+                         cudaStream_t stream);
   void grow(uint64_t need, uint64_t rows, cudaStream_t stream);
   void release() noexcept;
   char* stage(size_t bytes, cudaStream_t stream);

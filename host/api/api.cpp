@@ -116,6 +116,8 @@ void embstore_store_config_init(embstore_store_config_t* c) {
   c->staging_bytes = size_t{256} << 20;
   c->io_queue_depth = 16;
   c->host_threads = 0;
+  c->restore_spill = EMBSTORE_SPILL_AUTO;
+  c->spill_dir = nullptr;
 }
 
 embstore_status_t embstore_store_create(const embstore_store_config_t* config,
@@ -123,9 +125,21 @@ embstore_status_t embstore_store_create(const embstore_store_config_t* config,
   return guarded(__func__, [&] {
     require(store_out, "store_out");
     *store_out = nullptr;
-    embstore_store_config_t defaults;
-    embstore_store_config_init(&defaults);
-    *store_out = new embstore_store(config ? *config : defaults);
+    embstore_store_config_t c;
+    embstore_store_config_init(&c);
+    if (config != nullptr) {
+      // A program built against 0.4.0's header passes a config without the later fields.
+      constexpr size_t kBaseSize = offsetof(embstore_store_config_t, restore_spill);
+      if (config->struct_size < kBaseSize) {
+        fail(EMBSTORE_INVALID_ARGUMENT,
+             "store config struct_size is {}, expected {}: fill it with "
+             "embstore_store_config_init",
+             config->struct_size, sizeof(embstore_store_config_t));
+      }
+      std::memcpy(&c, config, std::min(config->struct_size, sizeof(c)));
+      c.struct_size = sizeof(c);
+    }
+    *store_out = new embstore_store(c);
   });
 }
 

@@ -79,6 +79,12 @@ class HostBuffer {
   // pages on first touch, which is most of a restore's time when one thread does it. For
   // memory no other thread uses meanwhile. MADV_POPULATE_WRITE (Linux 5.14) where the kernel
   // has it, else every 4 KiB page of the range written with the byte it holds.
+  // Gives the memory back to the system: it reads as zeros until written again (a spilled
+  // table's, written back from its spill file before use).
+  void discard() const {
+    if (data_ != nullptr) madvise(data_, bytes_, MADV_DONTNEED);
+  }
+
   // Whether the kernel has MADV_POPULATE_WRITE (asked once).
   static bool can_populate() {
     static const bool has = [] {

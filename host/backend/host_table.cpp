@@ -279,6 +279,46 @@ class HostTable final : public Table {
     });
   }
 
+  bool can_spill() const override { return true; }
+
+  void spill(SpillFile& file) override {
+    std::lock_guard lock(mutex_);
+    prefaulter_.stop();
+    // The rows in use of each chunk (rows never move: an arena chunk's rows start at its
+    // start), values then metadata; memory given back only once all of it is on the disk.
+    std::vector<SpilledChunk> parts;
+    const uint64_t stride_bytes = uint64_t{arena_.stride} * sizeof(float);
+    uint64_t chunk_first = 0;
+    for (uint32_t c = 0; c < chunks_ && chunk_first < next_row_; ++c) {
+      const uint64_t chunk_rows = row::chunk_rows(c, arena_.base_shift);
+      const uint64_t rows = std::min(next_row_ - chunk_first, chunk_rows);
+      SpilledChunk part{c, spill_span(value_chunks_[c], rows * stride_bytes),
+                        spill_span(meta_chunks_[c], rows * sizeof(row::RowMeta)), 0, 0};
+      check_spill(file.append(value_chunks_[c].as<char>(), part.value_bytes, &part.values_at),
+                  "write");
+      check_spill(file.append(meta_chunks_[c].as<char>(), part.meta_bytes, &part.meta_at), "write");
+      parts.push_back(part);
+      chunk_first += chunk_rows;
+    }
+    check_spill(file.settle(), "write");
+    for (const SpilledChunk& p : parts) {
+      value_chunks_[p.chunk].discard();
+      meta_chunks_[p.chunk].discard();
+    }
+    spilled_ = std::move(parts);
+  }
+
+  void unspill(SpillFile& file) override {
+    std::lock_guard lock(mutex_);
+    for (const SpilledChunk& p : spilled_) {
+      check_spill(file.read(value_chunks_[p.chunk].as<char>(), p.value_bytes, p.values_at),
+                  "read back");
+      check_spill(file.read(meta_chunks_[p.chunk].as<char>(), p.meta_bytes, p.meta_at),
+                  "read back");
+    }
+    spilled_.clear();
+  }
+
   bool load_admission(const io::AdmissionFile& counts, std::string* why) override {
     std::lock_guard lock(mutex_);
     const row::IndexRef index = index_;
@@ -776,6 +816,27 @@ class HostTable final : public Table {
     uint32_t row, first, last;
   };
 
+  // A chunk's rows in a spill file: the first value_bytes and meta_bytes of arena chunk
+  // `chunk`'s two buffers (its rows in use, rounded up to whole pages).
+  struct SpilledChunk {
+    uint32_t chunk;
+    uint64_t value_bytes, meta_bytes, values_at, meta_at;
+  };
+
+  // `used` bytes at the start of buffer, rounded up to the spill file's alignment: within its
+  // mapping, which has whole pages.
+  static uint64_t spill_span(const HostBuffer& buffer, uint64_t used) {
+    constexpr uint64_t a = SpillFile::kAlignment;
+    return std::min((used + a - 1) / a * a, (uint64_t{buffer.bytes()} + a - 1) / a * a);
+  }
+
+  void check_spill(int r, const char* what) const {
+    if (r < 0) {
+      fail(EMBSTORE_IO_ERROR, "table '{}': could not {} its rows in the restore's spill file: {}",
+           spec().name, what, std::strerror(-r));
+    }
+  }
+
   std::mutex mutex_;  // one call at a time per table (drain() goes without it)
   ThreadPool& pool_;
   row::ArenaRef arena_{};
@@ -809,6 +870,7 @@ class HostTable final : public Table {
   std::vector<int64_t> missing_keys_;
   std::vector<uint64_t> reading_;  // make_room: the rows of the call that needs room
   std::vector<Group> groups_;
+  std::vector<SpilledChunk> spilled_;  // while a restore has the rows in its spill file
   // reserve()'s fault-in of the rows a restore loads; last, so it stops before the memory goes.
   Prefaulter prefaulter_;
 };

@@ -26,6 +26,8 @@
 
 namespace embstore::checkpoint {
 
+struct RestorePlan;
+
 class Checkpointer {
  public:
   explicit Checkpointer(StoreView& store);
@@ -77,6 +79,10 @@ class Checkpointer {
   };
 
   uint64_t start(const std::string& dir, bool full, bool from_policy);
+  // Restore's loop over the plan's tables: each loaded aside into *loaded; with a spill file,
+  // the store's table it replaces parked there first and added to *spilled.
+  void load_tables(const RestorePlan& plan, SpillFile* spill_file, std::vector<Table*>* spilled,
+                   std::vector<std::unique_ptr<Table>>* loaded);
   // The plan of a checkpoint of version into dir: its kind and parent.
   std::unique_ptr<Job> plan(const std::string& dir, uint64_t version, bool full);
   // A staging ring whose chunks hold a record of every table (waiting for one being prepared).

@@ -8,8 +8,8 @@
 
 #include "cuda/row/snapshot.h"
 #include "host/error.hpp"
-#include "io/format/chain.hpp"
 #include "io/engine/engine.hpp"
+#include "io/format/chain.hpp"
 #include "io/format/manifest.hpp"
 
 namespace embstore::checkpoint {

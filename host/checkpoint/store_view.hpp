@@ -13,10 +13,15 @@
 
 namespace embstore::checkpoint {
 
+// embstore_spill_t: when restore parks the tables it replaces in a spill file.
+enum class SpillMode { kAuto, kNever, kAlways };
+
 struct PipelineSettings {
   size_t staging_bytes = 0;  // the staging ring's budget
   unsigned io_queue_depth = 0;
   int staging_device = -1;  // a CUDA device to pin staging for, or -1
+  SpillMode restore_spill = SpillMode::kAuto;
+  std::string spill_dir;  // where restore's spill file goes
 };
 
 class StoreView {
@@ -34,7 +39,8 @@ class StoreView {
   virtual Table* find_table(const std::string& name) = 0;
   virtual std::unique_ptr<Table> make_table(TableSpec spec) = 0;
   // Restore's last stage: each table replaces the store's table of its name (its handle stays
-  // valid) or joins the store, and the step becomes step. Fails only for memory.
+  // valid) or joins the store, and the step becomes step. Fails only for memory, and then
+  // before any table of the store is replaced.
   virtual void install(std::vector<std::unique_ptr<Table>> tables, uint64_t step) = 0;
 };
 

@@ -35,6 +35,21 @@ embstore_store::embstore_store(const embstore_store_config_t& c) {
     fail(EMBSTORE_INVALID_ARGUMENT, "staging_bytes must be >= 1 MiB, is {}", c.staging_bytes);
   }
   staging_bytes = c.staging_bytes;
+  switch (embstore::enum_value(c.restore_spill)) {
+    case EMBSTORE_SPILL_AUTO:
+      restore_spill = embstore::checkpoint::SpillMode::kAuto;
+      break;
+    case EMBSTORE_SPILL_NEVER:
+      restore_spill = embstore::checkpoint::SpillMode::kNever;
+      break;
+    case EMBSTORE_SPILL_ALWAYS:
+      restore_spill = embstore::checkpoint::SpillMode::kAlways;
+      break;
+    default:
+      fail(EMBSTORE_INVALID_ARGUMENT, "unknown restore_spill {}",
+           embstore::enum_value(c.restore_spill));
+  }
+  spill_dir = c.spill_dir != nullptr ? c.spill_dir : "/var/tmp";
   io_queue_depth = static_cast<unsigned>(c.io_queue_depth);
   if (c.device < 0) fail(EMBSTORE_INVALID_ARGUMENT, "device must be >= 0, is {}", c.device);
   device = c.device;
@@ -153,7 +168,8 @@ uint64_t embstore_store::CheckpointView::step() const {
 
 embstore::checkpoint::PipelineSettings embstore_store::CheckpointView::pipeline() const {
   return {store_.staging_bytes, store_.io_queue_depth,
-          store_.backend == EMBSTORE_BACKEND_CUDA ? store_.device : -1};
+          store_.backend == EMBSTORE_BACKEND_CUDA ? store_.device : -1, store_.restore_spill,
+          store_.spill_dir};
 }
 
 embstore::Table* embstore_store::CheckpointView::find_table(const std::string& name) {
@@ -168,12 +184,16 @@ std::unique_ptr<embstore::Table> embstore_store::CheckpointView::make_table(
 
 void embstore_store::CheckpointView::install(std::vector<std::unique_ptr<embstore::Table>> tables,
                                              uint64_t step) {
+  // New tables first: adopting one is the only step that allocates, so a failure there comes
+  // before any table of the store is replaced (restore then reads back what it parked).
   for (std::unique_ptr<embstore::Table>& impl : tables) {
-    if (embstore_table* existing = store_.find_table(impl->spec().name.c_str())) {
-      existing->impl = std::move(impl);  // the handle stays valid
-    } else {
+    if (store_.find_table(impl->spec().name.c_str()) == nullptr) {
       store_.adopt_table(std::move(impl));
     }
+  }
+  for (std::unique_ptr<embstore::Table>& impl : tables) {
+    if (impl == nullptr) continue;                                         // adopted
+    store_.find_table(impl->spec().name.c_str())->impl = std::move(impl);  // the handle stays
   }
   store_.step.store(step, std::memory_order_relaxed);
   // Marks of the abandoned run would make the restored rows look idle since long ago.

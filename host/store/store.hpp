@@ -14,8 +14,8 @@
 
 #include "host/checkpoint/checkpointer.hpp"
 #include "host/eviction/idle_clock.hpp"
-#include "host/table/table.hpp"
 #include "host/store/thread_pool.hpp"
+#include "host/table/table.hpp"
 
 struct embstore_table {
   embstore_store* store;
@@ -48,6 +48,8 @@ struct embstore_store {
   int device;
   size_t staging_bytes;
   unsigned io_queue_depth;
+  embstore::checkpoint::SpillMode restore_spill;
+  std::string spill_dir;
   std::unique_ptr<embstore::ThreadPool> pool;  // host backend only
   std::atomic<uint64_t> step{0};
   embstore::IdleClock idle_clock;

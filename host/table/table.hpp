@@ -13,6 +13,7 @@
 #include "cuda/row/init.h"
 #include "cuda/row/optimizer.h"
 #include "host/table/snapshot_sink.hpp"
+#include "host/table/spill_file.hpp"
 #include "io/format/admission_file.hpp"
 
 namespace embstore {
@@ -132,6 +133,16 @@ class Table {
   // after a throw the table may be inconsistent and must be dropped.
   virtual void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
                          uint64_t step, bool skip_held) = 0;
+
+  // A restore short of memory (embstore_spill_t) parks the tables it replaces: spill() writes
+  // the rows' memory (values, state, keys and steps) to file and gives it back to the system;
+  // the index, bitmaps and counts stay. The table must not be used until unspill() has read it
+  // back, or it is destroyed. Both throw Error(IO_ERROR) when the file fails: spill() then
+  // leaves the table as it was; unspill() leaves rows not read back. Backends whose rows are
+  // not in host memory (CUDA) do not spill.
+  virtual bool can_spill() const { return false; }
+  virtual void spill(SpillFile& /*file*/) {}
+  virtual void unspill(SpillFile& /*file*/) {}
 
  private:
   TableSpec spec_;

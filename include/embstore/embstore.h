@@ -51,9 +51,9 @@ typedef enum embstore_status {
   EMBSTORE_IO_ERROR = 6,          /* read, write, fsync, rename failed (errno text in last_error) */
   EMBSTORE_CORRUPT = 7,           /* checksum or format mismatch (file and offset in last_error) */
   EMBSTORE_UNSUPPORTED = 8,       /* not built, no device, or not implemented in this version */
-  EMBSTORE_BUSY = 9,               /* another writer holds the checkpoint directory (it is named) */
-  EMBSTORE_DEVICE_ERROR = 10, /* CUDA or NCCL failure */
-  EMBSTORE_INTERNAL = 11      /* a bug in embstore: please report it with last_error */
+  EMBSTORE_BUSY = 9,              /* another writer holds the checkpoint directory (it is named) */
+  EMBSTORE_DEVICE_ERROR = 10,     /* CUDA or NCCL failure */
+  EMBSTORE_INTERNAL = 11          /* a bug in embstore: please report it with last_error */
 } embstore_status_t;
 
 /* "EMBSTORE_CORRUPT" for EMBSTORE_CORRUPT; "EMBSTORE_UNKNOWN_STATUS" for a number that is not
@@ -75,6 +75,16 @@ typedef enum {
   EMBSTORE_BACKEND_CUDA = 2  /* device memory of config.device */
 } embstore_backend_t;
 
+/* When embstore_restore parks the host tables it replaces in a spill file (their rows written
+   there and their memory given back until the restore ends), so that it needs about one table's
+   worth of memory beside the store instead of all the restored tables'. */
+typedef enum {
+  EMBSTORE_SPILL_AUTO = 0,  /* when the restored tables would not fit in the memory available
+                               (MemAvailable, and the cgroup's memory.max where it has one) */
+  EMBSTORE_SPILL_NEVER = 1, /* keep them in memory: the restored tables need room beside them */
+  EMBSTORE_SPILL_ALWAYS = 2 /* always (costs writing and, after a failure, reading them back) */
+} embstore_spill_t;
+
 typedef struct embstore_store_config {
   size_t struct_size;         /* set by embstore_store_config_init */
   embstore_backend_t backend; /* default AUTO */
@@ -86,6 +96,11 @@ typedef struct embstore_store_config {
                                  1 MiB (a chunk holds the widest row); default 256 MiB */
   int io_queue_depth;         /* writes in flight per writer, 1..4096; default 16 */
   int host_threads;           /* host backend worker threads, 0 (default): one per core */
+  /* Fields below came after 0.4.0: a config whose struct_size ends before them gets their
+     defaults. */
+  embstore_spill_t restore_spill; /* default AUTO */
+  const char* spill_dir;          /* directory of restore's spill file (unnamed, gone when the
+                                     restore returns); NULL (default): /var/tmp. Copied at create. */
 } embstore_store_config_t;
 
 /* Fills config with the defaults above. NULL is a no-op. */
@@ -94,8 +109,9 @@ EMBSTORE_API void embstore_store_config_init(embstore_store_config_t* config);
 /* Creates a store. config NULL: the defaults.
    Returns OK; INVALID_ARGUMENT (store_out NULL, struct_size too small, bad backend, negative
    host_threads, io_queue_depth outside 1..4096, staging_bytes below 1 MiB, device below 0,
-   rank/world_size out of range); UNSUPPORTED (CUDA asked for where this build has no CUDA or
-   no device is usable, or world_size > 1 in this version); DEVICE_ERROR; OUT_OF_MEMORY. */
+   rank/world_size out of range, unknown restore_spill); UNSUPPORTED (CUDA asked for where this
+   build has no CUDA or no device is usable, or world_size > 1 in this version); DEVICE_ERROR;
+   OUT_OF_MEMORY. */
 EMBSTORE_API embstore_status_t embstore_store_create(const embstore_store_config_t* config,
                                                      embstore_store_t** store_out);
 
@@ -147,14 +163,14 @@ typedef struct embstore_table_config {
                                      (see "Eviction" below); 0 (default): never */
   /* Fields below were added in 0.2; a caller built against an older header (a smaller
      struct_size) gets their defaults. */
-  double evict_idle_seconds;      /* rows untouched for longer are evicted; 0 (default): never */
-  uint32_t evict_when_full;       /* 1: at max_capacity, an insert evicts the least recently
-                                     used rows to make room; 0 (default): it fails with
-                                     CAPACITY_EXCEEDED unless an idle rule is set */
+  double evict_idle_seconds; /* rows untouched for longer are evicted; 0 (default): never */
+  uint32_t evict_when_full;  /* 1: at max_capacity, an insert evicts the least recently
+                                used rows to make room; 0 (default): it fails with
+                                CAPACITY_EXCEEDED unless an idle rule is set */
   /* Fields below were added in 0.3. */
-  uint64_t admit_bloom_bytes;     /* admission counts in a counting Bloom filter of this many
-                                     one-byte counters instead of exactly (see "Admission");
-                                     0 (default): exact counting */
+  uint64_t admit_bloom_bytes; /* admission counts in a counting Bloom filter of this many
+                                 one-byte counters instead of exactly (see "Admission");
+                                 0 (default): exact counting */
 } embstore_table_config_t;
 
 /* Fills config with the defaults above. NULL is a no-op. */
@@ -237,8 +253,8 @@ typedef struct embstore_table_stats {
                                  admitted since included (see "Admission") */
   uint64_t skipped_keys;      /* gradient keys that had no row */
   /* Fields below were added in 0.3; a smaller struct_size (0.2) gets the fields above. */
-  uint64_t admitted;          /* rows that training lookups inserted (restored rows are not
-                                 counted); without admission, every new key */
+  uint64_t admitted; /* rows that training lookups inserted (restored rows are not
+                        counted); without admission, every new key */
 } embstore_table_stats_t;
 
 /* Fills out. On CUDA it waits for the table's earlier work. Returns OK; INVALID_ARGUMENT (NULL
@@ -303,8 +319,7 @@ EMBSTORE_API embstore_status_t embstore_table_stats(embstore_table_t* table,
 /* Runs the table's idle rules now, at the store's current step and time; *evicted_out (may be
    NULL) = the rows evicted. Returns OK; INVALID_ARGUMENT (NULL table);
    DEVICE_ERROR. A table without idle rules evicts nothing. */
-EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table,
-                                                    uint64_t* evicted_out);
+EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uint64_t* evicted_out);
 
 /* ------------------------------------------------------------------------- checkpoints -- */
 /* A checkpoint directory holds one subdirectory per version, named by the global step at
@@ -394,9 +409,9 @@ EMBSTORE_API void embstore_checkpoint_policy_init(embstore_checkpoint_policy_t* 
    set_policy and at a restore. dir NULL with everything off turns the policy off; a dir is
    created and its writer lock taken here, and a policy with a schedule has the checkpoint's
    staging_bytes of staging allocated (and pinned, on CUDA) in the background from here on,
-   so that the step taking its first checkpoint does not pay for it. Returns OK; INVALID_ARGUMENT (NULL pointer,
-   struct_size too small, negative or NaN seconds, a schedule without dir); BUSY (another
-   writer holds dir); IO_ERROR (dir or its lock cannot be created). Incremental checkpoints
+   so that the step taking its first checkpoint does not pay for it. Returns OK; INVALID_ARGUMENT
+   (NULL pointer, struct_size too small, negative or NaN seconds, a schedule without dir); BUSY
+   (another writer holds dir); IO_ERROR (dir or its lock cannot be created). Incremental checkpoints
    follow the same rules, by incremental_every_steps/_seconds; a full one due at the same step
    wins. */
 EMBSTORE_API embstore_status_t
@@ -457,21 +472,24 @@ EMBSTORE_API embstore_status_t embstore_checkpoint_info(embstore_store_t* store,
    and is the version the delta names by its manifest checksum). Everything read is checked
    before the store is changed (each manifest's checksum, names and paths; every file's size,
    block checksums and whole-file checksum; row counts): on any error the store is left as it
-   was. embstore-ckpt verify makes the same checks and exits 0 exactly when this succeeds. Tables missing from the store are created exactly as they were
-   configured (optimizer and hyperparameters, initializer and seed), so training continues as
-   if it had never stopped; an existing table must match in dim and optimizer, keeps its own
-   hyperparameters and has its rows replaced. Tables of the store that the checkpoint lacks are
-   left alone. The checkpoint's attachments become readable by embstore_restore_attachment.
-   Works across backends (a checkpoint of a HOST store restores into a CUDA one, and back).
-   Waits for a checkpoint in flight. Not concurrently with calls on the store's tables. Needs
-   memory for the restored tables beside the ones they replace. Takes no lock: reading a
-   directory while its writer goes on is safe, except that the writer's retention may delete
-   the version being read (restore then fails, and can be retried).
-   Returns OK; INVALID_ARGUMENT (NULL store or dir, dim or optimizer mismatch); NOT_FOUND (dir
-   missing, no committed checkpoint, or no such version); CORRUPT (checksum, size or format
-   mismatch, or a broken chain: file and offset in embstore_last_error()); IO_ERROR;
-   UNSUPPORTED (a checkpoint of several ranks, in this version); CAPACITY_EXCEEDED (more rows than
-   an existing table's max_capacity); OUT_OF_MEMORY; DEVICE_ERROR. */
+   was. embstore-ckpt verify makes the same checks and exits 0 exactly when this succeeds. Tables
+   missing from the store are created exactly as they were configured (optimizer and
+   hyperparameters, initializer and seed), so training continues as if it had never stopped; an
+   existing table must match in dim and optimizer, keeps its own hyperparameters and has its rows
+   replaced. Tables of the store that the checkpoint lacks are left alone. The checkpoint's
+   attachments become readable by embstore_restore_attachment. Works across backends (a checkpoint
+   of a HOST store restores into a CUDA one, and back). Waits for a checkpoint in flight. Not
+   concurrently with calls on the store's tables. Needs memory for the restored tables beside the
+   ones they replace, unless the store's restore_spill parks the replaced host tables in a spill
+   file first (then about one table's worth beside the store; a failed restore reads them back, and
+   if that read fails the restore returns IO_ERROR naming the tables whose rows are lost). Takes no
+   lock: reading a directory while its writer goes on is safe, except that the writer's retention
+   may delete the version being read (restore then fails, and can be retried). Returns OK;
+   INVALID_ARGUMENT (NULL store or dir, dim or optimizer mismatch); NOT_FOUND (dir missing, no
+   committed checkpoint, or no such version); CORRUPT (checksum, size or format mismatch, or a
+   broken chain: file and offset in embstore_last_error()); IO_ERROR; UNSUPPORTED (a checkpoint of
+   several ranks, in this version); CAPACITY_EXCEEDED (more rows than an existing table's
+   max_capacity); OUT_OF_MEMORY; DEVICE_ERROR. */
 EMBSTORE_API embstore_status_t embstore_restore(embstore_store_t* store, const char* dir,
                                                 uint64_t version, uint64_t* restored_version_out);
 /* Copies the attachment `name` of the last restored checkpoint into buf and its size into

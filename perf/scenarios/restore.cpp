@@ -21,6 +21,11 @@
 // page cache (interpreter start and import not counted). Runs alternate, so the disk's drift
 // falls on both; reported: numpy's median and the full's speed against it.
 //
+// --replace: each timed restore replaces the table instead of creating it (the store restored
+// the same version once before, untimed), with the store's restore_spill as --spill says
+// (never, always, auto): the peak memory then shows what the restore needs beside the store.
+// Spill files go to --spill-dir (default: the checkpoint directory's parent).
+//
 // --quick: 200,000 rows and K in {0, 1, 4}, for a smoke run.
 #include <fcntl.h>
 #include <sys/wait.h>
@@ -225,6 +230,11 @@ class RestoreScenario final : public Scenario {
     app.add_option("--numpy", numpy_python_,
                    "a Python with numpy: time np.load of the same arrays, alternating with the "
                    "restores of the full alone");
+    app.add_flag("--replace", replace_, "restore into a store that holds the table already");
+    app.add_option("--spill", spill_, "the store's restore_spill, with --replace")
+        ->check(CLI::IsMember({"never", "always", "auto"}))
+        ->capture_default_str();
+    app.add_option("--spill-dir", spill_dir_, "spill_dir (default: --dir)");
     app.add_flag("--quick", quick_, "200,000 rows and chain lengths 0, 1, 4");
     app.add_flag("--keep", keep_, "keep the checkpoint directory");
   }
@@ -340,13 +350,17 @@ class RestoreScenario final : public Scenario {
     report_common(report, o, backend);
     report.set("optimizer", optimizer_);
     report.set("rows", rows_);
+    report.set("replace", replace_);
+    report.set("spill", replace_ ? spill_ : "");
     report.set("delta_fraction", delta_fraction_);
     report.set("table_bytes", table_bytes);
     report.set("build_seconds", build_seconds);
     report.set("fio_bytes_per_second", fio_bps);
-    report.say("table: {} rows x dim {} ({}), {}B of rows; {} backend, host_threads {}", rows_,
-               o.dim, optimizer_, si(static_cast<double>(table_bytes)), backend_name(backend),
-               o.threads);
+    report.say(
+        "table: {} rows x dim {} ({}), {}B of rows; {} backend, host_threads {}{}", rows_, o.dim,
+        optimizer_, si(static_cast<double>(table_bytes)), backend_name(backend), o.threads,
+        replace_ ? fmt::format("; each restore replaces the table (restore_spill {})", spill_)
+                 : "");
     report.say("disk: {}", fio_bps > 0
                                ? fmt::format("{}B/s sequential read ({})", si(fio_bps), fio_how)
                                : fio_how);
@@ -362,8 +376,18 @@ class RestoreScenario final : public Scenario {
         if (k == 0 && !npy_paths.empty()) {
           numpy_seconds.push_back(numpy_load_seconds(numpy_python_, npy_paths, dir));
         }
+        embstore_store_config_t config = Store::default_config();
+        config.restore_spill = spill_ == "always"  ? EMBSTORE_SPILL_ALWAYS
+                               : spill_ == "never" ? EMBSTORE_SPILL_NEVER
+                                                   : EMBSTORE_SPILL_AUTO;
+        const std::string spill_dir = spill_dir_.empty() ? dir_ : spill_dir_;
+        config.spill_dir = spill_dir.c_str();
+        Store store(o, config);
+        if (replace_) {
+          uint64_t v = 0;
+          check(embstore_restore(store.get(), dir.c_str(), versions[k], &v), "embstore_restore");
+        }
         drop_from_page_cache(dir);
-        Store store(o);
         const uint64_t rss_before = proc_status_bytes("VmRSS");
         peak_known = reset_peak_rss() && peak_known;
         const Stopwatch w;
@@ -436,6 +460,9 @@ class RestoreScenario final : public Scenario {
 
   std::string dir_;
   std::string numpy_python_;
+  bool replace_ = false;
+  std::string spill_ = "auto";
+  std::string spill_dir_;
   uint64_t rows_ = 10'000'000;
   std::string optimizer_ = "adagrad";
   std::vector<size_t> deltas_ = {0, 1, 4, 16};

@@ -55,6 +55,8 @@ TEST_CASE("config defaults", "[api]") {
   REQUIRE(sc.staging_bytes > 0);
   REQUIRE(sc.io_queue_depth > 0);
   REQUIRE(sc.host_threads == 0);
+  REQUIRE(sc.restore_spill == EMBSTORE_SPILL_AUTO);
+  REQUIRE(sc.spill_dir == nullptr);
 
   embstore_table_config_t tc;
   std::memset(&tc, 0xAB, sizeof(tc));
@@ -99,6 +101,22 @@ TEST_CASE("bad store arguments", "[api]") {
   embstore_store_config_init(&c);
   c.backend = static_cast<embstore_backend_t>(7);
   require_failed(embstore_store_create(&c, &store), EMBSTORE_INVALID_ARGUMENT, "backend");
+
+  embstore_store_config_init(&c);
+  c.restore_spill = static_cast<embstore_spill_t>(3);
+  require_failed(embstore_store_create(&c, &store), EMBSTORE_INVALID_ARGUMENT, "restore_spill");
+
+  // A config of 0.4.0's size (without restore_spill and later): the later fields' defaults, and
+  // nothing read past it (the rest of this buffer would be an unknown restore_spill).
+  std::vector<unsigned char> old_config(sizeof(c), 0xAB);
+  embstore_store_config_init(&c);
+  c.backend = EMBSTORE_BACKEND_HOST;
+  c.struct_size = offsetof(embstore_store_config_t, restore_spill);
+  std::memcpy(old_config.data(), &c, c.struct_size);
+  REQUIRE(embstore_store_create(reinterpret_cast<embstore_store_config_t*>(old_config.data()),
+                                &store) == EMBSTORE_OK);
+  embstore_store_destroy(store);
+  store = nullptr;
 
   embstore_store_config_init(&c);
   c.host_threads = -1;

@@ -42,6 +42,15 @@ std::vector<float> write_chain(const std::string& dir, uint64_t* rows,
   return lookup_ok(t, all, 0);
 }
 
+// A store that parks the tables a restore replaces (restore_spill), or not.
+embstore_store_t* store_spilling(embstore_spill_t spill, const char* spill_dir = nullptr) {
+  embstore_store_config_t config;
+  embstore_store_config_init(&config);
+  config.restore_spill = spill;
+  config.spill_dir = spill_dir;
+  return make_store(config);
+}
+
 }  // namespace
 
 TEST_CASE("a restore with many host threads equals one with one thread", "[checkpoint][restore]") {
@@ -66,11 +75,14 @@ TEST_CASE("a restore with many host threads equals one with one thread", "[check
 }
 
 TEST_CASE("a restore that fails half-way leaves the store as it was", "[checkpoint][restore]") {
+  // Each way: the replaced tables kept in memory, or parked in a spill file and read back.
+  const embstore_spill_t spill = GENERATE(EMBSTORE_SPILL_NEVER, EMBSTORE_SPILL_ALWAYS);
+  INFO("restore_spill " << spill);
   TempDir dir;
   uint64_t rows = 0;
   write_chain(dir.path(), &rows);
   // The store to restore into: the table with rows of its own, and a second table.
-  StoreGuard b(make_store());
+  StoreGuard b(store_spilling(spill));
   embstore_table_t* tb = make_table(b, config_for("emb", 8, EMBSTORE_OPT_ADAGRAD));
   embstore_table_t* other = make_table(b, config_for("other", 4, EMBSTORE_OPT_SGD));
   const std::vector<int64_t> mine = {kKeys * 10, kKeys * 10 + 1, 7};
@@ -134,7 +146,7 @@ TEST_CASE("a restore that fails half-way leaves the store as it was", "[checkpoi
   SECTION("a table that does not fit, after the one that did") {
     // "aaa" loads; then "emb" exists with a row limit its rows pass: its load fails when the
     // table is nearly full, after every delta has loaded.
-    StoreGuard c(make_store());
+    StoreGuard c(store_spilling(spill));
     embstore_table_t* ta = make_table(c, config_for("aaa", 4, EMBSTORE_OPT_SGD));
     const std::vector<int64_t> a_keys = {kKeys * 20};
     lookup_ok(ta, a_keys);
@@ -154,5 +166,94 @@ TEST_CASE("a restore that fails half-way leaves the store as it was", "[checkpoi
     REQUIRE(stats(tc).rows == mine.size());
     REQUIRE(same_bits(lookup_ok(tc, mine, 0), c_before));
     unchanged();  // and the first store was never touched
+  }
+}
+
+TEST_CASE("a restore that parks the tables it replaces gives the same rows, or none on failure",
+          "[checkpoint][restore]") {
+  TempDir dir;
+  uint64_t rows = 0;
+  const std::vector<float> expected = write_chain(dir.path(), &rows);
+  const std::vector<int64_t> all = key_range(kKeys);
+  // The tables replaced hold many rows of their own (several arena chunks), some evicted.
+  StoreGuard b(store_spilling(EMBSTORE_SPILL_ALWAYS));
+  embstore_table_config_t config = config_for("emb", 8, EMBSTORE_OPT_ADAGRAD);
+  config.evict_idle_steps = 2;
+  embstore_table_t* tb = make_table(b, config);
+  embstore_table_t* ta = make_table(b, config_for("aaa", 4, EMBSTORE_OPT_SGD));
+  std::vector<int64_t> mine(3 * kKeys);
+  for (size_t i = 0; i < mine.size(); ++i) mine[i] = 1'000'000 + static_cast<int64_t>(i) * 7;
+  lookup_ok(tb, mine);
+  lookup_ok(ta, mine);
+  apply_ok(tb, mine, std::vector<float>(mine.size() * 8, 0.25f));
+  ok(embstore_step(b, 1));
+  const std::vector<int64_t> kept(mine.begin(), mine.begin() + kKeys * 2);
+  apply_ok(tb, kept, std::vector<float>(kept.size() * 8, 0.5f));  // touched at step 1
+  train_step(b, tb, 3, kKeys, 4096);  // step 3 evicts the rows last touched at step 0
+  REQUIRE(stats(tb).evicted > 0);
+  REQUIRE(stats(tb).rows > kept.size());
+  const std::vector<int64_t> probe = [&] {
+    std::vector<int64_t> k = mine;
+    k.insert(k.end(), all.begin(), all.end());
+    return k;
+  }();
+  const std::vector<float> b_before = lookup_ok(tb, probe, 0);
+  const std::vector<float> a_before = lookup_ok(ta, mine, 0);
+  const uint64_t b_rows = stats(tb).rows;
+
+  SECTION("a corrupt block: the parked tables are read back exactly") {
+    flip_byte(table_file(dir.path(), 1, "emb"), 4096 + 100);
+    uint64_t v = 0;
+    require_status(embstore_restore(b, dir.path().c_str(), EMBSTORE_LATEST, &v), EMBSTORE_CORRUPT);
+    REQUIRE(get_table(b, "emb") == tb);
+    REQUIRE(stats(tb).rows == b_rows);
+    REQUIRE(same_bits(lookup_ok(tb, probe, 0), b_before));
+    REQUIRE(same_bits(lookup_ok(ta, mine, 0), a_before));
+    // And they train on.
+    apply_ok(tb, mine, std::vector<float>(mine.size() * 8, 0.5f));
+  }
+  SECTION("the restore succeeds: the rows of a restore into an empty store") {
+    REQUIRE(restore_ok(b, dir.path(), EMBSTORE_LATEST) == 4);
+    REQUIRE(get_table(b, "emb") == tb);  // the handle stays valid
+    REQUIRE(stats(tb).rows == rows);
+    REQUIRE(same_bits(lookup_ok(tb, all, 0), expected));
+    REQUIRE(stats(ta).rows == 100);                                       // "aaa" of the checkpoint
+    REQUIRE(lookup_ok(tb, {mine[0]}, 0) == std::vector<float>(8, 0.0f));  // mine are gone
+  }
+}
+
+TEST_CASE("restore_spill decides whether a restore needs a spill file", "[checkpoint][restore]") {
+  TempDir dir;
+  uint64_t rows = 0;
+  const std::vector<float> expected = write_chain(dir.path(), &rows);
+  const std::string nowhere = dir.path() + "/no-such-dir";
+  auto store_with_emb = [&](embstore_spill_t spill) {
+    embstore_store_t* s = store_spilling(spill, nowhere.c_str());
+    lookup_ok(make_table(s, config_for("emb", 8, EMBSTORE_OPT_ADAGRAD)), {1, 2, 3});
+    return s;
+  };
+  SECTION("ALWAYS: the spill file cannot be made, and nothing changed") {
+    StoreGuard b(store_with_emb(EMBSTORE_SPILL_ALWAYS));
+    if (backend() != EMBSTORE_BACKEND_HOST) {  // device tables never spill
+      REQUIRE(restore_ok(b, dir.path(), EMBSTORE_LATEST) == 4);
+      return;
+    }
+    const std::vector<float> before = lookup_ok(get_table(b, "emb"), {1, 2, 3}, 0);
+    uint64_t v = 0;
+    require_status(embstore_restore(b, dir.path().c_str(), EMBSTORE_LATEST, &v), EMBSTORE_IO_ERROR,
+                   "spill_dir");
+    REQUIRE(stats(get_table(b, "emb")).rows == 3);
+    REQUIRE(same_bits(lookup_ok(get_table(b, "emb"), {1, 2, 3}, 0), before));
+  }
+  SECTION("NEVER, and AUTO with memory to spare, need none") {
+    for (const embstore_spill_t spill : {EMBSTORE_SPILL_NEVER, EMBSTORE_SPILL_AUTO}) {
+      StoreGuard b(store_with_emb(spill));
+      REQUIRE(restore_ok(b, dir.path(), EMBSTORE_LATEST) == 4);
+      REQUIRE(same_bits(lookup_ok(get_table(b, "emb"), key_range(kKeys), 0), expected));
+    }
+  }
+  SECTION("a store with no table to replace needs none") {
+    StoreGuard b(store_spilling(EMBSTORE_SPILL_ALWAYS, nowhere.c_str()));
+    REQUIRE(restore_ok(b, dir.path(), EMBSTORE_LATEST) == 4);
   }
 }

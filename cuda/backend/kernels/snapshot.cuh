@@ -157,16 +157,41 @@ static __global__ void __launch_bounds__(BlockSize)
   }
 }
 
-// load_rows: row first_row + i for keys[i], keys distinct and absent from the index (checked
-// before). Like rebuild_index_kernel, a claimed slot is final and nothing reads the index until
-// the kernel ends.
+// load_rows, skipping held keys: keep[i] = 1 for the first occurrence (in input order) of each
+// key the index does not hold, else 0. sorted_keys and sorted_pos: the piece's keys sorted
+// stably, with their positions in the input.
 template <int BlockSize>
 static __global__ void __launch_bounds__(BlockSize)
-    load_index_kernel(row::IndexRef index, row::ArenaRef arena, const int64_t* keys, uint64_t n,
-                      uint64_t first_row, uint64_t step) {
+    mark_new_load_keys_kernel(row::IndexRef index, const int64_t* sorted_keys,
+                              const uint32_t* sorted_pos, uint64_t n, uint32_t* keep) {
   for (uint64_t i = grid_thread<BlockSize>(); i < n; i += grid_threads<BlockSize>()) {
+    const int64_t key = sorted_keys[i];
+    const bool first = i == 0 || sorted_keys[i - 1] != key;
+    keep[sorted_pos[i]] = first && index.find(key) == row::kNoRow ? 1u : 0u;
+  }
+}
+
+// positions[i] = i: the values sorted beside the keys.
+static __global__ void positions_kernel(uint32_t* positions, uint64_t n) {
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n;
+       i += uint64_t{gridDim.x} * blockDim.x) {
+    positions[i] = static_cast<uint32_t>(i);
+  }
+}
+
+// load_rows: row first_row + at[i] for keys[i] where kept (keep and at null: every key, at[i] =
+// i), the kept keys distinct and absent from the index (checked or marked before). Like
+// rebuild_index_kernel, a claimed slot is final and nothing reads the index until the kernel
+// ends.
+template <int BlockSize>
+static __global__ void __launch_bounds__(BlockSize)
+    load_index_kernel(row::IndexRef index, row::ArenaRef arena, const int64_t* keys,
+                      const uint32_t* keep, const uint32_t* at, uint64_t n, uint64_t first_row,
+                      uint64_t step) {
+  for (uint64_t i = grid_thread<BlockSize>(); i < n; i += grid_threads<BlockSize>()) {
+    if (keep != nullptr && keep[i] == 0) continue;
     const int64_t key = keys[i];
-    const uint32_t r = static_cast<uint32_t>(first_row + i);
+    const uint32_t r = static_cast<uint32_t>(first_row + (at != nullptr ? at[i] : i));
     *arena.row_meta(r) = row::RowMeta{key, step};
     for (uint64_t s = index.home(key);; s = index.next(s)) {
       if (atomicCAS(&index.slots[s].row, row::kEmptyRow, r) == row::kEmptyRow) {
@@ -177,12 +202,13 @@ static __global__ void __launch_bounds__(BlockSize)
   }
 }
 
-// load_rows: record of row first_row + i = [values[i]][state[i]], a tile per row as in
-// init_rows_kernel.
+// load_rows: record of row first_row + at[i] = [values[i]][state[i]] where kept (as in
+// load_index_kernel), a tile per row as in init_rows_kernel.
 template <int BlockSize>
 static __global__ void __launch_bounds__(BlockSize)
-    load_values_kernel(row::ArenaRef arena, const float* values, const float* state, uint64_t n,
-                       uint64_t first_row, uint32_t tile_shift) {
+    load_values_kernel(row::ArenaRef arena, const float* values, const float* state,
+                       const uint32_t* keep, const uint32_t* at, uint64_t n, uint64_t first_row,
+                       uint32_t tile_shift) {
   const uint32_t tile = 1u << tile_shift;
   const uint32_t t = threadIdx.x & (tile - 1);
   const uint32_t dim = arena.dim;
@@ -190,7 +216,8 @@ static __global__ void __launch_bounds__(BlockSize)
   const uint32_t state_dim = stride - dim;
   for (uint64_t i = grid_thread<BlockSize>() >> tile_shift; i < n;
        i += grid_threads<BlockSize>() >> tile_shift) {
-    float* record = arena.row(first_row + i);
+    if (keep != nullptr && keep[i] == 0) continue;
+    float* record = arena.row(first_row + (at != nullptr ? at[i] : i));
     for (uint32_t c = t; c < stride; c += tile) {
       record[c] = c < dim ? values[i * dim + c] : state[i * state_dim + (c - dim)];
     }
