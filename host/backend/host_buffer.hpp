@@ -74,11 +74,6 @@ class HostBuffer {
   }
   size_t bytes() const { return bytes_; }
 
-  // Faults in [offset, offset + bytes) now, in slices over the pool's threads, so that the
-  // writes that fill it later (a restore's copies) take no page fault each: the kernel zeroes
-  // pages on first touch, which is most of a restore's time when one thread does it. For
-  // memory no other thread uses meanwhile. MADV_POPULATE_WRITE (Linux 5.14) where the kernel
-  // has it, else every 4 KiB page of the range written with the byte it holds.
   // Gives the memory back to the system: it reads as zeros until written again (a spilled
   // table's, written back from its spill file before use).
   void discard() const {
@@ -95,6 +90,11 @@ class HostBuffer {
     return has;
   }
 
+  // Faults in [offset, offset + bytes) now, in slices over the pool's threads, so that the
+  // writes that fill it later (a restore's copies) take no page fault each: the kernel zeroes
+  // pages on first touch, which is most of a restore's time when one thread does it. For
+  // memory no other thread uses meanwhile. MADV_POPULATE_WRITE (Linux 5.14) where the kernel
+  // has it, else every 4 KiB page of the range written with the byte it holds.
   void populate(ThreadPool& pool, size_t offset, size_t bytes) const {
     if (data_ == nullptr || offset >= bytes_) return;
     bytes = std::min(bytes, bytes_ - offset);

@@ -41,34 +41,60 @@ std::unique_ptr<SpillFile> open_spill_file(StoreView& store, const RestorePlan& 
   const uint64_t available = available_memory_bytes();
   if (settings.restore_spill == SpillMode::kAuto && needed <= available) return nullptr;
   std::unique_ptr<SpillFile> file;
-  if (const int r = SpillFile::open(settings.spill_dir, &file); r < 0) {
+  const int r = SpillFile::open(settings.spill_dir, &file);
+  if (r < 0 || file->in_memory()) {
     fail(EMBSTORE_IO_ERROR,
          "the restore must park the tables it replaces ({} MB to load, {} MB available), but "
-         "cannot create a spill file in '{}' (spill_dir): {}",
+         "cannot in '{}' (spill_dir): {}",
          needed >> 20, available == UINT64_MAX ? 0 : available >> 20, settings.spill_dir,
-         std::strerror(-r));
+         r < 0 ? std::strerror(-r) : "it is in memory (tmpfs), where parking frees nothing");
   }
   return file;
 }
 
-// A failed restore's last stage: the parked tables read back. Their rows are lost only when
-// the spill file cannot be read: then the error says so, and which tables.
-void unspill_all(const std::vector<Table*>& spilled, SpillFile* file, const std::string& cause) {
-  std::string lost, why;
+// A failed restore's last stage: the parked tables read back. Allocates nothing (lost has room
+// for every table), so it runs even when memory is what failed; returns the first failure to
+// read back, with the tables it left in *lost.
+std::exception_ptr unspill_all(const std::vector<Table*>& spilled, SpillFile* file,
+                               std::vector<Table*>* lost) noexcept {
+  std::exception_ptr first;
   for (Table* t : spilled) {
     try {
       t->unspill(*file);
-    } catch (const Error& e) {
-      lost += (lost.empty() ? "'" : ", '") + t->spec().name + "'";
-      if (why.empty()) why = e.what();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+      lost->push_back(t);
     }
   }
-  if (!lost.empty()) {
-    fail(EMBSTORE_IO_ERROR,
-         "restore failed ({}), and reading table(s) {} back from its spill file failed ({}): "
-         "their rows are lost from this store",
-         cause, lost, why);
+  return first;
+}
+
+std::string what_of(const std::exception_ptr& e);
+
+// In a handler of the restore's failure (the current exception): reads back the parked tables;
+// when some could not be, IO_ERROR saying what failed and which tables lost their rows.
+void read_back_parked(const std::vector<Table*>& spilled, SpillFile* file,
+                      std::vector<Table*>* lost) {
+  if (spilled.empty()) return;
+  const std::exception_ptr why = unspill_all(spilled, file, lost);
+  if (lost->empty()) return;
+  std::string names;
+  for (const Table* t : *lost) names += (names.empty() ? "'" : ", '") + t->spec().name + "'";
+  fail(EMBSTORE_IO_ERROR,
+       "restore failed ({}), and reading table(s) {} back from its spill file failed ({}): "
+       "their rows are lost from this store",
+       what_of(std::current_exception()), names, what_of(why));
+}
+
+// A version's bytes: every file, as the checkpointer counts a version it writes.
+uint64_t version_bytes(const io::Manifest& m) {
+  uint64_t bytes = 0;
+  for (const io::TableEntry& t : m.tables) {
+    for (const io::FileEntry& f : t.files) bytes += f.bytes;
+    if (t.admission) bytes += t.admission->bytes;
   }
+  for (const io::AttachmentEntry& a : m.attachments) bytes += a.file.bytes;
+  return bytes;
 }
 
 std::string what_of(const std::exception_ptr& e) {
@@ -105,46 +131,38 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
   // Short of memory, each table the restore replaces is parked in a spill file just before its
   // replacement loads, and read back if the restore fails.
   const std::unique_ptr<SpillFile> spill_file = open_spill_file(store_, plan);
-  std::vector<Table*> spilled;
+  // Room for every table before any is parked: reading them back must not allocate.
+  std::vector<Table*> spilled, lost;
+  spilled.reserve(plan.tables.size());
+  lost.reserve(plan.tables.size());
   std::vector<std::unique_ptr<Table>> loaded;
   std::map<std::string, std::vector<char>> attachments;
+  // What the checkpointer keeps of the restored version, made before the store changes.
+  Chain chain{true, dir, m.version, m.full, m.lineage, m.xxh3, 0, 0, 0};
   try {
     load_tables(plan, spill_file.get(), &spilled, &loaded);
     attachments = read_attachments(plan);
-  } catch (...) {
-    loaded.clear();  // their memory first
-    if (!spilled.empty()) unspill_all(spilled, spill_file.get(), what_of(std::current_exception()));
-    throw;
-  }
-
-  // Stage 3: swap in. Nothing below fails but allocation, and install allocates before it
-  // replaces any table.
-  try {
+    for (const io::ChainLink& c : plan.chain) {
+      const uint64_t bytes = version_bytes(*c.manifest);
+      if (c.manifest->full) {
+        chain.full_bytes = bytes;
+      } else {
+        chain.delta_bytes += bytes;
+        ++chain.deltas;
+      }
+    }
+    // Stage 3: swap in. Only install's allocation can fail, before it replaces any table.
     store_.install(std::move(loaded), m.version);
   } catch (...) {
-    if (!spilled.empty()) unspill_all(spilled, spill_file.get(), what_of(std::current_exception()));
+    loaded.clear();  // their memory first
+    read_back_parked(spilled, spill_file.get(), &lost);
     throw;
   }
   std::lock_guard lock(mutex_);
   restored_attachments_ = std::move(attachments);
   // The schedules go on from the restored step, and the next delta in dir follows it.
   schedule_.restart(m.version);
-  chain_ = Chain{true, dir, m.version, m.full, m.lineage, m.xxh3, 0, 0, 0};
-  for (const io::ChainLink& c : plan.chain) {
-    uint64_t bytes = 0;
-    // Every file, as the checkpointer counts a version it writes.
-    for (const io::TableEntry& t : c.manifest->tables) {
-      for (const io::FileEntry& f : t.files) bytes += f.bytes;
-      if (t.admission) bytes += t.admission->bytes;
-    }
-    for (const io::AttachmentEntry& a : c.manifest->attachments) bytes += a.file.bytes;
-    if (c.manifest->full) {
-      chain_.full_bytes = bytes;
-    } else {
-      chain_.delta_bytes += bytes;
-      ++chain_.deltas;
-    }
-  }
+  chain_ = std::move(chain);
   return m.version;
 }
 
@@ -173,8 +191,9 @@ void Checkpointer::load_tables(const RestorePlan& plan, SpillFile* spill_file,
       }
     }
     if (spill_file != nullptr && existing != nullptr && existing->can_spill()) {
+      spilled->push_back(
+          existing);  // first (room was made): unspill after a failed spill is a no-op
       existing->spill(*spill_file);
-      spilled->push_back(existing);
     }
     std::unique_ptr<Table> impl = store_.make_table(std::move(spec));
     // Built once, at its final size: no growth or rehash while it loads.

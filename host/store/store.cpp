@@ -93,6 +93,11 @@ embstore_table* embstore_store::create_table(const embstore_table_config_t& conf
   return adopt_table(make_table_impl(std::move(spec)));
 }
 
+void embstore_store::forget_table(const std::string& name) noexcept {
+  std::lock_guard lock(mutex_);
+  tables_.erase(name);
+}
+
 embstore_table* embstore_store::adopt_table(std::unique_ptr<embstore::Table> impl) {
   std::lock_guard lock(mutex_);
   const std::string& name = impl->spec().name;
@@ -186,10 +191,18 @@ void embstore_store::CheckpointView::install(std::vector<std::unique_ptr<embstor
                                              uint64_t step) {
   // New tables first: adopting one is the only step that allocates, so a failure there comes
   // before any table of the store is replaced (restore then reads back what it parked).
-  for (std::unique_ptr<embstore::Table>& impl : tables) {
-    if (store_.find_table(impl->spec().name.c_str()) == nullptr) {
-      store_.adopt_table(std::move(impl));
+  std::vector<std::string> adopted;
+  adopted.reserve(tables.size());
+  try {
+    for (std::unique_ptr<embstore::Table>& impl : tables) {
+      if (store_.find_table(impl->spec().name.c_str()) == nullptr) {
+        adopted.push_back(impl->spec().name);
+        store_.adopt_table(std::move(impl));
+      }
     }
+  } catch (...) {
+    for (const std::string& name : adopted) store_.forget_table(name);  // the store as it was
+    throw;
   }
   for (std::unique_ptr<embstore::Table>& impl : tables) {
     if (impl == nullptr) continue;                                         // adopted

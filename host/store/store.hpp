@@ -37,6 +37,8 @@ struct embstore_store {
   std::unique_ptr<embstore::Table> make_table_impl(embstore::TableSpec spec);
   // Registers impl under its spec's name; throws Error(ALREADY_EXISTS).
   embstore_table* adopt_table(std::unique_ptr<embstore::Table> impl);
+  // Removes a table adopted by a restore whose install failed (no handle was given out).
+  void forget_table(const std::string& name) noexcept;
 
   // embstore_step's part: the step moves from previous to step; runs the idle rules that are
   // due. Returns the rows evicted.

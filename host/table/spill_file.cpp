@@ -1,6 +1,8 @@
 #include "host/table/spill_file.hpp"
 
 #include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -62,6 +64,12 @@ int SpillFile::append(const void* data, size_t bytes, uint64_t* offset) {
   return 0;
 }
 
+bool SpillFile::in_memory() const {
+  struct statfs fs {};
+  if (::fstatfs(fd_, &fs) != 0) return false;
+  return fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC;
+}
+
 int SpillFile::settle() {
   if (::fdatasync(fd_) != 0) return -errno;
   // Clean pages now: DONTNEED drops them.
@@ -110,16 +118,19 @@ uint64_t available_memory_bytes() {
       }
     }
   }
-  // cgroup v2: "0::/path" in /proc/self/cgroup.
+  // cgroup v2: "0::/path" in /proc/self/cgroup; a limit above binds as well as the leaf's.
   std::ifstream cgroup("/proc/self/cgroup");
   std::string line;
   while (std::getline(cgroup, line)) {
     if (line.rfind("0::", 0) != 0) continue;
-    const std::string dir = "/sys/fs/cgroup" + line.substr(3);
-    const uint64_t max = read_number(dir + "/memory.max");
-    const uint64_t current = read_number(dir + "/memory.current");
-    if (max != UINT64_MAX && current != UINT64_MAX) {
-      available = std::min(available, max > current ? max - current : 0);
+    for (std::string path = line.substr(3); path.size() > 1;
+         path = path.substr(0, std::max<size_t>(path.rfind('/'), 1))) {
+      const std::string dir = "/sys/fs/cgroup" + path;
+      const uint64_t max = read_number(dir + "/memory.max");
+      const uint64_t current = read_number(dir + "/memory.current");
+      if (max != UINT64_MAX && current != UINT64_MAX) {
+        available = std::min(available, max > current ? max - current : 0);
+      }
     }
   }
   return available;

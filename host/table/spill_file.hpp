@@ -36,6 +36,8 @@ class SpillFile {
   int read(void* data, size_t bytes, uint64_t offset) const;
 
   uint64_t bytes() const { return end_; }
+  // Whether the file lives in memory (tmpfs, ramfs): parking rows there frees nothing.
+  bool in_memory() const;
   bool direct() const { return direct_; }
 
  private:
@@ -45,8 +47,9 @@ class SpillFile {
   bool direct_ = false;
 };
 
-// Bytes of memory this process may still take: the kernel's MemAvailable, and below its
-// cgroup's memory.max (cgroup v2) where it has one. UINT64_MAX where neither can be read.
+// Bytes of memory this process may still take: the kernel's MemAvailable, and below the
+// memory.max of its cgroup and of every cgroup above it (cgroup v2) where they have one.
+// UINT64_MAX where none can be read.
 uint64_t available_memory_bytes();
 
 }  // namespace embstore

@@ -96,8 +96,9 @@ typedef struct embstore_store_config {
                                  1 MiB (a chunk holds the widest row); default 256 MiB */
   int io_queue_depth;         /* writes in flight per writer, 1..4096; default 16 */
   int host_threads;           /* host backend worker threads, 0 (default): one per core */
-  /* Fields below came after 0.4.0: a config whose struct_size ends before them gets their
-     defaults. */
+  /* Fields below came after 0.4.0. embstore_store_create gives a config whose struct_size ends
+     before them their defaults; embstore_store_config_init writes every field of this header,
+     so a program must be compiled against the header of the library it runs with. */
   embstore_spill_t restore_spill; /* default AUTO */
   const char* spill_dir;          /* directory of restore's spill file (unnamed, gone when the
                                      restore returns); NULL (default): /var/tmp. Copied at create. */

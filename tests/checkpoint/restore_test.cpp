@@ -2,6 +2,9 @@
 // in parallel, rows keep the ids a serial load gives), and a restore that fails half-way (a
 // corrupt block in the last file read, memory refused, a table that does not fit) leaves the
 // store exactly as it was.
+#include <linux/magic.h>
+#include <sys/vfs.h>
+
 #include <catch2/catch.hpp>
 
 #include "host/backend/host_buffer.hpp"
@@ -82,7 +85,7 @@ TEST_CASE("a restore that fails half-way leaves the store as it was", "[checkpoi
   uint64_t rows = 0;
   write_chain(dir.path(), &rows);
   // The store to restore into: the table with rows of its own, and a second table.
-  StoreGuard b(store_spilling(spill));
+  StoreGuard b(store_spilling(spill, dir.path().c_str()));
   embstore_table_t* tb = make_table(b, config_for("emb", 8, EMBSTORE_OPT_ADAGRAD));
   embstore_table_t* other = make_table(b, config_for("other", 4, EMBSTORE_OPT_SGD));
   const std::vector<int64_t> mine = {kKeys * 10, kKeys * 10 + 1, 7};
@@ -146,7 +149,7 @@ TEST_CASE("a restore that fails half-way leaves the store as it was", "[checkpoi
   SECTION("a table that does not fit, after the one that did") {
     // "aaa" loads; then "emb" exists with a row limit its rows pass: its load fails when the
     // table is nearly full, after every delta has loaded.
-    StoreGuard c(store_spilling(spill));
+    StoreGuard c(store_spilling(spill, dir.path().c_str()));
     embstore_table_t* ta = make_table(c, config_for("aaa", 4, EMBSTORE_OPT_SGD));
     const std::vector<int64_t> a_keys = {kKeys * 20};
     lookup_ok(ta, a_keys);
@@ -176,7 +179,7 @@ TEST_CASE("a restore that parks the tables it replaces gives the same rows, or n
   const std::vector<float> expected = write_chain(dir.path(), &rows);
   const std::vector<int64_t> all = key_range(kKeys);
   // The tables replaced hold many rows of their own (several arena chunks), some evicted.
-  StoreGuard b(store_spilling(EMBSTORE_SPILL_ALWAYS));
+  StoreGuard b(store_spilling(EMBSTORE_SPILL_ALWAYS, dir.path().c_str()));
   embstore_table_config_t config = config_for("emb", 8, EMBSTORE_OPT_ADAGRAD);
   config.evict_idle_steps = 2;
   embstore_table_t* tb = make_table(b, config);
@@ -244,6 +247,20 @@ TEST_CASE("restore_spill decides whether a restore needs a spill file", "[checkp
                    "spill_dir");
     REQUIRE(stats(get_table(b, "emb")).rows == 3);
     REQUIRE(same_bits(lookup_ok(get_table(b, "emb"), {1, 2, 3}, 0), before));
+  }
+  SECTION("ALWAYS into tmpfs: refused, parking there would free nothing") {
+    struct statfs fs {};
+    if (backend() != EMBSTORE_BACKEND_HOST || ::statfs("/dev/shm", &fs) != 0 ||
+        fs.f_type != TMPFS_MAGIC) {
+      WARN("no tmpfs at /dev/shm, or not the host backend");
+      return;
+    }
+    StoreGuard b(store_spilling(EMBSTORE_SPILL_ALWAYS, "/dev/shm"));
+    lookup_ok(make_table(b, config_for("emb", 8, EMBSTORE_OPT_ADAGRAD)), {1, 2, 3});
+    uint64_t v = 0;
+    require_status(embstore_restore(b, dir.path().c_str(), EMBSTORE_LATEST, &v), EMBSTORE_IO_ERROR,
+                   "tmpfs");
+    REQUIRE(stats(get_table(b, "emb")).rows == 3);
   }
   SECTION("NEVER, and AUTO with memory to spare, need none") {
     for (const embstore_spill_t spill : {EMBSTORE_SPILL_NEVER, EMBSTORE_SPILL_AUTO}) {
