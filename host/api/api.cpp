@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/row/shard.h"
 #include "host/error.hpp"
 #include "host/store/store.hpp"
 
@@ -118,6 +119,10 @@ void embstore_store_config_init(embstore_store_config_t* c) {
   c->host_threads = 0;
   c->restore_spill = EMBSTORE_SPILL_AUTO;
   c->spill_dir = nullptr;
+}
+
+uint32_t embstore_shard_of(int64_t key, uint32_t world_size) {
+  return embstore::row::shard_of(key, world_size == 0 ? 1 : world_size);
 }
 
 embstore_status_t embstore_store_create(const embstore_store_config_t* config,

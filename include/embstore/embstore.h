@@ -107,6 +107,12 @@ typedef struct embstore_store_config {
 /* Fills config with the defaults above. NULL is a no-op. */
 EMBSTORE_API void embstore_store_config_init(embstore_store_config_t* config);
 
+/* The rank that owns key among world_size ranks (world_size 0 is taken as 1). One hash,
+   the same on every backend and machine and in every version, since checkpoints and serving
+   layouts depend on it: h = splitmix64_finalizer(key ^ 0x2545f4914f6cdd1d), then
+   ((h >> 32) * world_size) >> 32. */
+EMBSTORE_API uint32_t embstore_shard_of(int64_t key, uint32_t world_size);
+
 /* Creates a store. config NULL: the defaults.
    Returns OK; INVALID_ARGUMENT (store_out NULL, struct_size too small, bad backend, negative
    host_threads, io_queue_depth outside 1..4096, staging_bytes below 1 MiB, device below 0,

@@ -88,6 +88,15 @@ TEST_CASE("store lifecycle", "[api]") {
   embstore_store_destroy(auto_store);
 }
 
+TEST_CASE("embstore_shard_of: the documented hash, world size 0 taken as 1", "[api]") {
+  REQUIRE(embstore_shard_of(0, 0) == 0);
+  REQUIRE(embstore_shard_of(-1, 1) == 0);
+  // Values of the header's formula (computed outside the library; more in row_test).
+  REQUIRE(embstore_shard_of(0, 1000) == 582);
+  REQUIRE(embstore_shard_of(-1, 3) == 2);
+  REQUIRE(embstore_shard_of(123456789, 8) == 6);
+}
+
 TEST_CASE("bad store arguments", "[api]") {
   require_failed(embstore_store_create(nullptr, nullptr), EMBSTORE_INVALID_ARGUMENT, "store_out");
 

@@ -32,6 +32,7 @@ int main(void) {
 
   CHECK(embstore_version() == EMBSTORE_VERSION_CODE);
   CHECK(strcmp(embstore_status_name(EMBSTORE_NOT_FOUND), "EMBSTORE_NOT_FOUND") == 0);
+  CHECK(embstore_shard_of(123456789, 8) == 6u);
 
   embstore_store_config_init(&sc);
   sc.backend = EMBSTORE_BACKEND_HOST; /* pointers below are host memory */
