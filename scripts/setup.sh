@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs embstore's build dependencies from Debian's packages. Idempotent: does nothing when
+# Installs embstore's build dependencies from Debian's packages (Open MPI included: sharded
+# stores' host exchange and the multi-process tests). Idempotent: does nothing when
 # everything is present. The CUDA toolkit (nvcc, CUB, NCCL) is expected at /usr/local/cuda
 # where a CUDA build is wanted; without it the build is host-only.
 #   scripts/setup.sh [--plot] [--fuzz] [--bench]
@@ -9,7 +10,7 @@
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config liburing-dev libfmt-dev catch2 nlohmann-json3-dev
-          libxxhash-dev libcli11-dev python3)
+          libxxhash-dev libcli11-dev python3 openmpi-bin libopenmpi-dev)
 for arg in "$@"; do
   case "$arg" in
     --plot) packages+=(gnuplot-nox) ;;
