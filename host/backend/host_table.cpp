@@ -1,6 +1,7 @@
 // The host backend: tables in host memory, parallel over the store's thread pool, built from
 // the same per-row logic (cuda/row/) that the CUDA kernels run.
 #include <sys/mman.h>
+#include <xxhash.h>
 
 #if defined(__SSE2__)
 #include <immintrin.h>
@@ -292,8 +293,15 @@ class HostTable final : public Table {
     for (uint32_t c = 0; c < chunks_ && chunk_first < next_row_; ++c) {
       const uint64_t chunk_rows = row::chunk_rows(c, arena_.base_shift);
       const uint64_t rows = std::min(next_row_ - chunk_first, chunk_rows);
-      SpilledChunk part{c, spill_span(value_chunks_[c], rows * stride_bytes),
-                        spill_span(meta_chunks_[c], rows * sizeof(row::RowMeta)), 0, 0};
+      SpilledChunk part{c,
+                        spill_span(value_chunks_[c], rows * stride_bytes),
+                        spill_span(meta_chunks_[c], rows * sizeof(row::RowMeta)),
+                        0,
+                        0,
+                        0,
+                        0};
+      part.values_xxh3 = XXH3_64bits(value_chunks_[c].as<char>(), part.value_bytes);
+      part.meta_xxh3 = XXH3_64bits(meta_chunks_[c].as<char>(), part.meta_bytes);
       check_spill(file.append(value_chunks_[c].as<char>(), part.value_bytes, &part.values_at),
                   "write");
       check_spill(file.append(meta_chunks_[c].as<char>(), part.meta_bytes, &part.meta_at), "write");
@@ -315,6 +323,11 @@ class HostTable final : public Table {
                   "read back");
       check_spill(file.read(meta_chunks_[p.chunk].as<char>(), p.meta_bytes, p.meta_at),
                   "read back");
+      // The disk gave back what it was given, or the restore says the rows are lost.
+      if (XXH3_64bits(value_chunks_[p.chunk].as<char>(), p.value_bytes) != p.values_xxh3 ||
+          XXH3_64bits(meta_chunks_[p.chunk].as<char>(), p.meta_bytes) != p.meta_xxh3) {
+        check_spill(-EBADMSG, "read back (checksum mismatch)");
+      }
     }
     spilled_.clear();
   }
@@ -820,7 +833,7 @@ class HostTable final : public Table {
   // `chunk`'s two buffers (its rows in use, rounded up to whole pages).
   struct SpilledChunk {
     uint32_t chunk;
-    uint64_t value_bytes, meta_bytes, values_at, meta_at;
+    uint64_t value_bytes, meta_bytes, values_at, meta_at, values_xxh3, meta_xxh3;
   };
 
   // `used` bytes at the start of buffer, rounded up to the spill file's alignment: within its

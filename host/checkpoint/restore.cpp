@@ -73,17 +73,44 @@ std::string what_of(const std::exception_ptr& e);
 
 // In a handler of the restore's failure (the current exception): reads back the parked tables;
 // when some could not be, IO_ERROR saying what failed and which tables lost their rows.
-void read_back_parked(const std::vector<Table*>& spilled, SpillFile* file,
+void read_back_parked(StoreView& store, const std::vector<Table*>& spilled, SpillFile* file,
                       std::vector<Table*>* lost) {
   if (spilled.empty()) return;
   const std::exception_ptr why = unspill_all(spilled, file, lost);
   if (lost->empty()) return;
+  // A lost table keeps its index over rows that now read as zeros: it is replaced by an empty
+  // table of its configuration (the handle stays valid), never left half there.
   std::string names;
-  for (const Table* t : *lost) names += (names.empty() ? "'" : ", '") + t->spec().name + "'";
+  std::vector<std::unique_ptr<Table>> empty;
+  for (const Table* t : *lost) {
+    names += (names.empty() ? "'" : ", '") + t->spec().name + "'";
+    empty.push_back(store.make_table(t->spec()));
+  }
+  store.install(std::move(empty), store.step());
   fail(EMBSTORE_IO_ERROR,
        "restore failed ({}), and reading table(s) {} back from its spill file failed ({}): "
-       "their rows are lost from this store",
+       "their rows are lost from this store, and the tables are empty",
        what_of(std::current_exception()), names, what_of(why));
+}
+
+// The checks of every table the restore replaces (dim, optimizer), made before any is parked or
+// loaded. INVALID_ARGUMENT naming the table.
+void check_replaced_tables(StoreView& store, const RestorePlan& plan) {
+  for (const TablePlan& t : plan.tables) {
+    const Table* existing = store.find_table(t.entry->name);
+    if (existing == nullptr) continue;
+    const TableSpec& spec = existing->spec();
+    if (spec.dim != t.spec.dim) {
+      fail(EMBSTORE_INVALID_ARGUMENT, "table '{}' has dim {}, the checkpoint {} has dim {}",
+           t.entry->name, spec.dim, plan.path(), t.spec.dim);
+    }
+    if (spec.opt.kind != t.spec.opt.kind) {
+      fail(EMBSTORE_INVALID_ARGUMENT,
+           "table '{}' uses optimizer {}, the checkpoint {} holds the state of {}", t.entry->name,
+           io::optimizer_name(static_cast<int>(spec.opt.kind)), plan.path(),
+           io::optimizer_name(static_cast<int>(t.spec.opt.kind)));
+    }
+  }
 }
 
 // A version's bytes: every file, as the checkpointer counts a version it writes.
@@ -130,6 +157,7 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
   // Stage 2: every table loaded aside; the store is not touched until all of it has checked.
   // Short of memory, each table the restore replaces is parked in a spill file just before its
   // replacement loads, and read back if the restore fails.
+  check_replaced_tables(store_, plan);
   const std::unique_ptr<SpillFile> spill_file = open_spill_file(store_, plan);
   // Room for every table before any is parked: reading them back must not allocate.
   std::vector<Table*> spilled, lost;
@@ -155,7 +183,7 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
     store_.install(std::move(loaded), m.version);
   } catch (...) {
     loaded.clear();  // their memory first
-    read_back_parked(spilled, spill_file.get(), &lost);
+    read_back_parked(store_, spilled, spill_file.get(), &lost);
     throw;
   }
   std::lock_guard lock(mutex_);
@@ -176,20 +204,8 @@ void Checkpointer::load_tables(const RestorePlan& plan, SpillFile* spill_file,
   for (const TablePlan& t : plan.tables) {
     const std::string& name = t.entry->name;
     Table* existing = store_.find_table(name);
-    TableSpec spec = t.spec;
-    if (existing != nullptr) {
-      spec = existing->spec();
-      if (spec.dim != t.spec.dim) {
-        fail(EMBSTORE_INVALID_ARGUMENT, "table '{}' has dim {}, the checkpoint {} has dim {}", name,
-             spec.dim, vdir, t.spec.dim);
-      }
-      if (spec.opt.kind != t.spec.opt.kind) {
-        fail(EMBSTORE_INVALID_ARGUMENT,
-             "table '{}' uses optimizer {}, the checkpoint {} holds the state of {}", name,
-             io::optimizer_name(static_cast<int>(spec.opt.kind)), vdir,
-             io::optimizer_name(static_cast<int>(t.spec.opt.kind)));
-      }
-    }
+    // An existing table keeps its own configuration (checked by check_replaced_tables).
+    TableSpec spec = existing != nullptr ? existing->spec() : t.spec;
     if (spill_file != nullptr && existing != nullptr && existing->can_spill()) {
       spilled->push_back(
           existing);  // first (room was made): unspill after a failed spill is a no-op

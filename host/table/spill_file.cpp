@@ -71,6 +71,7 @@ bool SpillFile::in_memory() const {
 }
 
 int SpillFile::settle() {
+  if (direct_) return 0;  // nothing cached; a temporary file needs no flush to the device
   if (::fdatasync(fd_) != 0) return -errno;
   // Clean pages now: DONTNEED drops them.
   return -::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);

@@ -28,8 +28,8 @@ class SpillFile {
   // Appends bytes from data (both kAlignment-aligned; else -EINVAL); *offset is where they
   // went. -ENOSPC, -EIO, ...
   int append(const void* data, size_t bytes, uint64_t* offset);
-  // Writes everything appended to the disk and drops it from the page cache (fdatasync, then
-  // POSIX_FADV_DONTNEED): what the file held in memory is free once this returns 0.
+  // Frees what the file holds in memory: nothing with O_DIRECT; else everything appended is
+  // written (fdatasync) and dropped from the page cache (POSIX_FADV_DONTNEED).
   int settle();
   // Reads bytes at offset (appended before; all kAlignment-aligned, else -EINVAL). -EIO when the
   // file is shorter.
@@ -38,7 +38,6 @@ class SpillFile {
   uint64_t bytes() const { return end_; }
   // Whether the file lives in memory (tmpfs, ramfs): parking rows there frees nothing.
   bool in_memory() const;
-  bool direct() const { return direct_; }
 
  private:
   SpillFile() = default;

@@ -86,15 +86,23 @@ TEST_CASE("sharded gradient sums are bit-identical to one process on the concate
     }
     // Sharded: each rank routes every occurrence; each owner folds what it receives, the
     // segments in rank order (the all-to-all's receive layout).
+    // Each owner keeps its own sums: a key must reach exactly the owner shard_of names.
     std::map<int64_t, float> got;
+    size_t misrouted = 0;
     for (uint32_t owner = 0; owner < world; ++owner) {
+      std::map<int64_t, float> mine;
       for (uint32_t w = 0; w < world; ++w) {
         const shard::Route r = shard::route(keys[w].data(), keys[w].size(), world);
         for (uint64_t j = r.offsets[owner]; j < r.offsets[owner + 1]; ++j) {
-          got[keys[w][r.order[j]]] += grads[w][r.order[j]];
+          mine[keys[w][r.order[j]]] += grads[w][r.order[j]];
         }
       }
+      for (const auto& [key, sum] : mine) {
+        misrouted += row::shard_of(key, world) != owner || got.count(key) != 0;
+        got[key] = sum;
+      }
     }
+    REQUIRE(misrouted == 0);
     REQUIRE(got.size() == expected.size());
     for (const auto& [key, sum] : expected) {
       INFO("key " << key);

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/io/io_fixtures.hpp"
+
 namespace {
 
 struct AlignedBytes {
@@ -25,9 +27,9 @@ struct AlignedBytes {
 }  // namespace
 
 TEST_CASE("a spill file reads back what was appended", "[table][spill]") {
-  // Beside the build, on a disk (the current directory of the test).
+  embstore_test::TempDir dir;
   std::unique_ptr<embstore::SpillFile> file;
-  REQUIRE(embstore::SpillFile::open(".", &file) == 0);
+  REQUIRE(embstore::SpillFile::open(dir.path(), &file) == 0);
   constexpr size_t kA = embstore::SpillFile::kAlignment;
   AlignedBytes a(3 * kA), b(5 * kA);
   for (size_t i = 0; i < a.size; ++i) a.data[i] = static_cast<unsigned char>(i * 7 + 1);
@@ -58,6 +60,7 @@ TEST_CASE("a spill file reads back what was appended", "[table][spill]") {
 
 TEST_CASE("a spill file in a missing directory is an error", "[table][spill]") {
   std::unique_ptr<embstore::SpillFile> file;
-  REQUIRE(embstore::SpillFile::open("./embstore-no-such-dir/x", &file) == -ENOENT);
+  embstore_test::TempDir dir;
+  REQUIRE(embstore::SpillFile::open(dir.path() + "/no-such-dir", &file) == -ENOENT);
   REQUIRE(file == nullptr);
 }
