@@ -12,6 +12,7 @@
 
 #include "cuda/row/shard.h"
 #include "host/error.hpp"
+#include "host/shard/sharded_calls.hpp"
 #include "host/store/store.hpp"
 
 using embstore::fail;
@@ -67,6 +68,26 @@ void raise(embstore_status_t status, std::string message) {
   fail(EMBSTORE_UNSUPPORTED, "{} is not implemented in this version of embstore", what);
 }
 
+// Checkpoints of a sharded store must be collective (every rank's files under one manifest):
+// until they are, none is written, so that no checkpoint holds one rank's shard as a whole.
+void refuse_sharded(const embstore_store* store, const char* what) {
+  if (store->world_size > 1) {
+    fail(EMBSTORE_UNSUPPORTED, "{} of a sharded store (world_size {}) is not in this version", what,
+         store->world_size);
+  }
+}
+
+// A sharded call's argument checks, run without throwing: a failure is taken to every rank.
+template <typename F>
+embstore::shard::LocalCheck check_locally(F&& checks) {
+  try {
+    checks();
+    return {};
+  } catch (const embstore::Error& e) {
+    return {e.status(), e.what()};
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -99,6 +120,8 @@ const char* embstore_status_name(embstore_status_t s) {
       return "EMBSTORE_DEVICE_ERROR";
     case EMBSTORE_INTERNAL:
       return "EMBSTORE_INTERNAL";
+    case EMBSTORE_COMM_ERROR:
+      return "EMBSTORE_COMM_ERROR";
   }
   return "EMBSTORE_UNKNOWN_STATUS";
 }
@@ -119,6 +142,14 @@ void embstore_store_config_init(embstore_store_config_t* c) {
   c->host_threads = 0;
   c->restore_spill = EMBSTORE_SPILL_AUTO;
   c->spill_dir = nullptr;
+  c->mpi_comm = nullptr;
+  c->comm_callbacks = nullptr;
+}
+
+void embstore_comm_callbacks_init(embstore_comm_callbacks_t* callbacks) {
+  if (callbacks == nullptr) return;
+  std::memset(callbacks, 0, sizeof(*callbacks));
+  callbacks->struct_size = sizeof(*callbacks);
 }
 
 uint32_t embstore_shard_of(int64_t key, uint32_t world_size) {
@@ -228,6 +259,11 @@ embstore_status_t embstore_lookup(embstore_table_t* table, const int64_t* keys, 
     require(keys, "keys");
     require(values_out, "values_out");
     check_batch(n);
+    const embstore_store* store = table->store;
+    if (store->world_size > 1) {
+      embstore::shard::check_owned(keys, n, static_cast<uint32_t>(store->rank),
+                                   static_cast<uint32_t>(store->world_size));
+    }
     table->impl->lookup(keys, n, values_out, (flags & EMBSTORE_LOOKUP_INSERT) != 0,
                         table->store->step.load(std::memory_order_relaxed), stream);
   });
@@ -241,8 +277,57 @@ embstore_status_t embstore_apply_gradients(embstore_table_t* table, const int64_
     require(keys, "keys");
     require(grads, "grads");
     check_batch(n);
+    const embstore_store* store = table->store;
+    if (store->world_size > 1) {
+      embstore::shard::check_owned(keys, n, static_cast<uint32_t>(store->rank),
+                                   static_cast<uint32_t>(store->world_size));
+    }
     table->impl->apply_gradients(keys, grads, n, table->store->step.load(std::memory_order_relaxed),
                                  stream);
+  });
+}
+
+embstore_status_t embstore_sharded_lookup(embstore_table_t* table, const int64_t* keys, size_t n,
+                                          float* values_out, uint32_t flags, void* stream) {
+  if (table == nullptr || table->store->world_size == 1) {
+    return embstore_lookup(table, keys, n, values_out, flags, stream);
+  }
+  return guarded(__func__, [&] {
+    const embstore::shard::LocalCheck check = check_locally([&] {
+      if (flags & ~EMBSTORE_LOOKUP_INSERT) {
+        fail(EMBSTORE_INVALID_ARGUMENT, "unknown flags {:#x}", flags & ~EMBSTORE_LOOKUP_INSERT);
+      }
+      if (n == 0) return;
+      require(keys, "keys");
+      require(values_out, "values_out");
+      check_batch(n);
+    });
+    const bool insert = (flags & EMBSTORE_LOOKUP_INSERT) != 0;
+    // Occurrences count one by one toward admission: an insert there sends each of them.
+    const bool per_occurrence = insert && table->impl->spec().admit_after > 1;
+    embstore_store* store = table->store;
+    std::lock_guard lock(store->comm_mutex);
+    embstore::shard::sharded_lookup(*table->impl, *store->comm, check, keys, n, values_out, insert,
+                                    per_occurrence, store->step.load(std::memory_order_relaxed));
+  });
+}
+
+embstore_status_t embstore_sharded_apply_gradients(embstore_table_t* table, const int64_t* keys,
+                                                   const float* grads, size_t n, void* stream) {
+  if (table == nullptr || table->store->world_size == 1) {
+    return embstore_apply_gradients(table, keys, grads, n, stream);
+  }
+  return guarded(__func__, [&] {
+    const embstore::shard::LocalCheck check = check_locally([&] {
+      if (n == 0) return;
+      require(keys, "keys");
+      require(grads, "grads");
+      check_batch(n);
+    });
+    embstore_store* store = table->store;
+    std::lock_guard lock(store->comm_mutex);
+    embstore::shard::sharded_apply_gradients(*table->impl, *store->comm, check, keys, grads, n,
+                                             store->step.load(std::memory_order_relaxed));
   });
 }
 
@@ -299,6 +384,7 @@ embstore_status_t embstore_checkpoint(embstore_store_t* store, const char* dir,
     if (k != EMBSTORE_CKPT_FULL && k != EMBSTORE_CKPT_INCREMENTAL) {
       fail(EMBSTORE_INVALID_ARGUMENT, "unknown checkpoint kind {}", k);
     }
+    refuse_sharded(store, "a checkpoint");
     const uint64_t version = store->checkpointer->checkpoint(dir, k == EMBSTORE_CKPT_FULL);
     if (version_out) *version_out = version;
   });
@@ -361,6 +447,7 @@ embstore_status_t embstore_checkpoint_set_policy(embstore_store_t* store,
     if ((scheduled || policy->keep_full != 0) && !has_dir) {
       fail(EMBSTORE_INVALID_ARGUMENT, "policy has a schedule or keep_full but no dir");
     }
+    if (has_dir) refuse_sharded(store, "a checkpoint policy");
     embstore::checkpoint::Policy p;
     if (has_dir) p.dir = policy->dir;
     p.full_every_steps = policy->full_every_steps;
@@ -408,6 +495,7 @@ embstore_status_t embstore_restore(embstore_store_t* store, const char* dir, uin
     require(store, "store");
     require(dir, "dir");
     if (*dir == '\0') fail(EMBSTORE_INVALID_ARGUMENT, "dir is empty");
+    refuse_sharded(store, "a restore");
     const uint64_t restored = store->checkpointer->restore(dir, version);
     if (restored_version_out) *restored_version_out = restored;
   });

@@ -25,9 +25,10 @@ embstore_store::embstore_store(const embstore_store_config_t& c) {
   if (c.world_size < 1 || c.rank < 0 || c.rank >= c.world_size) {
     fail(EMBSTORE_INVALID_ARGUMENT, "rank {} is not in a world of size {}", c.rank, c.world_size);
   }
-  if (c.world_size > 1) {
-    fail(EMBSTORE_UNSUPPORTED, "world_size {} > 1: sharded stores are not implemented yet",
-         c.world_size);
+  if (c.world_size > 1 && (c.mpi_comm == nullptr) == (c.comm_callbacks == nullptr)) {
+    fail(EMBSTORE_INVALID_ARGUMENT,
+         "world_size {} needs exactly one communicator: mpi_comm or comm_callbacks ({} given)",
+         c.world_size, c.mpi_comm == nullptr ? "neither" : "both");
   }
   // A chunk of the staging ring must hold the widest row (dim 4096 with Adam: 48 KiB), and the
   // ring several chunks.
@@ -71,6 +72,20 @@ embstore_store::embstore_store(const embstore_store_config_t& c) {
     }
     default:
       fail(EMBSTORE_INVALID_ARGUMENT, "unknown backend {}", embstore::enum_value(c.backend));
+  }
+  if (c.world_size > 1 && backend == EMBSTORE_BACKEND_CUDA) {
+    fail(EMBSTORE_UNSUPPORTED,
+         "a sharded store (world_size {}) on the CUDA backend is not in this version: ask for "
+         "EMBSTORE_BACKEND_HOST",
+         c.world_size);
+  }
+  rank = c.rank;
+  world_size = c.world_size;
+  if (world_size > 1) {
+    // Last of the checks: duplicating an MPI communicator is collective.
+    comm = c.mpi_comm != nullptr
+               ? embstore::shard::make_mpi_communicator(c.mpi_comm, rank, world_size)
+               : embstore::shard::make_callback_communicator(*c.comm_callbacks, rank, world_size);
   }
   if (backend == EMBSTORE_BACKEND_HOST) {
     pool = std::make_unique<embstore::ThreadPool>(static_cast<unsigned>(c.host_threads));

@@ -14,6 +14,7 @@
 
 #include "host/checkpoint/checkpointer.hpp"
 #include "host/eviction/idle_clock.hpp"
+#include "host/shard/communicator.hpp"
 #include "host/store/thread_pool.hpp"
 #include "host/table/table.hpp"
 
@@ -52,6 +53,10 @@ struct embstore_store {
   unsigned io_queue_depth;
   embstore::checkpoint::SpillMode restore_spill;
   std::string spill_dir;
+  int rank = 0, world_size = 1;
+  // Sharded stores only: the exchange of the sharded calls, one at a time (comm_mutex).
+  std::unique_ptr<embstore::shard::Communicator> comm;
+  std::mutex comm_mutex;
   std::unique_ptr<embstore::ThreadPool> pool;  // host backend only
   std::atomic<uint64_t> step{0};
   embstore::IdleClock idle_clock;

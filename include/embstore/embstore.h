@@ -53,7 +53,10 @@ typedef enum embstore_status {
   EMBSTORE_UNSUPPORTED = 8,       /* not built, no device, or not implemented in this version */
   EMBSTORE_BUSY = 9,              /* another writer holds the checkpoint directory (it is named) */
   EMBSTORE_DEVICE_ERROR = 10,     /* CUDA or NCCL failure */
-  EMBSTORE_INTERNAL = 11          /* a bug in embstore: please report it with last_error */
+  EMBSTORE_INTERNAL = 11,         /* a bug in embstore: please report it with last_error */
+  EMBSTORE_COMM_ERROR = 12        /* an exchange through the store's communicator failed (MPI
+                                     or a callback reported an error): the ranks' tables may
+                                     differ; restore every rank from the last checkpoint */
 } embstore_status_t;
 
 /* "EMBSTORE_CORRUPT" for EMBSTORE_CORRUPT; "EMBSTORE_UNKNOWN_STATUS" for a number that is not
@@ -85,6 +88,26 @@ typedef enum {
   EMBSTORE_SPILL_ALWAYS = 2 /* always (costs writing and, after a failure, reading them back) */
 } embstore_spill_t;
 
+/* A process group other than MPI (PyTorch's gloo, a trainer's own transport) as C callbacks,
+   for sharded stores on the host backend. Each callback is collective: every rank of the store
+   calls it, in the same order, from the thread that made the embstore call. Each returns 0, or
+   nonzero on failure (the embstore call then fails with COMM_ERROR on that rank). Byte counts
+   and buffers are packed in rank order: rank q's part starts after the parts of ranks 0..q-1. */
+typedef struct embstore_comm_callbacks {
+  size_t struct_size; /* set by embstore_comm_callbacks_init */
+  void* context;      /* passed to every callback; must outlive the store */
+  /* Every rank contributes `bytes` bytes (the same count on every rank); recv receives
+     world_size * bytes: rank q's at recv + q * bytes. */
+  int (*all_gather)(void* context, const void* send, size_t bytes, void* recv);
+  /* send_bytes[q] bytes of send go to rank q; recv_bytes[q] bytes of recv come from rank q
+     (what q sends to this rank: the caller knows it, since a count exchange comes first). */
+  int (*all_to_all)(void* context, const void* send, const size_t* send_bytes, void* recv,
+                    const size_t* recv_bytes);
+} embstore_comm_callbacks_t;
+
+/* Zeroes callbacks and sets struct_size. NULL is a no-op. */
+EMBSTORE_API void embstore_comm_callbacks_init(embstore_comm_callbacks_t* callbacks);
+
 typedef struct embstore_store_config {
   size_t struct_size;         /* set by embstore_store_config_init */
   embstore_backend_t backend; /* default AUTO */
@@ -102,6 +125,15 @@ typedef struct embstore_store_config {
   embstore_spill_t restore_spill; /* default AUTO */
   const char* spill_dir;          /* directory of restore's spill file (unnamed, gone when the
                                      restore returns); NULL (default): /var/tmp. Copied at create. */
+  /* The communicator of a sharded store (world_size > 1, see "Sharded tables"): exactly one of
+     these two, on the host backend. */
+  void* mpi_comm; /* a pointer to the trainer's MPI_Comm (rank and size must match rank and
+                     world_size); embstore duplicates it at create (collective: every rank
+                     creates its store together) and frees the duplicate at destroy, so no
+                     message of its own can match the trainer's. Needs a build with MPI
+                     (embstore_store_create: UNSUPPORTED otherwise). Default NULL */
+  const embstore_comm_callbacks_t* comm_callbacks; /* or callbacks; copied at create.
+                                                      Default NULL */
 } embstore_store_config_t;
 
 /* Fills config with the defaults above. NULL is a no-op. */
@@ -113,12 +145,16 @@ EMBSTORE_API void embstore_store_config_init(embstore_store_config_t* config);
    ((h >> 32) * world_size) >> 32. */
 EMBSTORE_API uint32_t embstore_shard_of(int64_t key, uint32_t world_size);
 
-/* Creates a store. config NULL: the defaults.
+/* Creates a store. config NULL: the defaults. A sharded store (world_size > 1) is created by
+   every rank together (the MPI communicator is duplicated collectively).
    Returns OK; INVALID_ARGUMENT (store_out NULL, struct_size too small, bad backend, negative
    host_threads, io_queue_depth outside 1..4096, staging_bytes below 1 MiB, device below 0,
-   rank/world_size out of range, unknown restore_spill); UNSUPPORTED (CUDA asked for where this
-   build has no CUDA or no device is usable, or world_size > 1 in this version); DEVICE_ERROR;
-   OUT_OF_MEMORY. */
+   rank/world_size out of range, unknown restore_spill; world_size > 1 without a communicator or
+   with both kinds, callbacks with a NULL function or a struct_size too small, an MPI
+   communicator whose rank or size differ from rank and world_size, or MPI not initialized);
+   UNSUPPORTED (CUDA asked for where this build has no CUDA or no device is usable; mpi_comm in a
+   build without MPI; world_size > 1 on the CUDA backend, in this version); COMM_ERROR;
+   DEVICE_ERROR; OUT_OF_MEMORY. */
 EMBSTORE_API embstore_status_t embstore_store_create(const embstore_store_config_t* config,
                                                      embstore_store_t** store_out);
 
@@ -239,6 +275,51 @@ EMBSTORE_API embstore_status_t embstore_lookup(embstore_table_t* table, const in
 EMBSTORE_API embstore_status_t embstore_apply_gradients(embstore_table_t* table,
                                                         const int64_t* keys, const float* grads,
                                                         size_t n, void* stream);
+
+/* Sharded tables (world_size > 1). Each rank's store holds the rows of the keys
+   embstore_shard_of(key, world_size) gives its rank: its shard of every table. Tables are
+   created on every rank with the same configs. embstore_lookup and embstore_apply_gradients act
+   on the rank's own shard, for trainers that route keys themselves: a key the rank does not own
+   is INVALID_ARGUMENT (nothing is read, inserted or updated). The sharded calls below take each
+   rank's own batch and route it.
+
+   They are collective: every rank calls them for the same table in the same order, and the
+   exchange runs on the calling thread through the store's communicator (a duplicate of the
+   trainer's MPI communicator, or its callbacks), so they never race with the trainer's own
+   collectives on its communicator. With MPI, the thread that calls them must be allowed to call
+   MPI at the level the trainer initialized it with (FUNNELED: the main thread; SERIALIZED: one
+   thread at a time; MULTIPLE: any). One call at a time per store: a sharded call waits for
+   another one of the same store. Every rank returns the same status: when a rank's own part
+   fails (bad arguments that still name a table, CAPACITY_EXCEEDED, OUT_OF_MEMORY), every rank
+   fails with that status and a message naming the rank. Each owner carries out its part on
+   its own shard: one that fails leaves its shard as the plain call does on failure, and the
+   parts the other owners carried out stay (rows they inserted, gradients they applied). A NULL
+   table returns at once on that rank only: the other ranks then wait for it (pass a table on
+   every rank). On a store of one rank they are the plain calls.
+   Checkpoints, restore and warm start of a sharded store are not in this version
+   (UNSUPPORTED). */
+
+/* Reads the rows of the rank's n keys into values_out, as embstore_lookup would in one
+   process: each distinct key goes once to its owner (every occurrence, for an insert on a table
+   with admission, so that occurrences count as in one process) and its row comes back to each
+   of its positions. W ranks, each with its own batch, read, insert and count exactly what one
+   process would for the ranks' batches concatenated in rank order. Flags as embstore_lookup.
+   Returns OK; INVALID_ARGUMENT (NULL pointer with n > 0, unknown flags, n too large: on every
+   rank); CAPACITY_EXCEEDED; OUT_OF_MEMORY; COMM_ERROR. */
+EMBSTORE_API embstore_status_t embstore_sharded_lookup(embstore_table_t* table, const int64_t* keys,
+                                                       size_t n, float* values_out, uint32_t flags,
+                                                       void* stream);
+
+/* Applies the rank's n gradients: every occurrence goes to the owner of its key, which sums
+   what it receives in rank order, then batch order, and updates as embstore_apply_gradients.
+   The tables of W ranks are therefore bit-identical to one process's after it applied the
+   ranks' batches concatenated in rank order. Keys without a row are skipped and counted in the
+   owner's skipped_keys. Returns OK; INVALID_ARGUMENT (on every rank); OUT_OF_MEMORY;
+   COMM_ERROR. */
+EMBSTORE_API embstore_status_t embstore_sharded_apply_gradients(embstore_table_t* table,
+                                                                const int64_t* keys,
+                                                                const float* grads, size_t n,
+                                                                void* stream);
 
 /* A step boundary: sets the global step that later updates stamp on their rows and that the
    next checkpoint is named by, runs the tables' eviction rules when due (see "Eviction"), then
@@ -362,8 +443,9 @@ typedef enum { EMBSTORE_CKPT_FULL = 1, EMBSTORE_CKPT_INCREMENTAL = 2 } embstore_
    cleared. Call it between steps, not concurrently with calls on the store's tables.
    Returns OK once captured (embstore_checkpoint_wait gives the outcome); INVALID_ARGUMENT
    (NULL store or dir, empty dir, bad kind); ALREADY_EXISTS (dir holds this version already);
-   BUSY (another writer holds dir: nothing was captured or written); IO_ERROR (dir, its lock or
-   its temporary directory cannot be created); OUT_OF_MEMORY; DEVICE_ERROR.
+   BUSY (another writer holds dir: nothing was captured or written); UNSUPPORTED (a sharded
+   store, in this version); IO_ERROR (dir, its lock or its temporary directory cannot be
+   created); OUT_OF_MEMORY; DEVICE_ERROR.
    INCREMENTAL is taken as FULL when the store's last committed (or restored) version is not
    in dir, is not older than this one (the step went backwards: a delta always has a newer
    version than its parent), is no longer the version this store committed there, or when the
@@ -418,7 +500,8 @@ EMBSTORE_API void embstore_checkpoint_policy_init(embstore_checkpoint_policy_t* 
    staging_bytes of staging allocated (and pinned, on CUDA) in the background from here on,
    so that the step taking its first checkpoint does not pay for it. Returns OK; INVALID_ARGUMENT
    (NULL pointer, struct_size too small, negative or NaN seconds, a schedule without dir); BUSY
-   (another writer holds dir); IO_ERROR (dir or its lock cannot be created). Incremental checkpoints
+   (another writer holds dir); UNSUPPORTED (a policy with a dir on a sharded store, in this
+   version); IO_ERROR (dir or its lock cannot be created). Incremental checkpoints
    follow the same rules, by incremental_every_steps/_seconds; a full one due at the same step
    wins. */
 EMBSTORE_API embstore_status_t
@@ -495,8 +578,8 @@ EMBSTORE_API embstore_status_t embstore_checkpoint_info(embstore_store_t* store,
    INVALID_ARGUMENT (NULL store or dir, dim or optimizer mismatch); NOT_FOUND (dir missing, no
    committed checkpoint, or no such version); CORRUPT (checksum, size or format mismatch, or a
    broken chain: file and offset in embstore_last_error()); IO_ERROR; UNSUPPORTED (a checkpoint of
-   several ranks, in this version); CAPACITY_EXCEEDED (more rows than an existing table's
-   max_capacity); OUT_OF_MEMORY; DEVICE_ERROR. */
+   several ranks, or a sharded store, in this version); CAPACITY_EXCEEDED (more rows than an
+   existing table's max_capacity); OUT_OF_MEMORY; DEVICE_ERROR. */
 EMBSTORE_API embstore_status_t embstore_restore(embstore_store_t* store, const char* dir,
                                                 uint64_t version, uint64_t* restored_version_out);
 /* Copies the attachment `name` of the last restored checkpoint into buf and its size into

@@ -36,7 +36,9 @@ TEST_CASE("version and status names", "[api]") {
   REQUIRE(EMBSTORE_INVALID_ARGUMENT == 1);
   REQUIRE(EMBSTORE_CAPACITY_EXCEEDED == 5);
   REQUIRE(EMBSTORE_INTERNAL == 11);
-  for (int s = 0; s <= 11; ++s) {
+  REQUIRE(EMBSTORE_COMM_ERROR == 12);
+  REQUIRE(std::string(embstore_status_name(EMBSTORE_COMM_ERROR)) == "EMBSTORE_COMM_ERROR");
+  for (int s = 0; s <= 12; ++s) {
     const std::string name = embstore_status_name(static_cast<embstore_status_t>(s));
     REQUIRE(name.rfind("EMBSTORE_", 0) == 0);
     REQUIRE(name != "EMBSTORE_UNKNOWN_STATUS");
@@ -57,6 +59,16 @@ TEST_CASE("config defaults", "[api]") {
   REQUIRE(sc.host_threads == 0);
   REQUIRE(sc.restore_spill == EMBSTORE_SPILL_AUTO);
   REQUIRE(sc.spill_dir == nullptr);
+  REQUIRE(sc.mpi_comm == nullptr);
+  REQUIRE(sc.comm_callbacks == nullptr);
+  embstore_comm_callbacks_t cb;
+  std::memset(&cb, 0xAB, sizeof(cb));
+  embstore_comm_callbacks_init(&cb);
+  REQUIRE(cb.struct_size == sizeof(cb));
+  REQUIRE(cb.context == nullptr);
+  REQUIRE(cb.all_gather == nullptr);
+  REQUIRE(cb.all_to_all == nullptr);
+  embstore_comm_callbacks_init(nullptr);
 
   embstore_table_config_t tc;
   std::memset(&tc, 0xAB, sizeof(tc));
@@ -161,7 +173,7 @@ TEST_CASE("bad store arguments", "[api]") {
   embstore_store_config_init(&c);
   c.world_size = 4;
   c.rank = 1;
-  require_failed(embstore_store_create(&c, &store), EMBSTORE_UNSUPPORTED, "world_size");
+  require_failed(embstore_store_create(&c, &store), EMBSTORE_INVALID_ARGUMENT, "communicator");
 }
 
 TEST_CASE("table create and get", "[api]") {

@@ -28,11 +28,22 @@ int main(void) {
   float values[4 * 8];
   float again[4 * 8];
   float grads[4 * 8];
+  float sharded_rows[4 * 8];
+  embstore_comm_callbacks_t callbacks;
   int i;
 
   CHECK(embstore_version() == EMBSTORE_VERSION_CODE);
   CHECK(strcmp(embstore_status_name(EMBSTORE_NOT_FOUND), "EMBSTORE_NOT_FOUND") == 0);
   CHECK(embstore_shard_of(123456789, 8) == 6u);
+
+  /* Two ranks need a communicator: callbacks without functions are refused. */
+  embstore_comm_callbacks_init(&callbacks);
+  CHECK(callbacks.struct_size == sizeof(callbacks) && callbacks.all_to_all == NULL);
+  embstore_store_config_init(&sc);
+  sc.backend = EMBSTORE_BACKEND_HOST;
+  sc.world_size = 2;
+  sc.comm_callbacks = &callbacks;
+  CHECK(embstore_store_create(&sc, &store) == EMBSTORE_INVALID_ARGUMENT && store == NULL);
 
   embstore_store_config_init(&sc);
   sc.backend = EMBSTORE_BACKEND_HOST; /* pointers below are host memory */
@@ -55,6 +66,9 @@ int main(void) {
   for (i = 0; i < 4 * 8; ++i) grads[i] = 1.0f;
   CHECK(embstore_apply_gradients(table, keys, grads, 4, NULL) == EMBSTORE_OK);
   CHECK(embstore_lookup(table, keys, 4, again, 0, NULL) == EMBSTORE_OK);
+  /* A store of one rank: the sharded calls are the plain ones. */
+  CHECK(embstore_sharded_lookup(table, keys, 4, sharded_rows, 0, NULL) == EMBSTORE_OK);
+  CHECK(memcmp(sharded_rows, again, sizeof(again)) == 0);
   /* key 3 saw two gradients of 1 summed: moved by 0.5 * 2; key -9 by 0.5. */
   CHECK(again[0] == values[0] - 1.0f);
   CHECK(again[8] == values[8] - 0.5f);

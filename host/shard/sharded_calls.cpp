@@ -1,0 +1,174 @@
+#include "host/shard/sharded_calls.hpp"
+
+#include <cstring>
+#include <new>
+#include <numeric>
+#include <vector>
+
+#include "cuda/row/shard.h"
+#include "host/error.hpp"
+#include "host/shard/routing.hpp"
+
+namespace embstore::shard {
+
+namespace {
+
+// What a rank tells each peer before any key moves: how many keys it sends it, and whether its
+// own arguments passed.
+struct Header {
+  uint64_t count;
+  int32_t status;
+  int32_t reserved;
+};
+
+// Fails the call on every rank when any rank reported a failure: the lowest such rank's status.
+// The failing rank keeps its own message; the others name it.
+void raise_if_any_failed(const std::vector<int32_t>& statuses, int self, const LocalCheck& check) {
+  for (size_t q = 0; q < statuses.size(); ++q) {
+    if (statuses[q] == EMBSTORE_OK) continue;
+    if (static_cast<int>(q) == self) throw Error(check.status, check.message);
+    const auto status = static_cast<embstore_status_t>(statuses[q]);
+    fail(status, "rank {} failed its part of the sharded call ({}); see that rank's error", q,
+         embstore_status_name(status));
+  }
+}
+
+// Stage: every rank learns how many keys each peer sends it, and whether every rank's
+// arguments passed (else every rank throws here, before any key moves).
+std::vector<uint64_t> exchange_counts(Communicator& comm, const std::vector<uint64_t>& counts,
+                                      const LocalCheck& check) {
+  const size_t world = static_cast<size_t>(comm.size());
+  std::vector<Header> out(world), in(world);
+  for (size_t q = 0; q < world; ++q) out[q] = {counts[q], static_cast<int32_t>(check.status), 0};
+  const std::vector<size_t> bytes(world, sizeof(Header));
+  comm.all_to_all(out.data(), bytes.data(), in.data(), bytes.data());
+  std::vector<int32_t> statuses(world);
+  std::vector<uint64_t> received(world);
+  for (size_t q = 0; q < world; ++q) {
+    statuses[q] = in[q].status;
+    received[q] = in[q].count;
+  }
+  raise_if_any_failed(statuses, comm.rank(), check);
+  return received;
+}
+
+// Stage: items of `width` bytes, counts[q] of them to (or from) rank q.
+template <typename T>
+std::vector<T> exchange(Communicator& comm, const std::vector<T>& send,
+                        const std::vector<uint64_t>& send_counts,
+                        const std::vector<uint64_t>& recv_counts, size_t width) {
+  const size_t world = send_counts.size();
+  std::vector<size_t> send_bytes(world), recv_bytes(world);
+  size_t total = 0;
+  for (size_t q = 0; q < world; ++q) {
+    send_bytes[q] = send_counts[q] * width * sizeof(T);
+    recv_bytes[q] = recv_counts[q] * width * sizeof(T);
+    total += recv_counts[q] * width;
+  }
+  std::vector<T> recv(total);
+  comm.all_to_all(send.data(), send_bytes.data(), recv.data(), recv_bytes.data());
+  return recv;
+}
+
+// Stage: the owner's part on its own shard; its failure becomes a status for every rank.
+template <typename F>
+LocalCheck run_own_part(F&& part) {
+  try {
+    part();
+    return {};
+  } catch (const Error& e) {
+    return {e.status(), e.what()};
+  } catch (const std::bad_alloc&) {
+    return {EMBSTORE_OUT_OF_MEMORY, "host memory allocation failed"};
+  } catch (const std::exception& e) {
+    return {EMBSTORE_INTERNAL, e.what()};
+  }
+}
+
+// Stage: every rank learns every owner's outcome; throws on every rank if one failed.
+void agree_on_outcome(Communicator& comm, const LocalCheck& outcome) {
+  const int32_t mine = outcome.status;
+  std::vector<int32_t> all(static_cast<size_t>(comm.size()));
+  comm.all_gather(&mine, sizeof mine, all.data());
+  raise_if_any_failed(all, comm.rank(), outcome);
+}
+
+// The keys this rank sends, in send order.
+std::vector<int64_t> keys_in_send_order(const Route& route, const int64_t* keys) {
+  std::vector<int64_t> out(route.order.size());
+  for (size_t j = 0; j < route.order.size(); ++j) out[j] = keys[route.order[j]];
+  return out;
+}
+
+}  // namespace
+
+void sharded_lookup(Table& table, Communicator& comm, const LocalCheck& check, const int64_t* keys,
+                    size_t n, float* values_out, bool insert, bool per_occurrence, uint64_t step) {
+  const uint32_t world = static_cast<uint32_t>(comm.size());
+  const size_t dim = table.spec().dim;
+  if (check.status != EMBSTORE_OK) n = 0;  // take part with nothing, to fail on every rank
+  // Plan: the keys to send (distinct ones, or every occurrence), grouped by owner.
+  Dedupe sent;
+  if (per_occurrence) {
+    sent.keys.assign(keys, keys + n);
+    sent.slot_of.resize(n);
+    std::iota(sent.slot_of.begin(), sent.slot_of.end(), 0u);
+  } else {
+    sent = dedupe(keys, n);
+  }
+  const Route route = shard::route(sent.keys.data(), sent.keys.size(), world);
+  const std::vector<uint64_t> asked_counts = exchange_counts(comm, route.counts, check);
+  const std::vector<int64_t> asked =
+      exchange(comm, keys_in_send_order(route, sent.keys.data()), route.counts, asked_counts, 1);
+  std::vector<float> answers(asked.size() * dim);
+  agree_on_outcome(comm, run_own_part([&] {
+                     if (!asked.empty()) {
+                       table.lookup(asked.data(), asked.size(), answers.data(), insert, step,
+                                    nullptr);
+                     }
+                   }));
+  const std::vector<float> rows = exchange(comm, answers, asked_counts, route.counts, dim);
+  const std::vector<uint32_t> at = gather_order(route, sent.slot_of);
+  for (size_t i = 0; i < n; ++i) {
+    std::memcpy(values_out + i * dim, rows.data() + size_t{at[i]} * dim, dim * sizeof(float));
+  }
+}
+
+void sharded_apply_gradients(Table& table, Communicator& comm, const LocalCheck& check,
+                             const int64_t* keys, const float* grads, size_t n, uint64_t step) {
+  const uint32_t world = static_cast<uint32_t>(comm.size());
+  const size_t dim = table.spec().dim;
+  if (check.status != EMBSTORE_OK) n = 0;
+  // Every occurrence, grouped by owner in batch order: the owner's concatenation (rank order)
+  // sums each key's gradients as one process would on the concatenated batches.
+  const Route route = shard::route(keys, n, world);
+  std::vector<float> grads_sent(route.order.size() * dim);
+  for (size_t j = 0; j < route.order.size(); ++j) {
+    std::memcpy(grads_sent.data() + j * dim, grads + size_t{route.order[j]} * dim,
+                dim * sizeof(float));
+  }
+  const std::vector<uint64_t> got_counts = exchange_counts(comm, route.counts, check);
+  const std::vector<int64_t> got_keys =
+      exchange(comm, keys_in_send_order(route, keys), route.counts, got_counts, 1);
+  const std::vector<float> got_grads = exchange(comm, grads_sent, route.counts, got_counts, dim);
+  agree_on_outcome(comm, run_own_part([&] {
+                     if (!got_keys.empty()) {
+                       table.apply_gradients(got_keys.data(), got_grads.data(), got_keys.size(),
+                                             step, nullptr);
+                     }
+                   }));
+}
+
+void check_owned(const int64_t* keys, size_t n, uint32_t rank, uint32_t world_size) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t owner = row::shard_of(keys[i], world_size);
+    if (owner != rank) {
+      fail(EMBSTORE_INVALID_ARGUMENT,
+           "key {} (position {}) belongs to rank {}, not to this rank {}: route keys to their "
+           "owners (embstore_shard_of), or use the sharded calls",
+           keys[i], i, owner, rank);
+    }
+  }
+}
+
+}  // namespace embstore::shard

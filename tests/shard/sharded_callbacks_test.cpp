@@ -1,0 +1,203 @@
+// Sharded stores over the callback table (embstore_comm_callbacks_t): W ranks as W threads of
+// this process, exchanging through shared memory. The same scenario as the MPI test
+// (sharded_scenario.hpp), so it also runs under the sanitizers, which leave MPI out.
+#include <embstore/embstore.h>
+
+#include <barrier>
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "shard/sharded_scenario.hpp"
+
+namespace {
+
+// W ranks meeting in memory: each callback publishes its buffers, waits for every rank, copies
+// its part, and waits again before the buffers may change.
+struct Group {
+  explicit Group(int w) : world(w), barrier(w), send(w), send_bytes(w) {}
+  int world;
+  std::barrier<> barrier;
+  std::vector<const char*> send;
+  std::vector<const size_t*> send_bytes;
+  int fail_all_to_all_from = -1;  // the n-th all_to_all (counted per group) and later fail
+};
+
+struct Member {
+  Group* group;
+  int rank;
+  int all_to_all_calls = 0;
+};
+
+int all_gather(void* context, const void* send, size_t bytes, void* recv) {
+  auto* m = static_cast<Member*>(context);
+  Group& g = *m->group;
+  g.send[m->rank] = static_cast<const char*>(send);
+  g.barrier.arrive_and_wait();
+  for (int q = 0; q < g.world; ++q) {
+    std::memcpy(static_cast<char*>(recv) + q * bytes, g.send[q], bytes);
+  }
+  g.barrier.arrive_and_wait();
+  return 0;
+}
+
+int all_to_all(void* context, const void* send, const size_t* send_bytes, void* recv,
+               const size_t* recv_bytes) {
+  auto* m = static_cast<Member*>(context);
+  Group& g = *m->group;
+  g.send[m->rank] = static_cast<const char*>(send);
+  g.send_bytes[m->rank] = send_bytes;
+  g.barrier.arrive_and_wait();
+  bool ok = true;
+  size_t at = 0;
+  for (int q = 0; q < g.world; ++q) {
+    size_t from = 0;  // rank q's part for this rank starts after its parts for lower ranks
+    for (int p = 0; p < m->rank; ++p) from += g.send_bytes[q][p];
+    ok = ok && g.send_bytes[q][m->rank] == recv_bytes[q];
+    if (ok && recv_bytes[q] > 0) {
+      std::memcpy(static_cast<char*>(recv) + at, g.send[q] + from, recv_bytes[q]);
+    }
+    at += recv_bytes[q];
+  }
+  g.barrier.arrive_and_wait();
+  const int call = m->all_to_all_calls++;
+  if (g.fail_all_to_all_from >= 0 && call >= g.fail_all_to_all_from) return 5;
+  return ok ? 0 : 1;
+}
+
+embstore_store_config_t config_for(Member* member, embstore_comm_callbacks_t* callbacks) {
+  embstore_comm_callbacks_init(callbacks);
+  callbacks->context = member;
+  callbacks->all_gather = all_gather;
+  callbacks->all_to_all = all_to_all;
+  embstore_store_config_t c;
+  embstore_store_config_init(&c);
+  c.backend = EMBSTORE_BACKEND_HOST;
+  c.host_threads = 1;
+  c.rank = member->rank;
+  c.world_size = member->group->world;
+  c.comm_callbacks = callbacks;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("W ranks training sharded equal one process on their concatenated batches", "[sharded]") {
+  for (int world = 1; world <= 4; ++world) {
+    Group group(world);
+    std::vector<Member> members(world);
+    std::vector<embstore_test::sharded::Outcome> outcomes(world);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < world; ++r) {
+      members[r] = {&group, r};
+      ranks.emplace_back([&, r] {
+        embstore_comm_callbacks_t callbacks;
+        outcomes[r] = embstore_test::sharded::run(config_for(&members[r], &callbacks), r, world);
+      });
+    }
+    for (std::thread& t : ranks) t.join();
+    for (int r = 0; r < world; ++r) {
+      INFO("world " << world << ": " << outcomes[r].first);
+      CHECK(outcomes[r].failures == 0);
+    }
+  }
+}
+
+TEST_CASE("A failing exchange fails the sharded call with COMM_ERROR on every rank", "[sharded]") {
+  constexpr int kWorld = 3;
+  Group group(kWorld);
+  std::vector<Member> members(kWorld);
+  std::vector<embstore_status_t> first(kWorld), second(kWorld);
+  std::vector<std::string> messages(kWorld);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kWorld; ++r) {
+    members[r] = {&group, r};
+    ranks.emplace_back([&, r] {
+      embstore_comm_callbacks_t callbacks;
+      const embstore_store_config_t c = config_for(&members[r], &callbacks);
+      embstore_store_t* store = nullptr;
+      if (embstore_store_create(&c, &store) != EMBSTORE_OK) return;
+      embstore_table_config_t tc;
+      embstore_table_config_init(&tc);
+      tc.name = "t";
+      tc.dim = 4;
+      embstore_table_t* table = nullptr;
+      embstore_table_create(store, &tc, &table);
+      const int64_t keys[3] = {r * 10 + 1, r * 10 + 2, 7};
+      float rows[12];
+      first[r] = embstore_sharded_lookup(table, keys, 3, rows, EMBSTORE_LOOKUP_INSERT, nullptr);
+      group.barrier.arrive_and_wait();
+      if (r == 0) group.fail_all_to_all_from = members[0].all_to_all_calls;  // from now on
+      group.barrier.arrive_and_wait();
+      second[r] = embstore_sharded_lookup(table, keys, 3, rows, EMBSTORE_LOOKUP_INSERT, nullptr);
+      messages[r] = embstore_last_error();
+      embstore_store_destroy(store);
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r << ": " << messages[r]);
+    CHECK(first[r] == EMBSTORE_OK);
+    CHECK(second[r] == EMBSTORE_COMM_ERROR);
+    CHECK(messages[r].find("all_to_all callback returned 5") != std::string::npos);
+  }
+}
+
+TEST_CASE("Sharded store configs are checked", "[sharded]") {
+  embstore_store_config_t c;
+  embstore_store_config_init(&c);
+  c.backend = EMBSTORE_BACKEND_HOST;
+  c.world_size = 2;
+  c.rank = 1;
+  embstore_store_t* store = nullptr;
+  CHECK(embstore_store_create(&c, &store) == EMBSTORE_INVALID_ARGUMENT);  // no communicator
+  CHECK(std::string(embstore_last_error()).find("neither") != std::string::npos);
+  CHECK(store == nullptr);
+
+  Group group(2);
+  Member member{&group, 1};
+  embstore_comm_callbacks_t callbacks;
+  c = config_for(&member, &callbacks);
+  int not_mpi = 0;
+  c.mpi_comm = &not_mpi;
+  CHECK(embstore_store_create(&c, &store) == EMBSTORE_INVALID_ARGUMENT);  // both
+  CHECK(std::string(embstore_last_error()).find("both") != std::string::npos);
+
+  c.mpi_comm = nullptr;
+  callbacks.all_to_all = nullptr;
+  CHECK(embstore_store_create(&c, &store) == EMBSTORE_INVALID_ARGUMENT);  // a NULL function
+  callbacks.all_to_all = all_to_all;
+  callbacks.struct_size = sizeof(size_t);
+  CHECK(embstore_store_create(&c, &store) == EMBSTORE_INVALID_ARGUMENT);  // struct_size
+  callbacks.struct_size = sizeof(callbacks);
+  c.rank = 2;
+  CHECK(embstore_store_create(&c, &store) == EMBSTORE_INVALID_ARGUMENT);  // rank outside
+  c.rank = 1;
+  c.backend = EMBSTORE_BACKEND_CUDA;
+  CHECK(embstore_store_create(&c, &store) == EMBSTORE_UNSUPPORTED);  // no CUDA sharding yet
+  CHECK(store == nullptr);
+
+  // A rank may create its sharded store alone (callbacks are not called at create).
+  c.backend = EMBSTORE_BACKEND_HOST;
+  REQUIRE(embstore_store_create(&c, &store) == EMBSTORE_OK);
+  embstore_checkpoint_policy_t policy;
+  embstore_checkpoint_policy_init(&policy);
+  policy.dir = "/nonexistent-embstore-dir";
+  policy.full_every_steps = 10;
+  CHECK(embstore_checkpoint_set_policy(store, &policy) == EMBSTORE_UNSUPPORTED);
+  CHECK(embstore_restore(store, "/nonexistent-embstore-dir", EMBSTORE_LATEST, nullptr) ==
+        EMBSTORE_UNSUPPORTED);
+  embstore_table_config_t tc;
+  embstore_table_config_init(&tc);
+  tc.name = "t";
+  tc.dim = 2;
+  embstore_table_t* table = nullptr;
+  REQUIRE(embstore_table_create(store, &tc, &table) == EMBSTORE_OK);
+  int64_t own = 0;
+  while (embstore_shard_of(own, 2) != 1) ++own;
+  float row[2];
+  CHECK(embstore_lookup(table, &own, 1, row, EMBSTORE_LOOKUP_INSERT, nullptr) == EMBSTORE_OK);
+  CHECK(embstore_sharded_lookup(nullptr, &own, 1, row, 0, nullptr) == EMBSTORE_INVALID_ARGUMENT);
+  CHECK(embstore_store_destroy(store) == EMBSTORE_OK);
+}
