@@ -63,6 +63,7 @@ std::unique_ptr<Scenario> make_optimizer_scenario();
 std::unique_ptr<Scenario> make_checkpoint_scenario();
 std::unique_ptr<Scenario> make_train_scenario();
 std::unique_ptr<Scenario> make_restore_scenario();
+std::unique_ptr<Scenario> make_sharded_scenario();
 
 // A scenario's working directory, <parent>/embstore-perf-<scenario>-<pid>, removed with
 // everything in it at the end unless kept.

@@ -64,13 +64,14 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
 }
 
 int run(int argc, char** argv) {
-  std::vector<Entry> entries(6);
+  std::vector<Entry> entries(7);
   entries[0].scenario = make_lookup_scenario();
   entries[1].scenario = make_optimizer_scenario();
   entries[2].scenario = make_io_scenario();
   entries[3].scenario = make_checkpoint_scenario();
   entries[4].scenario = make_train_scenario();
   entries[5].scenario = make_restore_scenario();
+  entries[6].scenario = make_sharded_scenario();
 
   CLI::App app{"embstore-perf: benchmark scenarios for embstore", "embstore-perf"};
   app.require_subcommand(1);

@@ -26,6 +26,7 @@ class Report {
   // One line of the human summary, printed at once so long runs show progress.
   template <typename... Args>
   void say(fmt::format_string<Args...> format, Args&&... args) {
+    if (muted_) return;
     fmt::print(stdout, format, std::forward<Args>(args)...);
     std::fputc('\n', stdout);
     std::fflush(stdout);
@@ -33,8 +34,12 @@ class Report {
 
   const nlohmann::ordered_json& json() const { return json_; }
 
+  // Neither prints nor writes: for the ranks of a multi-process scenario other than rank 0.
+  void mute() { muted_ = true; }
+
   // Throws std::runtime_error when the file cannot be written.
   void write_json(const std::string& path) const {
+    if (muted_) return;
     std::ofstream out(path, std::ios::trunc);
     out << json_.dump(2) << '\n';
     out.close();
@@ -43,6 +48,7 @@ class Report {
 
  private:
   nlohmann::ordered_json json_ = nlohmann::ordered_json::object();
+  bool muted_ = false;
 };
 
 // 12300000 -> "12.3 M" (then the caller's unit): rates read at a glance.

@@ -1,0 +1,204 @@
+// Scenario `sharded`, run under `mpirun -np W`: training steps (a lookup with insert, then the
+// gradients) through the sharded calls of W ranks, each with its own Zipf batch, against one
+// process training on the same W batches concatenated, in the same run. Rounds alternate: all
+// ranks train sharded, then rank 0 alone trains the one-process store on the same steps (the
+// others wait at a barrier), so both stores end with the same tables. Reports steps/s of each
+// (a step: every rank's batch), their ratio, and the bytes a rank sends to other ranks per step
+// (counted from the routing plans: keys, rows and gradients; headers left out). Only rank 0
+// prints and writes --json.
+#include <embstore/embstore.h>
+
+#include <CLI/CLI.hpp>
+#include <stdexcept>
+#include <vector>
+
+#include "perf/harness.hpp"
+#include "perf/report.hpp"
+#include "perf/zipf.hpp"
+
+#if defined(EMBSTORE_PERF_MPI)
+#include <mpi.h>
+
+#include "cuda/row/shard.h"
+#include "host/shard/routing.hpp"
+#endif
+
+namespace embstore::perf {
+namespace {
+
+class ShardedScenario final : public Scenario {
+ public:
+  const char* name() const override { return "sharded"; }
+  const char* description() const override {
+    return "sharded training over MPI (run under mpirun -np W) vs one process on the same "
+           "batches";
+  }
+
+  void set_defaults(CommonOptions& o) const override {
+    o.backend = "host";
+    o.dim = 64;
+    o.batch = 16384;  // per rank
+    o.key_space = 1'000'000;
+    o.steps = 60;
+  }
+
+  void add_options(CLI::App& app) override {
+    app.add_option("--rounds", rounds_, "sharded/one-process rounds; --steps split over them")
+        ->check(CLI::Range(size_t{1}, size_t{1} << 20))
+        ->capture_default_str();
+  }
+
+#if !defined(EMBSTORE_PERF_MPI)
+  int run(const CommonOptions&, Report&) override {
+    throw std::runtime_error("this embstore-perf was built without MPI");
+  }
+#else
+  int run(const CommonOptions& o, Report& report) override {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    }
+    int code = 0;
+    try {
+      code = run_ranks(o, report);
+    } catch (...) {
+      if (!initialized) MPI_Finalize();
+      throw;
+    }
+    if (!initialized) MPI_Finalize();
+    return code;
+  }
+
+ private:
+  int run_ranks(const CommonOptions& o, Report& report) {
+    int rank = 0, world = 1;
+    MPI_Comm comm = MPI_COMM_WORLD;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &world);
+    if (rank != 0) report.mute();
+    if (backend_from_name(o.backend) != EMBSTORE_BACKEND_HOST) {
+      throw std::runtime_error("sharded stores run on the host backend in this version");
+    }
+    const size_t per_round = std::max<size_t>(1, o.steps / rounds_);
+    const size_t steps = per_round * rounds_;
+    // Every rank's batches (rank 0's one-process store trains on all of them).
+    std::vector<std::vector<int64_t> > keys(world);
+    for (int q = 0; q < world; ++q) {
+      keys[q] = zipf_key_stream(steps * o.batch, o.key_space, o.zipf, o.seed + 7919 * q);
+    }
+    std::vector<float> grads(o.batch * o.dim);
+    SplitMix64 rng(o.seed ^ 0x67726164ull);
+    for (float& g : grads) g = static_cast<float>(rng.next_unit() * 0.02 - 0.01);
+    std::vector<float> all_grads;
+    for (int q = 0; q < world; ++q) all_grads.insert(all_grads.end(), grads.begin(), grads.end());
+
+    embstore_store_config_t sc = Store::default_config();
+    sc.rank = rank;
+    sc.world_size = world;
+    if (world > 1) sc.mpi_comm = &comm;
+    Store sharded(o, sc);
+    embstore_table_t* table = create_table(sharded, "sharded", o.dim, EMBSTORE_OPT_ADAGRAD);
+    std::unique_ptr<Store> single;
+    embstore_table_t* single_table = nullptr;
+    if (rank == 0) {
+      single = std::make_unique<Store>(o);
+      single_table = create_table(*single, "sharded", o.dim, EMBSTORE_OPT_ADAGRAD);
+    }
+
+    std::vector<float> rows(o.batch * o.dim), all_rows(world * o.batch * o.dim);
+    std::vector<int64_t> all_keys(world * o.batch);
+    auto sharded_steps = [&](size_t first) {
+      const Stopwatch t;
+      for (size_t s = first; s < first + per_round; ++s) {
+        const int64_t* k = keys[rank].data() + s * o.batch;
+        check(embstore_step(sharded.get(), s + 1), "embstore_step");
+        check(embstore_sharded_lookup(table, k, o.batch, rows.data(), EMBSTORE_LOOKUP_INSERT,
+                                      nullptr),
+              "embstore_sharded_lookup");
+        check(embstore_sharded_apply_gradients(table, k, grads.data(), o.batch, nullptr),
+              "embstore_sharded_apply_gradients");
+      }
+      MPI_Barrier(comm);
+      return t.seconds();
+    };
+    auto single_steps = [&](size_t first) {
+      const Stopwatch t;
+      if (rank == 0) {
+        for (size_t s = first; s < first + per_round; ++s) {
+          for (int q = 0; q < world; ++q) {
+            std::copy_n(keys[q].data() + s * o.batch, o.batch, all_keys.data() + q * o.batch);
+          }
+          check(embstore_step(single->get(), s + 1), "embstore_step");
+          check(embstore_lookup(single_table, all_keys.data(), all_keys.size(), all_rows.data(),
+                                EMBSTORE_LOOKUP_INSERT, nullptr),
+                "embstore_lookup");
+          check(embstore_apply_gradients(single_table, all_keys.data(), all_grads.data(),
+                                         all_keys.size(), nullptr),
+                "embstore_apply_gradients");
+        }
+      }
+      MPI_Barrier(comm);
+      return t.seconds();
+    };
+
+    std::vector<double> sharded_rates, single_rates;
+    double sharded_total = 0, single_total = 0;
+    for (size_t r = 0; r < rounds_; ++r) {
+      const double a = sharded_steps(r * per_round);
+      const double b = single_steps(r * per_round);
+      sharded_total += a;
+      single_total += b;
+      sharded_rates.push_back(per_round / a);
+      single_rates.push_back(per_round / b);
+    }
+
+    // What this rank sends to others per step, from the routing plans of its batches.
+    double sent = 0;
+    const uint32_t w = static_cast<uint32_t>(world);
+    for (size_t s = 0; s < steps; ++s) {
+      const int64_t* k = keys[rank].data() + s * o.batch;
+      const shard::Dedupe d = shard::dedupe(k, o.batch);
+      size_t distinct_out = 0, occurrences_out = 0;
+      for (int64_t key : d.keys) distinct_out += row::shard_of(key, w) != uint32_t(rank);
+      for (size_t i = 0; i < o.batch; ++i)
+        occurrences_out += row::shard_of(k[i], w) != uint32_t(rank);
+      // lookup: keys out, their rows back (sent by the owners: about as many); gradients: key
+      // and row of every occurrence.
+      sent += distinct_out * (8.0 + 4.0 * o.dim) + occurrences_out * (8.0 + 4.0 * o.dim);
+    }
+    const double bytes_per_step = sent / steps;
+    double all_bytes = 0;
+    MPI_Reduce(&bytes_per_step, &all_bytes, 1, MPI_DOUBLE, MPI_SUM, 0, comm);
+
+    report_common(report, o, EMBSTORE_BACKEND_HOST);
+    report.set("ranks", world);
+    report.set("rounds", rounds_);
+    const double sharded_rate = steps / sharded_total, single_rate = steps / single_total;
+    report.set("sharded_steps_per_second", sharded_rate);
+    report.set("single_steps_per_second", single_rate);
+    report.set("sharded_over_single", sharded_rate / single_rate);
+    report.set("sharded_steps_per_second_median", median(sharded_rates));
+    report.set("single_steps_per_second_median", median(single_rates));
+    report.set("bytes_to_other_ranks_per_step_per_rank", all_bytes / world);
+    report.say("sharded: {} ranks x {} keys per step, dim {}, {} steps in {} rounds", world,
+               o.batch, o.dim, steps, rounds_);
+    report.say("  sharded      {:8.2f} steps/s (median of rounds {:.2f})", sharded_rate,
+               median(sharded_rates));
+    report.say("  one process  {:8.2f} steps/s (median of rounds {:.2f})", single_rate,
+               median(single_rates));
+    report.say("  ratio sharded/one process: {:.2f}", sharded_rate / single_rate);
+    report.say("  sent to other ranks: {}B per rank per step", si(all_bytes / world));
+    return 0;
+  }
+#endif
+
+  size_t rounds_ = 6;
+};
+
+}  // namespace
+
+std::unique_ptr<Scenario> make_sharded_scenario() { return std::make_unique<ShardedScenario>(); }
+
+}  // namespace embstore::perf
