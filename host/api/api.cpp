@@ -68,26 +68,6 @@ void raise(embstore_status_t status, std::string message) {
   fail(EMBSTORE_UNSUPPORTED, "{} is not implemented in this version of embstore", what);
 }
 
-// Checkpoints of a sharded store must be collective (every rank's files under one manifest):
-// until they are, none is written, so that no checkpoint holds one rank's shard as a whole.
-void refuse_sharded(const embstore_store* store, const char* what) {
-  if (store->world_size > 1) {
-    fail(EMBSTORE_UNSUPPORTED, "{} of a sharded store (world_size {}) is not in this version", what,
-         store->world_size);
-  }
-}
-
-// A sharded call's argument checks, run without throwing: a failure is taken to every rank.
-template <typename F>
-embstore::shard::LocalCheck check_locally(F&& checks) {
-  try {
-    checks();
-    return {};
-  } catch (const embstore::Error& e) {
-    return {e.status(), e.what()};
-  }
-}
-
 }  // namespace
 
 extern "C" {
@@ -293,7 +273,7 @@ embstore_status_t embstore_sharded_lookup(embstore_table_t* table, const int64_t
     return embstore_lookup(table, keys, n, values_out, flags, stream);
   }
   return guarded(__func__, [&] {
-    const embstore::shard::LocalCheck check = check_locally([&] {
+    const embstore::shard::LocalCheck check = embstore::shard::run_stage([&] {
       if (flags & ~EMBSTORE_LOOKUP_INSERT) {
         fail(EMBSTORE_INVALID_ARGUMENT, "unknown flags {:#x}", flags & ~EMBSTORE_LOOKUP_INSERT);
       }
@@ -318,7 +298,7 @@ embstore_status_t embstore_sharded_apply_gradients(embstore_table_t* table, cons
     return embstore_apply_gradients(table, keys, grads, n, stream);
   }
   return guarded(__func__, [&] {
-    const embstore::shard::LocalCheck check = check_locally([&] {
+    const embstore::shard::LocalCheck check = embstore::shard::run_stage([&] {
       if (n == 0) return;
       require(keys, "keys");
       require(grads, "grads");
@@ -384,7 +364,6 @@ embstore_status_t embstore_checkpoint(embstore_store_t* store, const char* dir,
     if (k != EMBSTORE_CKPT_FULL && k != EMBSTORE_CKPT_INCREMENTAL) {
       fail(EMBSTORE_INVALID_ARGUMENT, "unknown checkpoint kind {}", k);
     }
-    refuse_sharded(store, "a checkpoint");
     const uint64_t version = store->checkpointer->checkpoint(dir, k == EMBSTORE_CKPT_FULL);
     if (version_out) *version_out = version;
   });
@@ -447,7 +426,6 @@ embstore_status_t embstore_checkpoint_set_policy(embstore_store_t* store,
     if ((scheduled || policy->keep_full != 0) && !has_dir) {
       fail(EMBSTORE_INVALID_ARGUMENT, "policy has a schedule or keep_full but no dir");
     }
-    if (has_dir) refuse_sharded(store, "a checkpoint policy");
     embstore::checkpoint::Policy p;
     if (has_dir) p.dir = policy->dir;
     p.full_every_steps = policy->full_every_steps;
@@ -495,7 +473,6 @@ embstore_status_t embstore_restore(embstore_store_t* store, const char* dir, uin
     require(store, "store");
     require(dir, "dir");
     if (*dir == '\0') fail(EMBSTORE_INVALID_ARGUMENT, "dir is empty");
-    refuse_sharded(store, "a restore");
     const uint64_t restored = store->checkpointer->restore(dir, version);
     if (restored_version_out) *restored_version_out = restored;
   });

@@ -63,7 +63,7 @@ void Checkpointer::wait_for_job(std::unique_lock<std::mutex>& lock, bool stall) 
 
 uint64_t Checkpointer::checkpoint(const std::string& dir, bool full) {
   std::lock_guard op(op_mutex_);
-  return start(dir, full, false);
+  return sharded() ? start_collective(dir, full, false) : start(dir, full, false);
 }
 
 // ------------------------------------------------------------------------- on the caller --
@@ -227,9 +227,13 @@ void Checkpointer::worker_main() {
     Job& job = *job_;
     lock.unlock();
     try {
-      std::string message;
-      const embstore_status_t status = run(job, &message);
-      finish(job, status, message);
+      if (job.world_size > 1) {
+        run_local(job);  // the ranks end it together (settle)
+      } else {
+        std::string message;
+        const embstore_status_t status = run(job, &message);
+        finish(job, status, message);
+      }
     } catch (...) {
       // run() ends every job itself; this is its own bookkeeping failing (no memory). End the
       // job anyway, so that nobody waits for it forever.
@@ -369,6 +373,10 @@ void Checkpointer::lock_dir(const std::string& dir) {
 }
 
 embstore_status_t Checkpointer::wait(uint64_t version, std::string* message) {
+  if (sharded()) {
+    std::lock_guard op(op_mutex_);
+    settle(true);
+  }
   std::unique_lock lock(mutex_);
   if (job_ != nullptr && job_->version == version) wait_for_job(lock, false);
   embstore_status_t status = EMBSTORE_OK;
@@ -380,6 +388,10 @@ embstore_status_t Checkpointer::wait(uint64_t version, std::string* message) {
 }
 
 embstore_status_t Checkpointer::wait_idle(std::string* message) {
+  if (sharded()) {
+    std::lock_guard op(op_mutex_);
+    settle(true);
+  }
   std::unique_lock lock(mutex_);
   wait_for_job(lock, false);
   embstore_status_t status = EMBSTORE_OK;
@@ -414,6 +426,7 @@ void Checkpointer::set_policy(Policy policy) {
 }
 
 embstore_status_t Checkpointer::on_step(uint64_t step, std::string* message) {
+  if (sharded()) return on_step_collective(step, message);
   std::unique_lock op(op_mutex_, std::try_to_lock);
   if (!op.owns_lock()) return EMBSTORE_OK;  // a checkpoint() or restore() runs: later
   std::optional<bool> due;

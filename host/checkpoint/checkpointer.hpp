@@ -104,6 +104,25 @@ class Checkpointer {
   // Wait under lock for the job in flight to end; the wait counts as a stall when stall.
   void wait_for_job(std::unique_lock<std::mutex>& lock, bool stall);
 
+  // ---- sharded stores: collective checkpoints (collective.cpp) ----------------------------
+  // Every call below is collective: every rank makes it, at the same point of its calls.
+  bool sharded() const { return store_.world_size() > 1; }
+  // embstore_checkpoint: every rank agrees on the version, the kind (a delta only where every
+  // rank can write one on the same parent) and rank 0's staging directory, captures, and
+  // hands its part to its worker. Any rank's failure before the hand-over fails every rank.
+  uint64_t start_collective(const std::string& dir, bool full, bool from_policy);
+  // The worker's stages of a collective job on this rank: its files, up to finalize_files.
+  void run_local(Job& job);
+  // Ends the collective checkpoint in flight once every rank's worker is done: rank 0 gathers
+  // every rank's part, writes the manifest and commits (when none failed), every rank learns
+  // the outcome and ends its job. block: waits for this rank's worker first; else returns at
+  // once while any rank's is not done. Nothing when no checkpoint is in flight.
+  void settle(bool block);
+  // Rank 0's part of settle: the manifest of every rank's part, the parent check, the commit.
+  void commit_collective(Job& job, std::vector<io::Manifest> parts);
+  // embstore_step of a sharded store: settle, then rank 0's decision of the policy.
+  embstore_status_t on_step_collective(uint64_t step, std::string* message);
+
   StoreView& store_;
   std::mutex op_mutex_;  // one checkpoint() / restore() at a time
 

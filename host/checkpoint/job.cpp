@@ -27,8 +27,11 @@ std::string Job::what() const { return fmt::format("checkpoint {} into '{}'", ve
 
 void prepare(Job& job, const std::vector<Table*>& tables, StagingRing& ring, unsigned queue_depth) {
   std::string detail;
-  if (int r = io::VersionWriter::begin(job.dir, job.version, job.full, &job.out, &detail); r < 0) {
-    fail(EMBSTORE_IO_ERROR, "{}", detail);
+  if (!job.out) {
+    if (int r = io::VersionWriter::begin(job.dir, job.version, job.full, &job.out, &detail);
+        r < 0) {
+      fail(EMBSTORE_IO_ERROR, "{}", detail);
+    }
   }
   uint64_t widest = 0;
   for (Table* t : tables) widest = std::max(widest, row::record_bytes(t->spec().stride()));
@@ -153,10 +156,9 @@ class ChunkWriter {
       if (!t.tombstones.empty()) t.tombstones.erase(key);
       const float* value = reinterpret_cast<const float*>(rec + 8);
       if (int r = t.writer->add(key, value, value + dim); r < 0) {
-        fail_with(
-            EMBSTORE_IO_ERROR,
-            fmt::format("writing {}: {}",
-                        io::VersionWriter::rows_entry(t.spec.name, *t.writer).path, errno_text(r)));
+        fail_with(EMBSTORE_IO_ERROR,
+                  fmt::format("writing {}: {}", job_.out->rows_entry(t.spec.name, *t.writer).path,
+                              errno_text(r)));
         return;
       }
     }
@@ -232,8 +234,8 @@ void finish_rows(Job& job) {
     }
     if (r == 0) r = t.writer->finish();
     if (r < 0) {
-      fail(EMBSTORE_IO_ERROR, "writing {}: {}",
-           io::VersionWriter::rows_entry(t.spec.name, *t.writer).path, errno_text(r));
+      fail(EMBSTORE_IO_ERROR, "writing {}: {}", job.out->rows_entry(t.spec.name, *t.writer).path,
+           errno_text(r));
     }
     const uint64_t expected = t.captured + t.tombstones.size();
     if (t.writer->rows() != expected) {
@@ -243,14 +245,15 @@ void finish_rows(Job& job) {
   }
 }
 
-void finalize(Job& job) {
-  io::Manifest m;
+void finalize_files(Job& job) {
+  io::Manifest& m = job.part;
+  m = io::Manifest{};
   m.full = job.full;
   m.parent = job.parent;
   if (!job.full) m.parent_xxh3 = job.parent_xxh3;
   m.lineage = job.lineage;
   m.version = job.version;
-  m.world_size = 1;
+  m.world_size = job.world_size;
   m.embstore_version = EMBSTORE_VERSION_CODE;
   uint64_t rows = 0, bytes = 0;
   std::string detail;
@@ -263,20 +266,21 @@ void finalize(Job& job) {
     e.state_layout = io::state_layout(static_cast<int>(t.spec.opt.kind));
     e.rows = t.writer->rows();
     e.table_rows = t.live_rows;
-    e.files.push_back(io::VersionWriter::rows_entry(t.spec.name, *t.writer));
+    e.files.push_back(job.out->rows_entry(t.spec.name, *t.writer));
     rows += e.rows;
     bytes += e.files.back().bytes;
     if (const std::optional<io::AdmissionFile> counts = t.impl->admission_at_capture()) {
-      e.admission.emplace();
-      if (int r = job.out->write_admission(t.spec.name, *counts, &*e.admission, &detail); r < 0) {
+      e.admission.emplace_back();
+      if (int r = job.out->write_admission(t.spec.name, *counts, &e.admission.back(), &detail);
+          r < 0) {
         fail(EMBSTORE_IO_ERROR, "{}", detail);
       }
-      bytes += e.admission->bytes;
+      bytes += e.admission.back().bytes;
     }
     m.tables.push_back(std::move(e));
   }
   for (const auto& [name, data] : job.attachments) {
-    io::AttachmentEntry a{name, {}};
+    io::AttachmentEntry a{name, {}, job.rank};
     if (int r = job.out->write_attachment(name, data.data(), data.size(), &a.file, &detail);
         r < 0) {
       fail(EMBSTORE_IO_ERROR, "{}", detail);
@@ -284,10 +288,17 @@ void finalize(Job& job) {
     bytes += a.file.bytes;
     m.attachments.push_back(std::move(a));
   }
-  if (int r = job.out->write_manifest(&m, &detail); r < 0) fail(EMBSTORE_IO_ERROR, "{}", detail);
-  job.xxh3 = m.xxh3;
   job.rows = rows;
   job.bytes = bytes;
+}
+
+void finalize(Job& job) {
+  finalize_files(job);
+  std::string detail;
+  if (int r = job.out->write_manifest(&job.part, &detail); r < 0) {
+    fail(EMBSTORE_IO_ERROR, "{}", detail);
+  }
+  job.xxh3 = job.part.xxh3;
 }
 
 void check_parent(const Job& job) {

@@ -10,13 +10,17 @@
 //   drain         captured rows through the staging ring into the row files: this thread
 //                 drains, a writer thread writes
 //   finish_rows   tombstones written, files durable, every captured row written once
-//   finalize      admission counts, attachments, the manifest
+//   finalize      admission counts, attachments (finalize_files), the manifest
 //   check_parent  a delta's parent is still in place and is the version it names
 //   commit        the rename that makes the version visible
 //   end           every table's snapshot ended; a failed version rolled back
 //
 // Every stage but end throws Error with the status the checkpoint fails with (end never
 // throws: it reports what failed in its return value).
+//
+// A collective checkpoint of a sharded store (collective.cpp) runs the same stages on every
+// rank, each rank's files in rank 0's staging directory, up to finalize_files; rank 0 then
+// writes the manifest of every rank's files, checks the parent and commits, and every rank ends.
 #pragma once
 
 #include <chrono>
@@ -61,6 +65,7 @@ struct Job {
   uint64_t lineage = 0;
   bool from_policy = false;
   std::string dir;
+  uint32_t rank = 0, world_size = 1;  // a collective checkpoint's, else 0 and 1
   std::map<std::string, std::vector<char>> attachments;
 
   // Where it stands.
@@ -68,6 +73,13 @@ struct Job {
   std::unique_ptr<io::VersionWriter> out;
   io::WriterOptions writer_options;
   std::vector<TableJob> tables;
+  // This rank's part of the manifest (its files, its attachments), once its files are
+  // written: the whole manifest for a checkpoint of one process.
+  io::Manifest part;
+  // Collective checkpoints: the worker is done with this rank's stages (local_status says how).
+  bool local_done = false;
+  embstore_status_t local_status = EMBSTORE_OK;
+  std::string local_message;
   uint64_t xxh3 = 0;   // this version's manifest checksum, once finalized
   uint64_t bytes = 0;  // in its files, once finalized (the worker's until the job ends)
   uint64_t rows = 0;
@@ -82,11 +94,13 @@ struct Job {
   std::string what() const;
 };
 
+// Begins the version directory unless job.out is set already (a collective checkpoint's).
 void prepare(Job& job, const std::vector<Table*>& tables, StagingRing& ring, unsigned queue_depth);
 void capture(Job& job, StagingRing& ring);
 void open_files(Job& job);
 void drain(Job& job, StagingRing& ring);
 void finish_rows(Job& job);
+void finalize_files(Job& job);
 void finalize(Job& job);
 void check_parent(const Job& job);
 void commit(Job& job);

@@ -10,9 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "cuda/row/shard.h"
 #include "host/checkpoint/checkpointer.hpp"
 #include "host/checkpoint/restore_plan.hpp"
 #include "host/error.hpp"
+#include "host/shard/agreement.hpp"
 #include "io/format/chain.hpp"
 #include "io/format/manifest.hpp"
 #include "io/format/row_file.hpp"
@@ -118,10 +120,54 @@ uint64_t version_bytes(const io::Manifest& m) {
   uint64_t bytes = 0;
   for (const io::TableEntry& t : m.tables) {
     for (const io::FileEntry& f : t.files) bytes += f.bytes;
-    if (t.admission) bytes += t.admission->bytes;
+    for (const io::FileEntry& f : t.admission) bytes += f.bytes;
   }
   for (const io::AttachmentEntry& a : m.attachments) bytes += a.file.bytes;
   return bytes;
+}
+
+// A sharded store's restore, before anything is installed: every rank loaded its part of the
+// same version, and the ranks' rows of each table add up to the table's rows at that version
+// (each row loaded by exactly one rank). Throws on every rank alike.
+void agree_on_restore(shard::Communicator& comm, const shard::LocalCheck& local,
+                      const RestorePlan* plan, const std::vector<std::unique_ptr<Table>>& loaded) {
+  struct Loaded {
+    int32_t status = EMBSTORE_OK;
+    uint32_t tables = 0;
+    uint64_t version = 0, xxh3 = 0;
+  } mine;
+  mine.status = local.status;
+  if (local.status == EMBSTORE_OK) {
+    mine.tables = static_cast<uint32_t>(plan->tables.size());
+    mine.version = plan->manifest().version;
+    mine.xxh3 = plan->manifest().xxh3;
+  }
+  std::vector<Loaded> all(static_cast<size_t>(comm.size()));
+  comm.all_gather(&mine, sizeof mine, all.data());
+  std::vector<int32_t> statuses;
+  for (const Loaded& l : all) statuses.push_back(l.status);
+  shard::raise_first_failure(statuses, comm.rank(), local, "to load its part of the restore");
+  for (size_t q = 0; q < all.size(); ++q) {
+    if (all[q].version != mine.version || all[q].xxh3 != mine.xxh3) {
+      fail(EMBSTORE_CORRUPT,
+           "rank {} loaded another checkpoint than this rank ({}): every rank must restore the "
+           "same version (was one committed in between?)",
+           q, plan->path());
+    }
+  }
+  std::vector<uint64_t> rows(mine.tables), every(rows.size() * all.size());
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = loaded[i]->counters().rows;
+  comm.all_gather(rows.data(), rows.size() * sizeof(uint64_t), every.data());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    uint64_t sum = 0;
+    for (size_t q = 0; q < all.size(); ++q) sum += every[q * rows.size() + i];
+    if (sum != plan->tables[i].entry->table_rows) {
+      fail(EMBSTORE_CORRUPT,
+           "{}: table '{}' has {} rows over the ranks after loading, the manifest "
+           "says {}",
+           plan->path(), plan->tables[i].entry->name, sum, plan->tables[i].entry->table_rows);
+    }
+  }
 }
 
 std::string what_of(const std::exception_ptr& e) {
@@ -138,49 +184,71 @@ std::string what_of(const std::exception_ptr& e) {
 
 uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
   std::lock_guard op(op_mutex_);
-  {
+  if (sharded()) {
+    settle(true);
+  } else {
     std::unique_lock lock(mutex_);
     wait_for_job(lock, false);
   }
+  // On a sharded store every rank runs stages 1 and 2 on its own (a failure is kept, not
+  // thrown), then they agree before any installs (agree_on_restore).
+  const bool collective = sharded();
+  shard::LocalCheck local;
+  auto run = [&](auto&& stage) {
+    if (!collective) {
+      stage();
+    } else if (local.status == EMBSTORE_OK) {
+      local = shard::run_stage(stage);
+    }
+  };
+
   // Stage 1: the version and its plan (manifests, links, configurations), as embstore-ckpt
   // verify checks them.
   io::CheckpointDir checkpoints;
-  std::vector<std::string> skipped;
-  const size_t chosen = choose_version(dir, version, std::nullopt, &checkpoints, &skipped);
-  for (const std::string& path : skipped) {
-    std::fprintf(stderr, "embstore: restore skips '%s': it has no %s\n", path.c_str(),
-                 io::kManifestName);
-  }
-  const RestorePlan plan = plan_version(checkpoints, chosen);
-  const io::Manifest& m = plan.manifest();
+  std::optional<RestorePlan> plan;
+  std::unique_ptr<SpillFile> spill_file;
+  run([&] {
+    std::vector<std::string> skipped;
+    const size_t chosen = choose_version(dir, version, std::nullopt, &checkpoints, &skipped);
+    for (const std::string& path : skipped) {
+      std::fprintf(stderr, "embstore: restore skips '%s': it has no %s\n", path.c_str(),
+                   io::kManifestName);
+    }
+    plan = plan_version(checkpoints, chosen);
+    check_replaced_tables(store_, *plan);
+    spill_file = open_spill_file(store_, *plan);
+  });
 
   // Stage 2: every table loaded aside; the store is not touched until all of it has checked.
   // Short of memory, each table the restore replaces is parked in a spill file just before its
   // replacement loads, and read back if the restore fails.
-  check_replaced_tables(store_, plan);
-  const std::unique_ptr<SpillFile> spill_file = open_spill_file(store_, plan);
   // Room for every table before any is parked: reading them back must not allocate.
   std::vector<Table*> spilled, lost;
-  spilled.reserve(plan.tables.size());
-  lost.reserve(plan.tables.size());
+  spilled.reserve(plan ? plan->tables.size() : 0);
+  lost.reserve(plan ? plan->tables.size() : 0);
   std::vector<std::unique_ptr<Table>> loaded;
   std::map<std::string, std::vector<char>> attachments;
   // What the checkpointer keeps of the restored version, made before the store changes.
-  Chain chain{true, dir, m.version, m.full, m.lineage, m.xxh3, 0, 0, 0};
+  Chain chain;
   try {
-    load_tables(plan, spill_file.get(), &spilled, &loaded);
-    attachments = read_attachments(plan);
-    for (const io::ChainLink& c : plan.chain) {
-      const uint64_t bytes = version_bytes(*c.manifest);
-      if (c.manifest->full) {
-        chain.full_bytes = bytes;
-      } else {
-        chain.delta_bytes += bytes;
-        ++chain.deltas;
+    run([&] {
+      const io::Manifest& m = plan->manifest();
+      chain = Chain{true, dir, m.version, m.full, m.lineage, m.xxh3, 0, 0, 0};
+      load_tables(*plan, spill_file.get(), &spilled, &loaded);
+      attachments = read_attachments(*plan, store_.rank());
+      for (const io::ChainLink& c : plan->chain) {
+        const uint64_t bytes = version_bytes(*c.manifest);
+        if (c.manifest->full) {
+          chain.full_bytes = bytes;
+        } else {
+          chain.delta_bytes += bytes;
+          ++chain.deltas;
+        }
       }
-    }
+    });
+    if (collective) agree_on_restore(*store_.comm(), local, plan ? &*plan : nullptr, loaded);
     // Stage 3: swap in. Only install's allocation can fail, before it replaces any table.
-    store_.install(std::move(loaded), m.version);
+    store_.install(std::move(loaded), chain.version);
   } catch (...) {
     loaded.clear();  // their memory first
     read_back_parked(store_, spilled, spill_file.get(), &lost);
@@ -189,9 +257,9 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
   std::lock_guard lock(mutex_);
   restored_attachments_ = std::move(attachments);
   // The schedules go on from the restored step, and the next delta in dir follows it.
-  schedule_.restart(m.version);
+  schedule_.restart(chain.version);
   chain_ = std::move(chain);
-  return m.version;
+  return chain_.version;
 }
 
 // Stage 2's loop: each table of the plan loaded aside into *loaded, in plan order; with a spill
@@ -201,6 +269,7 @@ void Checkpointer::load_tables(const RestorePlan& plan, SpillFile* spill_file,
                                std::vector<std::unique_ptr<Table>>* loaded) {
   const io::Manifest& m = plan.manifest();
   const std::string& vdir = plan.path();
+  const uint32_t rank = store_.rank(), world = store_.world_size();
   for (const TablePlan& t : plan.tables) {
     const std::string& name = t.entry->name;
     Table* existing = store_.find_table(name);
@@ -212,8 +281,10 @@ void Checkpointer::load_tables(const RestorePlan& plan, SpillFile* spill_file,
       existing->spill(*spill_file);
     }
     std::unique_ptr<Table> impl = store_.make_table(std::move(spec));
-    // Built once, at its final size: no growth or rehash while it loads.
-    impl->reserve(rows_to_reserve(plan, t));
+    // Built once, at its final size: no growth or rehash while it loads (a rank of several
+    // holds about its share of the rows).
+    const uint64_t rows = rows_to_reserve(plan, t);
+    impl->reserve(world == 1 ? rows : rows / world + rows / (4 * world) + 1024);
     // Newest version first. A table that knows its keys (both backends) skips the older rows of
     // a key itself; otherwise the chain reader drops them, with a set of every key.
     io::ChainReadOptions options;
@@ -221,9 +292,32 @@ void Checkpointer::load_tables(const RestorePlan& plan, SpillFile* spill_file,
     options.check_behind = true;  // the table is aside: a failure drops it
     // A backend that checks its input (without skipping, the CUDA one refuses repeated keys)
     // finds the file inconsistent: corrupt.
+    // A rank of several keeps the rows of the keys it owns.
+    std::vector<int64_t> keys;
+    std::vector<float> values, state;
     const io::RowSink load = [&](const io::RowBlock& b, std::string* why) {
       try {
-        impl->load_rows(b.keys, b.values, b.state, b.rows, m.version, options.sink_skips_held);
+        if (world == 1) {
+          impl->load_rows(b.keys, b.values, b.state, b.rows, m.version, options.sink_skips_held);
+          return 0;
+        }
+        keys.clear();
+        values.clear();
+        state.clear();
+        for (uint32_t i = 0; i < b.rows; ++i) {
+          if (row::shard_of(b.keys[i], world) != rank) continue;
+          keys.push_back(b.keys[i]);
+          values.insert(values.end(), b.values + size_t{i} * b.dim,
+                        b.values + size_t{i + 1} * b.dim);
+          if (b.state_dim > 0) {
+            state.insert(state.end(), b.state + size_t{i} * b.state_dim,
+                         b.state + size_t{i + 1} * b.state_dim);
+          }
+        }
+        if (!keys.empty()) {
+          impl->load_rows(keys.data(), values.data(), b.state_dim > 0 ? state.data() : nullptr,
+                          keys.size(), m.version, options.sink_skips_held);
+        }
       } catch (const Error& e) {
         if (e.status() != EMBSTORE_INVALID_ARGUMENT) throw;
         *why = e.what();
@@ -231,8 +325,11 @@ void Checkpointer::load_tables(const RestorePlan& plan, SpillFile* spill_file,
       }
       return 0;
     };
-    read_table(plan, t, options, load, [&] { return impl->counters().rows; });
-    if (const std::optional<io::AdmissionFile> counts = read_admission(plan, t)) {
+    // A rank's share cannot be checked alone: agree_on_restore adds the ranks' rows up.
+    read_table(plan, t, options, load,
+               world == 1 ? std::function<uint64_t()>([&] { return impl->counters().rows; })
+                          : std::function<uint64_t()>());
+    if (const std::optional<io::AdmissionFile> counts = read_admission(plan, t, rank, world)) {
       std::string why;
       if (!impl->load_admission(*counts, &why)) {
         std::fprintf(stderr,

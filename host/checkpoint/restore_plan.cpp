@@ -6,8 +6,10 @@
 #include <cerrno>
 
 #include "cuda/row/index.h"
+#include "cuda/row/shard.h"
 #include "host/error.hpp"
 #include "io/format/admission_file.hpp"
+#include "io/format/layout.hpp"
 #include "io/format/manifest.hpp"
 
 namespace embstore::checkpoint {
@@ -40,12 +42,6 @@ RestorePlan plan_version(io::CheckpointDir& checkpoints, size_t index) {
   RestorePlan plan;
   std::string detail;
   if (int r = checkpoints.chain(index, &plan.chain, &detail); r < 0) fail_chain(r, detail);
-  for (const io::ChainLink& c : plan.chain) {
-    if (c.manifest->world_size != 1) {
-      fail(EMBSTORE_UNSUPPORTED, "{} was written by {} ranks: resharding is not supported yet",
-           c.path, c.manifest->world_size);
-    }
-  }
   const std::string manifest = plan.path() + "/" + io::kManifestName;
   for (const io::TableEntry& t : plan.manifest().tables) {
     TablePlan p;
@@ -77,6 +73,7 @@ void read_table(const RestorePlan& plan, const TablePlan& table,
     fail_chain(r, detail);
   }
   // Every file checked out; the rows must also be the table's rows at that version.
+  if (!rows_held) return;
   if (const uint64_t rows = rows_held(); rows != table.entry->table_rows) {
     fail(EMBSTORE_CORRUPT, "{}: table '{}' has {} rows after loading, the manifest says {}",
          plan.path(), table.entry->name, rows, table.entry->table_rows);
@@ -105,19 +102,41 @@ uint64_t rows_to_reserve(const RestorePlan& plan, const TablePlan& table) {
   return std::min(fit, table.entry->table_rows);
 }
 
-std::optional<io::AdmissionFile> read_admission(const RestorePlan& plan, const TablePlan& table) {
-  std::vector<std::string> files;  // oldest first
+std::optional<io::AdmissionFile> read_admission(const RestorePlan& plan, const TablePlan& table,
+                                                uint32_t rank, uint32_t world_size) {
+  const bool sharded = world_size > 1;
+  std::vector<io::AdmissionFile> versions;  // oldest first, each version's ranks combined
   for (auto link = plan.chain.rbegin(); link != plan.chain.rend(); ++link) {
-    for (const io::TableEntry& e : link->manifest->tables) {
-      if (e.name != table.entry->name || !e.admission) continue;
+    const io::Manifest& m = *link->manifest;
+    for (const io::TableEntry& e : m.tables) {
+      if (e.name != table.entry->name || e.admission.empty()) continue;
+      std::vector<io::AdmissionFile> ranks;
+      for (const io::FileEntry& f : e.admission) {
+        std::string bytes, detail;
+        if (int r = io::read_checked_file(link->path, f, &bytes, &detail); r < 0) {
+          fail_chain(r, detail);
+        }
+        ranks.emplace_back();
+        if (io::parse_admission_file(bytes, &ranks.back(), &detail) < 0) {
+          fail(EMBSTORE_CORRUPT, "{}/{}: {}", link->path, f.path, detail);
+        }
+        // A Bloom filter cannot be split by key: a rank of the same world size takes its own
+        // filter back; another layout takes every rank's, added.
+        if (sharded && m.world_size == world_size &&
+            ranks.back().kind == io::AdmissionKind::kBloom &&
+            f.path == io::admission_file_path(m.format_version, e.name, rank, world_size)) {
+          ranks = {std::move(ranks.back())};
+          break;
+        }
+      }
+      versions.emplace_back();
       std::string detail;
-      files.emplace_back();
-      if (int r = io::read_checked_file(link->path, *e.admission, &files.back(), &detail); r < 0) {
-        fail_chain(r, detail);
+      if (io::combine_rank_admission(std::move(ranks), &versions.back(), &detail) < 0) {
+        fail(EMBSTORE_CORRUPT, "{}: table '{}': {}", link->path, e.name, detail);
       }
     }
   }
-  if (files.empty()) return std::nullopt;
+  if (versions.empty()) return std::nullopt;
   if (!table.spec.admits()) {
     fail(EMBSTORE_CORRUPT,
          "{}: table '{}' lists admission counts but does not count (admit_after "
@@ -126,16 +145,23 @@ std::optional<io::AdmissionFile> read_admission(const RestorePlan& plan, const T
   }
   io::AdmissionFile merged;
   std::string detail;
-  if (io::merge_admission_files(files, &merged, &detail) < 0) {
+  if (io::merge_admission(std::move(versions), &merged, &detail) < 0) {
     fail(EMBSTORE_CORRUPT, "{}: table '{}': the admission counts do not merge: {}", plan.path(),
          table.entry->name, detail);
+  }
+  if (sharded && merged.kind != io::AdmissionKind::kBloom) {
+    // Exact counts follow their keys to their owners.
+    std::erase_if(merged.entries, [&](const io::AdmissionEntry& e) {
+      return row::shard_of(e.key, world_size) != rank;
+    });
   }
   return merged;
 }
 
-std::map<std::string, std::vector<char>> read_attachments(const RestorePlan& plan) {
+std::map<std::string, std::vector<char>> read_attachments(const RestorePlan& plan, uint32_t rank) {
   std::map<std::string, std::vector<char>> out;
   for (const io::AttachmentEntry& a : plan.manifest().attachments) {
+    if (a.rank != rank) continue;
     std::string data, detail;
     if (int r = io::read_checked_file(plan.path(), a.file, &data, &detail); r < 0) {
       fail_chain(r, detail);

@@ -13,7 +13,8 @@
 //
 // Each throws Error with the status embstore_restore returns: NOT_FOUND (no directory, no
 // committed version, no such version), CORRUPT (a manifest, a link, a configuration, a file:
-// the message names the file), UNSUPPORTED (written by several ranks), IO_ERROR.
+// the message names the file), IO_ERROR. Versions of any world size are read (their files hold
+// keys, never slots).
 #pragma once
 
 #include <cstdint>
@@ -54,7 +55,8 @@ RestorePlan plan_version(io::CheckpointDir& checkpoints, size_t index);
 
 // Hands sink the table's rows along the plan's chain (io::read_chain_rows: the newest row of
 // each key first, tombstoned keys left out; see io::ChainReadOptions), then requires
-// rows_held() (the rows the sink ended up with) to be the table's rows at the version.
+// rows_held() (the rows the sink ended up with) to be the table's rows at the version (unless
+// rows_held is empty: a rank of a sharded store holds only its share).
 void read_table(const RestorePlan& plan, const TablePlan& table,
                 const io::ChainReadOptions& options, const io::RowSink& sink,
                 const std::function<uint64_t()>& rows_held);
@@ -65,12 +67,17 @@ void read_table(const RestorePlan& plan, const TablePlan& table,
 // a restore allocate more than the files could fill.
 uint64_t rows_to_reserve(const RestorePlan& plan, const TablePlan& table);
 
-// The table's admission counts at the version: its count files along the chain, each checked
-// against its manifest, merged (io::merge_admission_files); none when it has no files. A
-// table whose configuration does not count (admit_after <= 1) yet lists counts is corrupt.
-std::optional<io::AdmissionFile> read_admission(const RestorePlan& plan, const TablePlan& table);
+// The table's admission counts at the version for rank of world_size (1: every key): its count
+// files along the chain, each checked against its manifest, each version's ranks combined
+// (io::combine_rank_admission), merged (io::merge_admission); exact counts then only for the
+// keys rank owns; a Bloom filter rank's own where the version has world_size ranks, else every
+// rank's added. None when it has no files. A table whose configuration does not count
+// (admit_after <= 1) yet lists counts is corrupt.
+std::optional<io::AdmissionFile> read_admission(const RestorePlan& plan, const TablePlan& table,
+                                                uint32_t rank = 0, uint32_t world_size = 1);
 
-// The version's attachments, each checked against its manifest.
-std::map<std::string, std::vector<char>> read_attachments(const RestorePlan& plan);
+// The version's attachments of rank (0 in a checkpoint of one rank), each checked against its
+// manifest.
+std::map<std::string, std::vector<char>> read_attachments(const RestorePlan& plan, uint32_t rank);
 
 }  // namespace embstore::checkpoint

@@ -11,6 +11,10 @@
 
 #include "host/table/table.hpp"
 
+namespace embstore::shard {
+class Communicator;
+}
+
 namespace embstore::checkpoint {
 
 // embstore_spill_t: when restore parks the tables it replaces in a spill file.
@@ -42,6 +46,12 @@ class StoreView {
   // valid) or joins the store, and the step becomes step. Fails only for memory, and then
   // before any table of the store is replaced.
   virtual void install(std::vector<std::unique_ptr<Table>> tables, uint64_t step) = 0;
+
+  // Sharded stores: the communicator of collective checkpoints and restores, this rank, and
+  // the world size. A store of one process: null, 0 and 1.
+  virtual shard::Communicator* comm() { return nullptr; }
+  virtual uint32_t rank() const { return 0; }
+  virtual uint32_t world_size() const { return 1; }
 };
 
 }  // namespace embstore::checkpoint

@@ -21,18 +21,6 @@ struct Header {
   int32_t reserved;
 };
 
-// Fails the call on every rank when any rank reported a failure: the lowest such rank's status.
-// The failing rank keeps its own message; the others name it.
-void raise_if_any_failed(const std::vector<int32_t>& statuses, int self, const LocalCheck& check) {
-  for (size_t q = 0; q < statuses.size(); ++q) {
-    if (statuses[q] == EMBSTORE_OK) continue;
-    if (static_cast<int>(q) == self) throw Error(check.status, check.message);
-    const auto status = static_cast<embstore_status_t>(statuses[q]);
-    fail(status, "rank {} failed its part of the sharded call ({}); see that rank's error", q,
-         embstore_status_name(status));
-  }
-}
-
 // Stage: every rank learns how many keys each peer sends it, and whether every rank's
 // arguments passed (else every rank throws here, before any key moves).
 std::vector<uint64_t> exchange_counts(Communicator& comm, const std::vector<uint64_t>& counts,
@@ -48,7 +36,7 @@ std::vector<uint64_t> exchange_counts(Communicator& comm, const std::vector<uint
     statuses[q] = in[q].status;
     received[q] = in[q].count;
   }
-  raise_if_any_failed(statuses, comm.rank(), check);
+  raise_first_failure(statuses, comm.rank(), check, "the argument checks of the sharded call");
   return received;
 }
 
@@ -68,29 +56,6 @@ std::vector<T> exchange(Communicator& comm, const std::vector<T>& send,
   std::vector<T> recv(total);
   comm.all_to_all(send.data(), send_bytes.data(), recv.data(), recv_bytes.data());
   return recv;
-}
-
-// Stage: the owner's part on its own shard; its failure becomes a status for every rank.
-template <typename F>
-LocalCheck run_own_part(F&& part) {
-  try {
-    part();
-    return {};
-  } catch (const Error& e) {
-    return {e.status(), e.what()};
-  } catch (const std::bad_alloc&) {
-    return {EMBSTORE_OUT_OF_MEMORY, "host memory allocation failed"};
-  } catch (const std::exception& e) {
-    return {EMBSTORE_INTERNAL, e.what()};
-  }
-}
-
-// Stage: every rank learns every owner's outcome; throws on every rank if one failed.
-void agree_on_outcome(Communicator& comm, const LocalCheck& outcome) {
-  const int32_t mine = outcome.status;
-  std::vector<int32_t> all(static_cast<size_t>(comm.size()));
-  comm.all_gather(&mine, sizeof mine, all.data());
-  raise_if_any_failed(all, comm.rank(), outcome);
 }
 
 // The keys this rank sends, in send order.
@@ -121,12 +86,12 @@ void sharded_lookup(Table& table, Communicator& comm, const LocalCheck& check, c
   const std::vector<int64_t> asked =
       exchange(comm, keys_in_send_order(route, sent.keys.data()), route.counts, asked_counts, 1);
   std::vector<float> answers(asked.size() * dim);
-  agree_on_outcome(comm, run_own_part([&] {
-                     if (!asked.empty()) {
-                       table.lookup(asked.data(), asked.size(), answers.data(), insert, step,
-                                    nullptr);
-                     }
-                   }));
+  agree(comm, run_stage([&] {
+          if (!asked.empty()) {
+            table.lookup(asked.data(), asked.size(), answers.data(), insert, step, nullptr);
+          }
+        }),
+        "its part of the sharded call");
   const std::vector<float> rows = exchange(comm, answers, asked_counts, route.counts, dim);
   const std::vector<uint32_t> at = gather_order(route, sent.slot_of);
   for (size_t i = 0; i < n; ++i) {
@@ -151,12 +116,13 @@ void sharded_apply_gradients(Table& table, Communicator& comm, const LocalCheck&
   const std::vector<int64_t> got_keys =
       exchange(comm, keys_in_send_order(route, keys), route.counts, got_counts, 1);
   const std::vector<float> got_grads = exchange(comm, grads_sent, route.counts, got_counts, dim);
-  agree_on_outcome(comm, run_own_part([&] {
-                     if (!got_keys.empty()) {
-                       table.apply_gradients(got_keys.data(), got_grads.data(), got_keys.size(),
-                                             step, nullptr);
-                     }
-                   }));
+  agree(comm, run_stage([&] {
+          if (!got_keys.empty()) {
+            table.apply_gradients(got_keys.data(), got_grads.data(), got_keys.size(), step,
+                                  nullptr);
+          }
+        }),
+        "its part of the sharded call");
 }
 
 void check_owned(const int64_t* keys, size_t n, uint32_t rank, uint32_t world_size) {

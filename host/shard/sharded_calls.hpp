@@ -11,18 +11,14 @@
 #include <cstdint>
 #include <string>
 
+#include "host/shard/agreement.hpp"
 #include "host/shard/communicator.hpp"
 #include "host/table/table.hpp"
 
 namespace embstore::shard {
 
-// What this rank's own argument check found; a failure is taken to every rank before any key
+// check: this rank's own argument check; a failure is taken to every rank before any key
 // moves, so that every rank fails the call together.
-struct LocalCheck {
-  embstore_status_t status = EMBSTORE_OK;
-  std::string message;
-};
-
 // per_occurrence: send every occurrence (an insert on a table with admission counts each).
 void sharded_lookup(Table& table, Communicator& comm, const LocalCheck& check, const int64_t* keys,
                     size_t n, float* values_out, bool insert, bool per_occurrence, uint64_t step);

@@ -78,6 +78,9 @@ struct embstore_store {
     embstore::Table* find_table(const std::string& name) override;
     std::unique_ptr<embstore::Table> make_table(embstore::TableSpec spec) override;
     void install(std::vector<std::unique_ptr<embstore::Table>> tables, uint64_t step) override;
+    embstore::shard::Communicator* comm() override { return store_.comm.get(); }
+    uint32_t rank() const override { return static_cast<uint32_t>(store_.rank); }
+    uint32_t world_size() const override { return static_cast<uint32_t>(store_.world_size); }
 
    private:
     embstore_store& store_;

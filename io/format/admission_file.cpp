@@ -128,6 +128,48 @@ int merge_admission_files(const std::vector<std::string>& oldest_first, Admissio
   for (size_t i = 0; i < files.size(); ++i) {
     if (int r = parse_admission_file(oldest_first[i], &files[i], detail); r < 0) return r;
   }
+  return merge_admission(std::move(files), out, detail);
+}
+
+int combine_rank_admission(std::vector<AdmissionFile> ranks, AdmissionFile* out,
+                           std::string* detail) {
+  if (ranks.empty()) return bad(detail, "no admission files to combine");
+  AdmissionFile all = std::move(ranks.front());
+  for (size_t i = 1; i < ranks.size(); ++i) {
+    AdmissionFile& f = ranks[i];
+    if (f.kind != all.kind) {
+      return bad(detail, std::string("ranks wrote admission counts of kinds ") +
+                             admission_kind_name(all.kind) + " and " + admission_kind_name(f.kind));
+    }
+    if (all.kind == AdmissionKind::kBloom) {
+      if (f.counters.size() != all.counters.size()) {
+        return bad(detail, "ranks wrote Bloom filters of different sizes");
+      }
+      for (size_t c = 0; c < f.counters.size(); ++c) {
+        all.counters[c] = static_cast<uint8_t>(std::min(255, all.counters[c] + f.counters[c]));
+      }
+    } else {
+      all.entries.insert(all.entries.end(), f.entries.begin(), f.entries.end());
+      all.removed.insert(all.removed.end(), f.removed.begin(), f.removed.end());
+    }
+  }
+  std::sort(all.entries.begin(), all.entries.end(),
+            [](const AdmissionEntry& a, const AdmissionEntry& b) { return a.key < b.key; });
+  std::sort(all.removed.begin(), all.removed.end());
+  for (size_t i = 1; i < all.entries.size(); ++i) {
+    if (all.entries[i].key == all.entries[i - 1].key) {
+      return bad(detail, "key " + std::to_string(all.entries[i].key) +
+                             " has admission counts from two ranks");
+    }
+  }
+  if (std::adjacent_find(all.removed.begin(), all.removed.end()) != all.removed.end()) {
+    return bad(detail, "a removed key is listed by two ranks");
+  }
+  *out = std::move(all);
+  return 0;
+}
+
+int merge_admission(std::vector<AdmissionFile> files, AdmissionFile* out, std::string* detail) {
   size_t start = files.size();  // the newest whole file
   while (start > 0 && files[start - 1].kind == AdmissionKind::kExactDelta) --start;
   if (start == 0) return bad(detail, "the chain's counts start with a delta");

@@ -49,5 +49,15 @@ int parse_admission_file(const std::string& bytes, AdmissionFile* out, std::stri
 // no whole file precedes the deltas.
 int merge_admission_files(const std::vector<std::string>& oldest_first, AdmissionFile* out,
                           std::string* detail);
+// The same over parsed files (moved from).
+int merge_admission(std::vector<AdmissionFile> oldest_first, AdmissionFile* out,
+                    std::string* detail);
+
+// One version's counts from the files of its ranks (each rank's keys its own): exact entries
+// and removed keys joined (a key in two ranks' files is -EBADMSG), Bloom counters added
+// (saturating at 255: the filter of all the ranks' occurrences). All of one kind and, for
+// Bloom, one size, else -EBADMSG.
+int combine_rank_admission(std::vector<AdmissionFile> ranks, AdmissionFile* out,
+                           std::string* detail);
 
 }  // namespace embstore::io

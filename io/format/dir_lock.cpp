@@ -15,8 +15,8 @@
 #include <mutex>
 #include <utility>
 
-#include "io/format/commit.hpp"
 #include "io/engine/engine.hpp"
+#include "io/format/commit.hpp"
 #include "io/format/layout.hpp"
 
 namespace embstore::io {

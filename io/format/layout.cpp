@@ -66,12 +66,16 @@ std::string row_file_path(uint32_t format, std::string_view table, uint32_t shar
   return table_dir(format, table) + "/" + shard_file_name(shard, shards);
 }
 
-std::string admission_file_path(uint32_t format, std::string_view table) {
-  return table_dir(format, table) + "/admission.counts";
+std::string admission_file_path(uint32_t format, std::string_view table, uint32_t rank,
+                                uint32_t world_size) {
+  if (world_size <= 1) return table_dir(format, table) + "/admission.counts";
+  return fmt::format("{}/admission-{:05}-of-{:05}.counts", table_dir(format, table), rank,
+                     world_size);
 }
 
-std::string attachment_path(std::string_view name) {
-  return fmt::format("{}/{}", kAttachmentsDir, name);
+std::string attachment_path(std::string_view name, uint32_t rank, uint32_t world_size) {
+  if (world_size <= 1) return fmt::format("{}/{}", kAttachmentsDir, name);
+  return fmt::format("{}/rank-{:05}/{}", kAttachmentsDir, rank, name);
 }
 
 int check_layout(const Manifest& m, std::string* why) {
@@ -103,24 +107,39 @@ int check_layout(const Manifest& m, std::string* why) {
       }
       if (int r = claim(f.path, owner); r < 0) return r;
     }
-    if (t.admission) {
-      if (t.admission->path != admission_file_path(format, t.name)) {
-        return bad(why, fmt::format("{}: admission file '{}' is not its {}", owner,
-                                    t.admission->path, admission_file_path(format, t.name)));
+    if (m.world_size == 1 && t.admission.size() > 1) {
+      return bad(why, fmt::format("{}: {} admission files in a checkpoint of one rank", owner,
+                                  t.admission.size()));
+    }
+    for (const FileEntry& f : t.admission) {
+      bool known = false;
+      for (uint32_t s = 0; s < m.world_size && !known; ++s) {
+        known = f.path == admission_file_path(format, t.name, s, m.world_size);
       }
-      if (int r = claim(t.admission->path, owner); r < 0) return r;
+      if (!known) {
+        return bad(why,
+                   fmt::format("{}: admission file '{}' is not one of its {} for world size "
+                               "{}",
+                               owner, f.path, admission_file_path(format, t.name, 0, m.world_size),
+                               m.world_size));
+      }
+      if (int r = claim(f.path, owner); r < 0) return r;
     }
   }
-  names.clear();
+  std::set<std::pair<uint32_t, std::string>> attached;
   for (const AttachmentEntry& a : m.attachments) {
     if (std::string p = name_problem("attachment", a.name); !p.empty()) return bad(why, p);
-    if (!names.insert(a.name).second) {
-      return bad(why, fmt::format("attachment '{}' is listed twice", a.name));
+    if (a.rank >= m.world_size) {
+      return bad(why, fmt::format("attachment '{}' has rank {} in a world of size {}", a.name,
+                                  a.rank, m.world_size));
+    }
+    if (!attached.emplace(a.rank, a.name).second) {
+      return bad(why, fmt::format("attachment '{}' of rank {} is listed twice", a.name, a.rank));
     }
     const std::string owner = fmt::format("attachment '{}'", a.name);
-    if (a.file.path != attachment_path(a.name)) {
-      return bad(why, fmt::format("{}: file '{}' is not its {}", owner, a.file.path,
-                                  attachment_path(a.name)));
+    const std::string path = attachment_path(a.name, a.rank, m.world_size);
+    if (a.file.path != path) {
+      return bad(why, fmt::format("{}: file '{}' is not its {}", owner, a.file.path, path));
     }
     if (int r = claim(a.file.path, owner); r < 0) return r;
   }

@@ -9,6 +9,12 @@
 //   <version>/tables/<table>/admission.counts             admission counts, when the table has
 //   <version>/attachments/<name>
 //
+// Written by W > 1 ranks (each rank writes only its own files; rank 0 the manifest):
+//
+//   <version>/tables/<table>/shard-<rank>-of-<W>.rows
+//   <version>/tables/<table>/admission-<rank>-of-<W>.counts
+//   <version>/attachments/rank-<rank>/<name>
+//
 // Format 1 (0.1 to 0.3) put table directories beside the manifest (<version>/<table>/...), where
 // a table named "attachments" could meet an attachment named like a row file. It is still read;
 // its manifests must name exactly these paths, and no two entries one file.
@@ -45,13 +51,15 @@ std::string shard_file_name(uint32_t shard, uint32_t shards);
 std::string table_dir(uint32_t format, std::string_view table);
 // Paths relative to the version directory, in the given format version.
 std::string row_file_path(uint32_t format, std::string_view table, uint32_t shard, uint32_t shards);
-std::string admission_file_path(uint32_t format, std::string_view table);
-std::string attachment_path(std::string_view name);
+std::string admission_file_path(uint32_t format, std::string_view table, uint32_t rank = 0,
+                                uint32_t world_size = 1);
+std::string attachment_path(std::string_view name, uint32_t rank = 0, uint32_t world_size = 1);
 
 // Checks every name and path that m (already parsed) holds against the layout of its format
-// version: each table and attachment name valid and listed once; each row file one of its
-// table's shard files for m's world size, listed once; the admission file its table's; each
-// attachment at its path; no two entries naming one file. 0, or -EBADMSG with the reason.
+// version: each table name valid and listed once, each attachment name valid and listed once
+// per rank (ranks below the world size); each row file and admission file one of its table's
+// for m's world size (one with world size 1), listed once; each attachment at its path; no two
+// entries naming one file. 0, or -EBADMSG with the reason.
 int check_layout(const Manifest& m, std::string* why);
 
 }  // namespace embstore::io

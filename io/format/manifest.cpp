@@ -162,12 +162,19 @@ json manifest_json(const Manifest& m) {
                           {"rows", t.rows},
                           {"table_rows", t.table_rows},
                           {"files", files}});
-    if (t.admission) tables.back()["admission"] = file_json(*t.admission);
+    if (m.world_size > 1) {
+      json counts = json::array();
+      for (const FileEntry& f : t.admission) counts.push_back(file_json(f));
+      tables.back()["admission"] = counts;
+    } else if (!t.admission.empty()) {
+      tables.back()["admission"] = file_json(t.admission.front());
+    }
   }
   json attachments = json::array();
   for (const AttachmentEntry& a : m.attachments) {
     json f = file_json(a.file);
     f["name"] = a.name;
+    if (m.world_size > 1) f["rank"] = a.rank;
     attachments.push_back(f);
   }
   json j{{"format", kFormat},
@@ -324,7 +331,18 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
         rows += e.files.back().rows;
       }
       if (rows != e.rows) throw Bad("table '" + e.name + "': file rows do not add up to 'rows'");
-      if (t.contains("admission")) e.admission = file_from(member(t, "admission"));
+      if (t.contains("admission")) {
+        const json& counts = member(t, "admission");
+        if (m.world_size == 1) {
+          e.admission.push_back(file_from(counts));
+        } else {
+          if (!counts.is_array()) {
+            throw Bad("'admission' of table '" + e.name + "' is not an array (world size " +
+                      std::to_string(m.world_size) + ")");
+          }
+          for (const json& f : counts) e.admission.push_back(file_from(f));
+        }
+      }
       m.tables.push_back(std::move(e));
     }
     const json& attachments = member(j, "attachments");
@@ -332,6 +350,11 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
     for (const json& a : attachments) {
       AttachmentEntry e{get_string(a, "name"), file_from(a)};
       if (std::string why = name_problem("attachment", e.name); !why.empty()) throw Bad(why);
+      if (m.world_size > 1) {
+        e.rank = get_u32(a, "rank");
+      } else if (a.contains("rank")) {
+        throw Bad("attachment '" + e.name + "' has a 'rank' in a checkpoint of one rank");
+      }
       m.attachments.push_back(std::move(e));
     }
     std::string why;

@@ -40,14 +40,17 @@ struct TableEntry {
   std::string state_layout;      // e.g. "m[dim] v[dim] beta1_power beta2_power"
   uint64_t rows = 0;             // rows in this version's files
   uint64_t table_rows = 0;       // the table's rows at capture (after a delta is applied)
-  std::vector<FileEntry> files;  // row files
-  // Full checkpoints of tables with admission: the counts (host/admission/admission.hpp).
-  std::optional<FileEntry> admission;
+  std::vector<FileEntry> files;  // row files: one per rank that wrote the table
+  // Tables with admission: the counts (host/admission/admission.hpp), one file per rank that
+  // wrote the table (at most one with world size 1). JSON: an object with world size 1, as
+  // since format 1; an array with several ranks.
+  std::vector<FileEntry> admission;
 };
 
 struct AttachmentEntry {
   std::string name;
   FileEntry file;
+  uint32_t rank = 0;  // the rank that attached it ("rank" in JSON with several ranks only)
 };
 
 struct Manifest {
@@ -55,6 +58,8 @@ struct Manifest {
   bool full = true;
   uint64_t version = 0;            // the global step at capture
   std::optional<uint64_t> parent;  // deltas: the version they apply on
+  // The ranks that wrote it: each rank's row files and admission counts hold the keys
+  // embstore_shard_of gives it; rank 0 wrote the manifest.
   uint32_t world_size = 1;
   int32_t embstore_version = 0;
   // The chain this version belongs to: a random non-zero id drawn by its full checkpoint and

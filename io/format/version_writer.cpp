@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -28,12 +29,37 @@ int failed(std::string* detail, int err, std::string what) {
 }  // namespace
 
 int VersionWriter::begin(const std::string& dir, uint64_t version, bool full,
-                         std::unique_ptr<VersionWriter>* out, std::string* detail) {
+                         std::unique_ptr<VersionWriter>* out, std::string* detail, uint32_t rank,
+                         uint32_t world_size) {
   std::unique_ptr<VersionWriter> w(new VersionWriter());
   w->dir_ = dir;
   w->final_path_ = dir + "/" + version_dir_name(version, full);
+  w->rank_ = rank;
+  w->world_size_ = world_size;
   if (int r = make_staging_dir(dir, version, &w->staging_); r < 0) {
     return failed(detail, r, fmt::format("cannot create a temporary directory in '{}'", dir));
+  }
+  *out = std::move(w);
+  return 0;
+}
+
+int VersionWriter::join(const std::string& dir, const std::string& staging, uint64_t version,
+                        bool full, uint32_t rank, uint32_t world_size,
+                        std::unique_ptr<VersionWriter>* out, std::string* detail) {
+  std::unique_ptr<VersionWriter> w(new VersionWriter());
+  w->dir_ = dir;
+  w->staging_ = staging;
+  w->final_path_ = dir + "/" + version_dir_name(version, full);
+  w->rank_ = rank;
+  w->world_size_ = world_size;
+  w->joined_ = true;
+  struct stat st;
+  const int err = ::stat(staging.c_str(), &st) != 0 ? -errno : (S_ISDIR(st.st_mode) ? 0 : -ENOTDIR);
+  if (err < 0) {
+    return failed(detail, err,
+                  fmt::format("rank {} cannot find rank 0's temporary directory '{}' (is '{}' on a "
+                              "file system every rank shares?)",
+                              rank, staging, dir));
   }
   *out = std::move(w);
   return 0;
@@ -65,7 +91,7 @@ int VersionWriter::open_rows(const std::string& table, uint32_t dim, uint32_t st
   if (int r = create_directories(dir, /*durable=*/false); r < 0) {
     return failed(detail, r, fmt::format("cannot create '{}'", dir));
   }
-  const std::string path = staging_ + "/" + row_file_path(kFormat, table, 0, 1);
+  const std::string path = staging_ + "/" + row_file_path(kFormat, table, rank_, world_size_);
   options.size_hint = row_file_size_hint(rows, tombstones, dim, state_dim, options.buffer_bytes);
   if (int r = RowFileWriter::open(path, dim, state_dim, options, out); r < 0) {
     return failed(detail, r, fmt::format("cannot open '{}'", path));
@@ -73,15 +99,17 @@ int VersionWriter::open_rows(const std::string& table, uint32_t dim, uint32_t st
   return 0;
 }
 
-FileEntry VersionWriter::rows_entry(const std::string& table, const RowFileWriter& rows) {
-  return {row_file_path(kFormat, table, 0, 1), rows.bytes(), rows.rows(), rows.checksum()};
+FileEntry VersionWriter::rows_entry(const std::string& table, const RowFileWriter& rows) const {
+  return {row_file_path(kFormat, table, rank_, world_size_), rows.bytes(), rows.rows(),
+          rows.checksum()};
 }
 
 namespace {
 
-// Writes data as staging/rel and returns its entry.
+// Writes data as staging/rel and returns its entry; fsyncs it when durable (a rank's own files
+// in a version of several ranks: only the writing client's fsync makes them durable on NFS).
 int write_whole(const std::string& staging, const std::string& rel, const void* data, size_t bytes,
-                FileEntry* entry, std::string* detail) {
+                bool durable, FileEntry* entry, std::string* detail) {
   const std::string path = staging + "/" + rel;
   const size_t slash = path.rfind('/');
   if (int r = create_directories(path.substr(0, slash), /*durable=*/false); r < 0) {
@@ -89,6 +117,9 @@ int write_whole(const std::string& staging, const std::string& rel, const void* 
   }
   if (int r = write_whole_file(path, data, bytes); r < 0) {
     return failed(detail, r, fmt::format("writing {}", rel));
+  }
+  if (durable) {
+    if (int r = fsync_path(path); r < 0) return failed(detail, r, fmt::format("fsync of {}", rel));
   }
   *entry = FileEntry{rel, bytes, 0, XXH3_64bits(data, bytes)};
   return 0;
@@ -99,13 +130,14 @@ int write_whole(const std::string& staging, const std::string& rel, const void* 
 int VersionWriter::write_admission(const std::string& table, const AdmissionFile& counts,
                                    FileEntry* entry, std::string* detail) {
   const std::vector<char> bytes = format_admission_file(counts);
-  return write_whole(staging_, admission_file_path(kFormat, table), bytes.data(), bytes.size(),
-                     entry, detail);
+  return write_whole(staging_, admission_file_path(kFormat, table, rank_, world_size_),
+                     bytes.data(), bytes.size(), world_size_ > 1, entry, detail);
 }
 
 int VersionWriter::write_attachment(const std::string& name, const void* data, size_t bytes,
                                     FileEntry* entry, std::string* detail) {
-  return write_whole(staging_, attachment_path(name), data, bytes, entry, detail);
+  return write_whole(staging_, attachment_path(name, rank_, world_size_), data, bytes,
+                     world_size_ > 1, entry, detail);
 }
 
 int VersionWriter::write_manifest(Manifest* m, std::string* detail) {
@@ -117,6 +149,7 @@ int VersionWriter::write_manifest(Manifest* m, std::string* detail) {
 }
 
 int VersionWriter::commit(std::string* detail) {
+  if (joined_) return failed(detail, -EINVAL, "only rank 0 commits a version");
   if (int r = commit_staging_dir(staging_, final_path_, &renamed_); r < 0) {
     return failed(detail, r, "commit");
   }
@@ -127,6 +160,7 @@ int VersionWriter::commit(std::string* detail) {
 void VersionWriter::roll_back() {
   if (rolled_back_ || committed_) return;
   rolled_back_ = true;
+  if (joined_) return;  // rank 0 removes the whole version, once every rank is done with it
   remove_tree(staging_);
   if (!renamed_) return;
   // Renamed, but the rename may not be durable: out of sight first, so that a crash half-way

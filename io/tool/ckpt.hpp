@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "io/engine/engine.hpp"
 #include "io/format/chain.hpp"
 #include "io/format/commit.hpp"
-#include "io/engine/engine.hpp"
 
 namespace embstore::ckpt {
 
@@ -48,8 +48,10 @@ struct VersionSpec {
 // Throws Usage for anything else.
 VersionSpec parse_version_spec(const std::string& text);
 
-// embstore-ckpt compact DIR --version V --out OUT.
-int cmd_compact(const std::string& dir, const std::string& version_text, const std::string& out);
+// embstore-ckpt compact DIR --version V --out OUT (world_size 1), and
+// embstore-ckpt reshard DIR --version V --world-size W --out OUT.
+int cmd_compact(const std::string& dir, const std::string& version_text, const std::string& out,
+                uint32_t world_size = 1);
 
 // embstore-ckpt verify DIR [--version V] (verify.cpp).
 int cmd_verify(const std::string& dir, const std::optional<std::string>& version_text);

@@ -2,11 +2,13 @@
 // (docs/DESIGN.md, "On-disk layout and commit") with the io/ layer's own readers, and the
 // chain resolution that restore uses (io/format/chain.hpp).
 //
-//   embstore-ckpt ls DIR                 RESTORABLE: restore's checks short of reading data
+//   embstore-ckpt ls DIR                 RESTORABLE: restore's checks short of reading data;
+//                                        RANKS: the world size that wrote the version
 //   embstore-ckpt verify DIR [--version V]   exit 0 exactly when restore would succeed
 //                                            (verify.cpp)
 //   embstore-ckpt inspect DIR --version V --table T [--rows N] [--floats K]
 //   embstore-ckpt compact DIR --version V --out OUT   (compact.cpp)
+//   embstore-ckpt reshard DIR --version V --world-size W --out OUT   (compact.cpp)
 //
 // V is a version number (the global step), a version directory name
 // ("00000000000000001000.full") or "latest" (the newest version with a valid manifest).
@@ -29,10 +31,10 @@
 #include <string>
 #include <vector>
 
+#include "io/engine/engine.hpp"
 #include "io/format/chain.hpp"
 #include "io/format/commit.hpp"
 #include "io/format/dir_lock.hpp"
-#include "io/engine/engine.hpp"
 #include "io/format/manifest.hpp"
 #include "io/format/row_file.hpp"
 #include "io/tool/ckpt.hpp"
@@ -181,8 +183,8 @@ int cmd_ls(const std::string& dir) {
   };
 
   using Row = std::vector<std::string>;
-  const Row header = {"DIRECTORY", "VERSION", "KIND",        "STEP",  "SIZE",
-                      "TABLES",    "ROWS",    "ATTACHMENTS", "CHAIN", "RESTORABLE"};
+  const Row header = {"DIRECTORY", "VERSION",     "KIND",  "STEP",       "SIZE", "TABLES",
+                      "ROWS",      "ATTACHMENTS", "CHAIN", "RESTORABLE", "RANKS"};
   std::vector<Row> rows;
   std::vector<std::string> notes;  // non-empty: the row is the name and this note only
   for (size_t i = 0; i < versions.size(); ++i) {
@@ -210,7 +212,10 @@ int cmd_ls(const std::string& dir) {
       table_rows += t.rows;
       table_names.push_back(t.name);
     }
-    for (const io::AttachmentEntry& a : m.attachments) attachment_names.push_back(a.name);
+    // With several ranks, each rank's attachments are its own: name@rank.
+    for (const io::AttachmentEntry& a : m.attachments) {
+      attachment_names.push_back(m.world_size > 1 ? fmt::format("{}@{}", a.name, a.rank) : a.name);
+    }
     std::string chain = "base";
     if (m.parent) {
       chain = fmt::format("parent {}", *m.parent);
@@ -225,7 +230,7 @@ int cmd_ls(const std::string& dir) {
     rows.push_back({v.name, std::to_string(m.version), m.full ? "full" : "delta",
                     std::to_string(m.version), fmt::format("{} ({})", bytes, human(bytes)),
                     counted(table_names), std::to_string(table_rows), counted(attachment_names),
-                    chain, restorable ? "yes" : "no"});
+                    chain, restorable ? "yes" : "no", std::to_string(m.world_size)});
     notes.emplace_back();
   }
 
@@ -403,8 +408,10 @@ int cmd_inspect(const std::string& dir, const std::string& version_text,
 }
 
 int run(int argc, char** argv) {
-  CLI::App app{"embstore-ckpt: list, verify, inspect and compact embstore checkpoint directories",
-               "embstore-ckpt"};
+  CLI::App app{
+      "embstore-ckpt: list, verify, inspect, compact and reshard embstore checkpoint "
+      "directories",
+      "embstore-ckpt"};
   app.require_subcommand(1);
   app.footer(
       "VERSION: a number (the global step), a version directory name such as "
@@ -451,6 +458,17 @@ int run(int argc, char** argv) {
   compact->add_option("--out", out, "directory for the full checkpoint (created if missing)")
       ->required();
 
+  uint32_t world_size = 1;
+  CLI::App* reshard = app.add_subcommand(
+      "reshard", "write a version as one full checkpoint of W ranks in another directory");
+  reshard->add_option("DIR", dir, "checkpoint directory")->required();
+  reshard->add_option("--version", compact_version, "version, or 'latest'")->required();
+  reshard->add_option("--world-size", world_size, "ranks of the new checkpoint")
+      ->check(CLI::Range(1u, 65535u))
+      ->required();
+  reshard->add_option("--out", out, "directory for the full checkpoint (created if missing)")
+      ->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -461,11 +479,13 @@ int run(int argc, char** argv) {
   const char* command = ls->parsed()        ? "ls"
                         : verify->parsed()  ? "verify"
                         : compact->parsed() ? "compact"
+                        : reshard->parsed() ? "reshard"
                                             : "inspect";
   try {
     if (ls->parsed()) return cmd_ls(dir);
     if (verify->parsed()) return cmd_verify(dir, verify_version);
     if (compact->parsed()) return cmd_compact(dir, compact_version, out);
+    if (reshard->parsed()) return cmd_compact(dir, compact_version, out, world_size);
     return cmd_inspect(dir, inspect_version, table, static_cast<uint64_t>(rows),
                        static_cast<uint32_t>(shown));
   } catch (const Usage& e) {

@@ -1,11 +1,14 @@
 // embstore-ckpt compact DIR --version V --out OUT: merges the full checkpoint and the deltas of
-// V's chain into one full checkpoint of version V in OUT, without a store: per table, each
+// V's chain into one full checkpoint of version V in OUT, of one rank, without a store (and
+// embstore-ckpt reshard ... --world-size W: the same, written as W ranks would have: each key's
+// row in the file of the rank that owns it, admission counts per rank, each rank's attachments;
+// a checkpoint of any world size goes in): per table, each
 // key's newest row (value and optimizer state), tombstoned keys left out, the admission counts
 // merged. It reads V as restore does (host/checkpoint/restore_plan.hpp: the same plan, the
 // same checks of every file), and writes OUT's version with the checkpointer's own writer
 // (io/format/version_writer.hpp), so embstore_restore(OUT) restores it and an interrupted or failed
-// compact leaves no version in OUT. OUT's writer lock is held throughout (io/format/dir_lock.hpp): a
-// trainer writing there makes compact fail, and the other way round.
+// compact leaves no version in OUT. OUT's writer lock is held throughout (io/format/dir_lock.hpp):
+// a trainer writing there makes compact fail, and the other way round.
 #include <fmt/core.h>
 
 #include <cerrno>
@@ -16,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/row/shard.h"
 #include "host/checkpoint/restore_plan.hpp"
 #include "host/error.hpp"
 #include "io/format/admission_file.hpp"
@@ -24,8 +28,8 @@
 #include "io/format/dir_lock.hpp"
 #include "io/format/manifest.hpp"
 #include "io/format/row_file.hpp"
-#include "io/tool/ckpt.hpp"
 #include "io/format/version_writer.hpp"
+#include "io/tool/ckpt.hpp"
 
 namespace embstore::ckpt {
 namespace {
@@ -33,21 +37,27 @@ namespace {
 using checkpoint::RestorePlan;
 using checkpoint::TablePlan;
 
-// Writes table's rows at the plan's version into out and returns its manifest entry.
-io::TableEntry write_table(const RestorePlan& plan, const TablePlan& t, io::VersionWriter& out) {
+// Writes table's rows at the plan's version into the ranks' writers (each row to the writer of
+// the rank that owns its key) and returns its manifest entry.
+io::TableEntry write_table(const RestorePlan& plan, const TablePlan& t,
+                           const std::vector<std::unique_ptr<io::VersionWriter>>& ranks) {
   const io::TableEntry& source = *t.entry;
+  const uint32_t world = static_cast<uint32_t>(ranks.size());
   std::string detail;
-  std::unique_ptr<io::RowFileWriter> writer;
-  if (out.open_rows(source.name, source.config.dim, source.state_dim, source.table_rows, 0, {},
-                    &writer, &detail) < 0) {
-    throw Problem(detail);
+  std::vector<std::unique_ptr<io::RowFileWriter>> files(world);
+  for (uint32_t r = 0; r < world; ++r) {
+    if (ranks[r]->open_rows(source.name, source.config.dim, source.state_dim,
+                            source.table_rows / world + 1, 0, {}, &files[r], &detail) < 0) {
+      throw Problem(detail);
+    }
   }
   int write_error = 0;
   uint64_t written = 0;
   const io::RowSink sink = [&](const io::RowBlock& b, std::string* why) {
     for (uint32_t i = 0; i < b.rows; ++i) {
       const float* state = b.state_dim > 0 ? b.state + size_t{i} * b.state_dim : nullptr;
-      if (int r = writer->add(b.keys[i], b.values + size_t{i} * b.dim, state); r < 0) {
+      const uint32_t owner = world == 1 ? 0 : row::shard_of(b.keys[i], world);
+      if (int r = files[owner]->add(b.keys[i], b.values + size_t{i} * b.dim, state); r < 0) {
         write_error = r;  // reported as the output's error, not the input block's
         *why = errno_text(r);
         return r;
@@ -63,20 +73,29 @@ io::TableEntry write_table(const RestorePlan& plan, const TablePlan& t, io::Vers
   } catch (const Error& e) {
     if (write_error == 0) throw Problem(e.what());
   }
-  const std::string path =
-      out.staging() + "/" + io::VersionWriter::rows_entry(source.name, *writer).path;
-  if (int e = write_error != 0 ? write_error : writer->finish(); e < 0) {
-    throw Problem(fmt::format("{}: cannot write: {}", path, errno_text(e)));
-  }
   io::TableEntry e = source;
-  e.rows = writer->rows();
-  e.files = {io::VersionWriter::rows_entry(source.name, *writer)};
-  e.admission.reset();
+  e.rows = 0;
+  e.files.clear();
+  e.admission.clear();
+  for (uint32_t r = 0; r < world; ++r) {
+    const io::FileEntry entry = ranks[r]->rows_entry(source.name, *files[r]);
+    if (int err = write_error != 0 ? write_error : files[r]->finish(); err < 0) {
+      throw Problem(
+          fmt::format("{}/{}: cannot write: {}", ranks[r]->staging(), entry.path, errno_text(err)));
+    }
+    e.files.push_back(ranks[r]->rows_entry(source.name, *files[r]));
+    e.rows += files[r]->rows();
+  }
   try {
-    if (const std::optional<io::AdmissionFile> counts = checkpoint::read_admission(plan, t)) {
-      e.admission.emplace();
-      if (out.write_admission(source.name, *counts, &*e.admission, &detail) < 0) {
-        throw Problem(detail);
+    // Each rank's counts: exact ones follow their keys; a Bloom filter cannot be split (see
+    // read_admission).
+    for (uint32_t r = 0; r < world; ++r) {
+      if (const std::optional<io::AdmissionFile> counts =
+              checkpoint::read_admission(plan, t, r, world)) {
+        e.admission.emplace_back();
+        if (ranks[r]->write_admission(source.name, *counts, &e.admission.back(), &detail) < 0) {
+          throw Problem(detail);
+        }
       }
     }
   } catch (const Error& err) {
@@ -87,7 +106,9 @@ io::TableEntry write_table(const RestorePlan& plan, const TablePlan& t, io::Vers
 
 }  // namespace
 
-int cmd_compact(const std::string& dir, const std::string& version_text, const std::string& out) {
+int cmd_compact(const std::string& dir, const std::string& version_text, const std::string& out,
+                uint32_t world_size) {
+  const char* command = world_size == 1 ? "compact" : "reshard";
   const VersionSpec spec = parse_version_spec(version_text);
   io::CheckpointDir checkpoints(dir, versions_of(dir));
   std::optional<RestorePlan> plan;
@@ -103,16 +124,27 @@ int cmd_compact(const std::string& dir, const std::string& version_text, const s
     throw Problem(e.what());
   }
   const io::Manifest& source = plan->manifest();
+  // Each attachment belongs to its rank: one the new layout lacks has no place in it.
+  for (const io::AttachmentEntry& a : source.attachments) {
+    if (a.rank >= world_size) {
+      throw Problem(
+          fmt::format("{}: rank {} has attachment '{}', which a checkpoint of {} "
+                      "cannot hold: nothing written",
+                      plan->path(), a.rank, a.name, plural(world_size, "rank", "ranks")));
+    }
+  }
 
   std::string detail;
   if (int r = io::create_directories(out); r < 0) {
     throw Problem(fmt::format("{}: cannot create: {}", out, errno_text(r)));
   }
   std::unique_ptr<io::DirLock> lock;
-  if (io::DirLock::acquire(out, "embstore-ckpt compact", &lock, &detail) < 0) throw Problem(detail);
+  if (io::DirLock::acquire(out, fmt::format("embstore-ckpt {}", command), &lock, &detail) < 0) {
+    throw Problem(detail);
+  }
   // What an interrupted writer of OUT left (a compact or a checkpoint killed half-way).
   if (int r = io::remove_leftovers(out, nullptr); r < 0) {
-    std::fprintf(stderr, "embstore-ckpt compact: could not remove every leftover in %s: %s\n",
+    std::fprintf(stderr, "embstore-ckpt %s: could not remove every leftover in %s: %s\n", command,
                  out.c_str(), errno_text(r).c_str());
   }
   // Either kind of V in OUT would stand beside the new one; restore could pick it instead.
@@ -122,46 +154,58 @@ int cmd_compact(const std::string& dir, const std::string& version_text, const s
                                 source.version, v.name));
     }
   }
-  std::unique_ptr<io::VersionWriter> writer;
-  if (io::VersionWriter::begin(out, source.version, true, &writer, &detail) < 0) {
+  // Rank 0's writer begins the version and commits it; the other ranks' write beside it.
+  std::vector<std::unique_ptr<io::VersionWriter>> ranks(world_size);
+  if (io::VersionWriter::begin(out, source.version, true, &ranks[0], &detail, 0, world_size) < 0) {
     throw Problem(detail);
   }
+  for (uint32_t r = 1; r < world_size; ++r) {
+    if (io::VersionWriter::join(out, ranks[0]->staging(), source.version, true, r, world_size,
+                                &ranks[r], &detail) < 0) {
+      throw Problem(detail);
+    }
+  }
+  io::VersionWriter& writer = *ranks[0];
 
   io::Manifest m;
   m.full = true;
   m.lineage = io::new_lineage();  // a new base: deltas written on it start a new chain
   m.version = source.version;
-  m.world_size = 1;
+  m.world_size = world_size;
   m.embstore_version = EMBSTORE_VERSION_CODE;
   uint64_t rows = 0, bytes = 0;
   for (const TablePlan& t : plan->tables) {
-    m.tables.push_back(write_table(*plan, t, *writer));
+    m.tables.push_back(write_table(*plan, t, ranks));
     rows += m.tables.back().rows;
-    bytes += m.tables.back().files.front().bytes;
-    if (m.tables.back().admission) bytes += m.tables.back().admission->bytes;
+    for (const io::FileEntry& f : m.tables.back().files) bytes += f.bytes;
+    for (const io::FileEntry& f : m.tables.back().admission) bytes += f.bytes;
   }
-  std::map<std::string, std::vector<char>> attachments;
-  try {
-    attachments = checkpoint::read_attachments(*plan);
-  } catch (const Error& e) {
-    throw Problem(e.what());
-  }
-  for (const auto& [name, data] : attachments) {
-    io::AttachmentEntry a{name, {}};
-    if (writer->write_attachment(name, data.data(), data.size(), &a.file, &detail) < 0) {
-      throw Problem(detail);
+  for (uint32_t r = 0; r < world_size; ++r) {
+    std::map<std::string, std::vector<char>> attachments;
+    try {
+      attachments = checkpoint::read_attachments(*plan, r);
+    } catch (const Error& e) {
+      throw Problem(e.what());
     }
-    bytes += a.file.bytes;
-    m.attachments.push_back(std::move(a));
+    for (const auto& [name, data] : attachments) {
+      io::AttachmentEntry a{name, {}, r};
+      if (ranks[r]->write_attachment(name, data.data(), data.size(), &a.file, &detail) < 0) {
+        throw Problem(detail);
+      }
+      bytes += a.file.bytes;
+      m.attachments.push_back(std::move(a));
+    }
   }
-  if (writer->write_manifest(&m, &detail) < 0 || writer->commit(&detail) < 0) {
-    throw Problem(fmt::format("{}: {}", writer->final_path(), detail));
+  if (writer.write_manifest(&m, &detail) < 0 || writer.commit(&detail) < 0) {
+    throw Problem(fmt::format("{}: {}", writer.final_path(), detail));
   }
 
   const size_t deltas = plan->chain.size() - 1;
-  fmt::print("compacted {} (1 full, {}) into {} ({}, {} rows, {})\n", plan->path(),
-             plural(deltas, "delta", "deltas"), writer->final_path(),
-             plural(m.tables.size(), "table", "tables"), rows, human(bytes));
+  fmt::print("{} {} (1 full, {}, {}) into {} ({}, {} rows, {}, {})\n",
+             world_size == 1 ? "compacted" : "resharded", plan->path(),
+             plural(deltas, "delta", "deltas"), plural(source.world_size, "rank", "ranks"),
+             writer.final_path(), plural(m.tables.size(), "table", "tables"), rows, human(bytes),
+             plural(world_size, "rank", "ranks"));
   return kExitOk;
 }
 

@@ -150,7 +150,7 @@ class Verifier {
     }
     if (first) throw *first;
     for (const TablePlan& t : plan.tables) checkpoint::read_admission(plan, t);
-    checkpoint::read_attachments(plan);
+    for (uint32_t r = 0; r < plan.manifest().world_size; ++r) checkpoint::read_attachments(plan, r);
   }
 
  private:
@@ -272,9 +272,9 @@ std::string summary(const RestorePlan& plan) {
       ++files;
       bytes += f.bytes;
     }
-    if (t.admission) {
+    for (const io::FileEntry& f : t.admission) {
       ++files;
-      bytes += t.admission->bytes;
+      bytes += f.bytes;
     }
     rows += t.rows;
     table_rows += t.table_rows;
@@ -309,7 +309,7 @@ std::string restore_problem(io::CheckpointDir& checkpoints, size_t index) {
         const io::TableEntry* e = find_table(*link.manifest, t.entry->name);
         if (e == nullptr) continue;
         for (const io::FileEntry& f : e->files) present(link.path, f);
-        if (e->admission) present(link.path, *e->admission);
+        for (const io::FileEntry& f : e->admission) present(link.path, f);
       }
     }
     for (const io::AttachmentEntry& a : plan.manifest().attachments) present(plan.path(), a.file);

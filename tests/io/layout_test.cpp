@@ -22,7 +22,7 @@ TableEntry table(uint32_t format, const std::string& name, bool admission = fals
   t.rows = 1;
   t.table_rows = 1;
   t.files.push_back({row_file_path(format, name, 0, 1), 4096, 1, 7});
-  if (admission) t.admission = FileEntry{admission_file_path(format, name), 24, 0, 9};
+  if (admission) t.admission = {FileEntry{admission_file_path(format, name), 24, 0, 9}};
   return t;
 }
 
@@ -141,8 +141,8 @@ TEST_CASE("layout: a manifest cannot steer a file anywhere else", "[io][layout]"
     REQUIRE(refusal(m).find("not one of its") != std::string::npos);
   }
   SECTION("an admission file that is the row file") {
-    m.tables[0].admission->path = m.tables[0].files[0].path;
-    REQUIRE(refusal(m).find("not its") != std::string::npos);
+    m.tables[0].admission[0].path = m.tables[0].files[0].path;
+    REQUIRE(refusal(m).find("not one of its") != std::string::npos);
   }
   SECTION("an attachment at a table's path") {
     m.attachments[0].file.path = "tables/emb/admission.counts";

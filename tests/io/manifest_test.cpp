@@ -46,7 +46,7 @@ Manifest sample() {
   t.rows = 7;
   t.table_rows = 9;
   t.files.push_back({"tables/emb.v2-x/shard-00000-of-00001.rows", 8192, 7, 0xfedcba9876543210ull});
-  t.admission = FileEntry{"tables/emb.v2-x/admission.counts", 1048, 0, 0x123456789abcdefull};
+  t.admission = {FileEntry{"tables/emb.v2-x/admission.counts", 1048, 0, 0x123456789abcdefull}};
   m.tables.push_back(t);
   m.attachments.push_back({"rng", {"attachments/rng", 3, 0, 0x1ull}});
   return m;
@@ -106,16 +106,16 @@ TEST_CASE("manifest: every field round-trips exactly", "[io][manifest]") {
   REQUIRE(t.table_rows == 9);
   REQUIRE(t.config.admit_after == 4);
   REQUIRE(t.config.admit_bloom_bytes == (uint64_t{1} << 40) + 3);
-  REQUIRE(t.admission.has_value());
-  REQUIRE(t.admission->path == "tables/emb.v2-x/admission.counts");
-  REQUIRE(t.admission->bytes == 1048);
-  REQUIRE(t.admission->xxh3 == 0x123456789abcdefull);
+  REQUIRE(t.admission.size() == 1);
+  REQUIRE(t.admission[0].path == "tables/emb.v2-x/admission.counts");
+  REQUIRE(t.admission[0].bytes == 1048);
+  REQUIRE(t.admission[0].xxh3 == 0x123456789abcdefull);
   // Tables without admission list no file, and read back without one.
   Manifest plain = m;
-  plain.tables[0].admission.reset();
+  plain.tables[0].admission.clear();
   REQUIRE(format_manifest(plain).find("admission.counts") == std::string::npos);
   REQUIRE(parse_manifest(format_manifest(plain), &back, &detail) == 0);
-  REQUIRE_FALSE(back.tables[0].admission.has_value());
+  REQUIRE(back.tables[0].admission.empty());
   REQUIRE(back.attachments.size() == 1);
   REQUIRE(back.attachments[0].file.path == "attachments/rng");
   REQUIRE(back.lineage == 0x8000000000000001ull);
@@ -153,7 +153,7 @@ TEST_CASE("manifest: format 1 reads without lineage, in its own layout", "[io][m
   m.format_version = 1;
   m.lineage = 0;
   m.tables[0].files[0].path = "emb.v2-x/shard-00000-of-00001.rows";
-  m.tables[0].admission->path = "emb.v2-x/admission.counts";
+  m.tables[0].admission[0].path = "emb.v2-x/admission.counts";
   const std::string text = format_manifest(m);
   REQUIRE(text.find("lineage") == std::string::npos);
   Manifest back;

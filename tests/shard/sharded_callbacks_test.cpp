@@ -9,77 +9,14 @@
 #include <thread>
 #include <vector>
 
+#include "shard/collective_scenario.hpp"
 #include "shard/sharded_scenario.hpp"
+#include "shard/thread_group.hpp"
+#include "tests/io/io_fixtures.hpp"
 
 namespace {
 
-// W ranks meeting in memory: each callback publishes its buffers, waits for every rank, copies
-// its part, and waits again before the buffers may change.
-struct Group {
-  explicit Group(int w) : world(w), barrier(w), send(w), send_bytes(w) {}
-  int world;
-  std::barrier<> barrier;
-  std::vector<const char*> send;
-  std::vector<const size_t*> send_bytes;
-  int fail_all_to_all_from = -1;  // the n-th all_to_all (counted per group) and later fail
-};
-
-struct Member {
-  Group* group;
-  int rank;
-  int all_to_all_calls = 0;
-};
-
-int all_gather(void* context, const void* send, size_t bytes, void* recv) {
-  auto* m = static_cast<Member*>(context);
-  Group& g = *m->group;
-  g.send[m->rank] = static_cast<const char*>(send);
-  g.barrier.arrive_and_wait();
-  for (int q = 0; q < g.world; ++q) {
-    std::memcpy(static_cast<char*>(recv) + q * bytes, g.send[q], bytes);
-  }
-  g.barrier.arrive_and_wait();
-  return 0;
-}
-
-int all_to_all(void* context, const void* send, const size_t* send_bytes, void* recv,
-               const size_t* recv_bytes) {
-  auto* m = static_cast<Member*>(context);
-  Group& g = *m->group;
-  g.send[m->rank] = static_cast<const char*>(send);
-  g.send_bytes[m->rank] = send_bytes;
-  g.barrier.arrive_and_wait();
-  bool ok = true;
-  size_t at = 0;
-  for (int q = 0; q < g.world; ++q) {
-    size_t from = 0;  // rank q's part for this rank starts after its parts for lower ranks
-    for (int p = 0; p < m->rank; ++p) from += g.send_bytes[q][p];
-    ok = ok && g.send_bytes[q][m->rank] == recv_bytes[q];
-    if (ok && recv_bytes[q] > 0) {
-      std::memcpy(static_cast<char*>(recv) + at, g.send[q] + from, recv_bytes[q]);
-    }
-    at += recv_bytes[q];
-  }
-  g.barrier.arrive_and_wait();
-  const int call = m->all_to_all_calls++;
-  if (g.fail_all_to_all_from >= 0 && call >= g.fail_all_to_all_from) return 5;
-  return ok ? 0 : 1;
-}
-
-embstore_store_config_t config_for(Member* member, embstore_comm_callbacks_t* callbacks) {
-  embstore_comm_callbacks_init(callbacks);
-  callbacks->context = member;
-  callbacks->all_gather = all_gather;
-  callbacks->all_to_all = all_to_all;
-  embstore_store_config_t c;
-  embstore_store_config_init(&c);
-  c.backend = EMBSTORE_BACKEND_HOST;
-  c.host_threads = 1;
-  c.rank = member->rank;
-  c.world_size = member->group->world;
-  c.comm_callbacks = callbacks;
-  return c;
-}
+using namespace embstore_test::threads;
 
 }  // namespace
 
@@ -181,13 +118,6 @@ TEST_CASE("Sharded store configs are checked", "[sharded]") {
   // A rank may create its sharded store alone (callbacks are not called at create).
   c.backend = EMBSTORE_BACKEND_HOST;
   REQUIRE(embstore_store_create(&c, &store) == EMBSTORE_OK);
-  embstore_checkpoint_policy_t policy;
-  embstore_checkpoint_policy_init(&policy);
-  policy.dir = "/nonexistent-embstore-dir";
-  policy.full_every_steps = 10;
-  CHECK(embstore_checkpoint_set_policy(store, &policy) == EMBSTORE_UNSUPPORTED);
-  CHECK(embstore_restore(store, "/nonexistent-embstore-dir", EMBSTORE_LATEST, nullptr) ==
-        EMBSTORE_UNSUPPORTED);
   embstore_table_config_t tc;
   embstore_table_config_init(&tc);
   tc.name = "t";
@@ -200,4 +130,39 @@ TEST_CASE("Sharded store configs are checked", "[sharded]") {
   CHECK(embstore_lookup(table, &own, 1, row, EMBSTORE_LOOKUP_INSERT, nullptr) == EMBSTORE_OK);
   CHECK(embstore_sharded_lookup(nullptr, &own, 1, row, 0, nullptr) == EMBSTORE_INVALID_ARGUMENT);
   CHECK(embstore_store_destroy(store) == EMBSTORE_OK);
+}
+
+TEST_CASE("Collective checkpoints of W ranks restore into W' ranks as one process's tables",
+          "[sharded][checkpoint]") {
+  namespace collective = embstore_test::collective;
+  for (int writers = 1; writers <= 4; ++writers) {
+    embstore_test::TempDir dir;
+    const std::string ckpt = dir.path() + "/ckpt";
+    for (const auto& o : on_ranks(writers, [&](embstore_store_config_t c, int r) {
+           return collective::write(c, r, writers, ckpt);
+         })) {
+      INFO(writers << " writers: " << o.first);
+      CHECK(o.failures == 0);
+    }
+    for (int world = 1; world <= 4; ++world) {
+      for (uint64_t version : collective::kVersions) {
+        std::vector<embstore_test::sharded::Outcome> outcomes;
+        if (world == 1) {  // one process, without any communicator
+          embstore_store_config_t c;
+          embstore_store_config_init(&c);
+          c.backend = EMBSTORE_BACKEND_HOST;
+          c.host_threads = 1;
+          outcomes.push_back(collective::restore(c, 0, 1, ckpt, writers, version));
+        } else {
+          outcomes = on_ranks(world, [&](embstore_store_config_t c, int r) {
+            return collective::restore(c, r, world, ckpt, writers, version);
+          });
+        }
+        for (const auto& o : outcomes) {
+          INFO(o.first);
+          CHECK(o.failures == 0);
+        }
+      }
+    }
+  }
 }

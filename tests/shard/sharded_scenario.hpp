@@ -238,11 +238,6 @@ inline Outcome run(embstore_store_config_t config, int rank, int world) {
     s.struct_size = sizeof(s);
     embstore_table_stats(sharded[0], &s);
     out.expect(s.rows == items_count, at + "a failed sharded lookup inserted rows");
-
-    // Checkpoints are not collective yet: refused, never written as one rank's shard.
-    out.expect_status(
-        embstore_checkpoint(store, "/nonexistent-embstore-dir", EMBSTORE_CKPT_FULL, nullptr),
-        EMBSTORE_UNSUPPORTED, at + "checkpoint of a sharded store");
   }
   out.expect_status(embstore_store_destroy(reference), EMBSTORE_OK, at + "reference destroy");
   out.expect_status(embstore_store_destroy(store), EMBSTORE_OK, at + "store destroy");

@@ -16,12 +16,13 @@ TEST_CASE("ls lists every version with its kind, size, tables, rows, attachments
   REQUIRE(r.status == 0);
   REQUIRE(columns(lines_of(r.out).at(0)) ==
           std::vector<std::string>{"DIRECTORY", "VERSION", "KIND", "STEP", "SIZE", "TABLES", "ROWS",
-                                   "ATTACHMENTS", "CHAIN", "RESTORABLE"});
+                                   "ATTACHMENTS", "CHAIN", "RESTORABLE", "RANKS"});
   for (uint64_t v : {10, 20}) {
     const std::string line = line_starting(r.out, version_dir_name(v, true));
     INFO("version " << v << ": " << line);
     const std::vector<std::string> col = columns(line);
-    REQUIRE(col.size() == 10);
+    REQUIRE(col.size() == 11);
+    CHECK(col[10] == "1");
     CHECK(col[1] == std::to_string(v));
     CHECK(col[2] == "full");
     CHECK(col[3] == std::to_string(v));
@@ -103,7 +104,7 @@ TEST_CASE("ls marks what is not a checkpoint and counts leftovers") {
                                  "(corrupt manifest: checksum mismatch (manifest_xxh3))"});
   CHECK(lines[6].rfind(version_dir_name(60, false), 0) == 0);
   const std::vector<std::string> delta = columns(lines[3]);
-  REQUIRE(delta.size() == 10);
+  REQUIRE(delta.size() == 11);
   CHECK(delta[1] == "25");
   CHECK(delta[2] == "delta");
   CHECK(delta[5] == "0");
@@ -421,7 +422,7 @@ TEST_CASE("ls marks the versions whose chain is broken as not restorable") {
     const std::vector<std::string> col =
         columns(line_starting(r.out, version_dir_name(version, full)));
     INFO("version " << version);
-    REQUIRE(col.size() == 10);
+    REQUIRE(col.size() == 11);
     CHECK(col[9] == restorable);
     CHECK(col[8].rfind(full ? std::string("base") : "parent " + std::to_string(version - 10), 0) ==
           0);

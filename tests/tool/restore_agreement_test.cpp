@@ -40,7 +40,7 @@ bool verify_agrees_with_restore(const std::string& dir, uint64_t version) {
 
 std::string restorable_column(const std::string& dir, const std::string& name) {
   const std::vector<std::string> col = columns(line_starting(run_tool({"ls", dir}).out, name));
-  return col.size() == 10 ? col[9] : "(" + (col.size() > 1 ? col[1] : std::string()) + ")";
+  return col.size() == 11 ? col[9] : "(" + (col.size() > 1 ? col[1] : std::string()) + ")";
 }
 
 // Every entry below root, relative, sorted.
