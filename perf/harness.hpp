@@ -3,6 +3,7 @@
 #pragma once
 
 #include <embstore/embstore.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -258,6 +259,22 @@ class BackendBuffer {
   std::vector<T> host_;
   T* device_ = nullptr;
 };
+
+// Drops every file under dir from the page cache; returns the files' bytes.
+inline uint64_t drop_from_page_cache(const std::string& dir) {
+  uint64_t bytes = 0;
+  for (const std::filesystem::directory_entry& e :
+       std::filesystem::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw std::runtime_error(fmt::format("open {}: {}", e.path().string(), errno));
+    ::fdatasync(fd);  // cheap when clean; DONTNEED skips dirty pages
+    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+    bytes += e.file_size();
+  }
+  return bytes;
+}
 
 // Wall and process CPU seconds. CPU time counts every thread of the process and none of the
 // time it waits for a core, so on a shared machine it shows what preemption hides in the wall

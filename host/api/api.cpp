@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <new>
 #include <string>
 #include <vector>
@@ -66,6 +67,13 @@ void raise(embstore_status_t status, std::string message) {
 
 [[noreturn]] void not_yet(const char* what) {
   fail(EMBSTORE_UNSUPPORTED, "{} is not implemented in this version of embstore", what);
+}
+
+// A sharded store's collective calls, one at a time per store: another thread's sharded call or
+// checkpoint call must not interleave its messages with theirs on the store's communicator.
+std::unique_lock<std::mutex> collective_section(embstore_store* store) {
+  if (store->world_size == 1) return {};
+  return std::unique_lock<std::mutex>(store->comm_mutex);
 }
 
 }  // namespace
@@ -163,7 +171,11 @@ embstore_status_t embstore_store_destroy(embstore_store_t* store) {
   if (store == nullptr) return EMBSTORE_OK;
   return guarded(__func__, [&] {
     std::string message;
-    const embstore_status_t status = store->checkpointer->wait_idle(&message);
+    embstore_status_t status;
+    {
+      const auto collective = collective_section(store);
+      status = store->checkpointer->wait_idle(&message);
+    }
     delete store;
     raise(status, std::move(message));
   });
@@ -314,6 +326,7 @@ embstore_status_t embstore_sharded_apply_gradients(embstore_table_t* table, cons
 embstore_status_t embstore_step(embstore_store_t* store, uint64_t global_step) {
   return guarded(__func__, [&] {
     require(store, "store");
+    const auto collective = collective_section(store);
     const uint64_t previous = store->step.exchange(global_step, std::memory_order_relaxed);
     store->on_step(previous, global_step);
     std::string message;
@@ -364,6 +377,7 @@ embstore_status_t embstore_checkpoint(embstore_store_t* store, const char* dir,
     if (k != EMBSTORE_CKPT_FULL && k != EMBSTORE_CKPT_INCREMENTAL) {
       fail(EMBSTORE_INVALID_ARGUMENT, "unknown checkpoint kind {}", k);
     }
+    const auto collective = collective_section(store);
     const uint64_t version = store->checkpointer->checkpoint(dir, k == EMBSTORE_CKPT_FULL);
     if (version_out) *version_out = version;
   });
@@ -372,6 +386,7 @@ embstore_status_t embstore_checkpoint(embstore_store_t* store, const char* dir,
 embstore_status_t embstore_checkpoint_wait(embstore_store_t* store, uint64_t version) {
   return guarded(__func__, [&] {
     require(store, "store");
+    const auto collective = collective_section(store);
     std::string message;
     const embstore_status_t status = store->checkpointer->wait(version, &message);
     raise(status, std::move(message));
@@ -473,6 +488,7 @@ embstore_status_t embstore_restore(embstore_store_t* store, const char* dir, uin
     require(store, "store");
     require(dir, "dir");
     if (*dir == '\0') fail(EMBSTORE_INVALID_ARGUMENT, "dir is empty");
+    const auto collective = collective_section(store);
     const uint64_t restored = store->checkpointer->restore(dir, version);
     if (restored_version_out) *restored_version_out = restored;
   });

@@ -226,10 +226,13 @@ void Checkpointer::worker_main() {
     job_->started = true;
     Job& job = *job_;
     lock.unlock();
+    if (job.world_size > 1) {
+      run_local(job);  // never throws; the ranks end it together (settle)
+      lock.lock();
+      continue;
+    }
     try {
-      if (job.world_size > 1) {
-        run_local(job);  // the ranks end it together (settle)
-      } else {
+      {
         std::string message;
         const embstore_status_t status = run(job, &message);
         finish(job, status, message);
@@ -410,7 +413,8 @@ void Checkpointer::set_policy(Policy policy) {
       fail(EMBSTORE_IO_ERROR, "cannot create checkpoint directory '{}': {}", policy.dir,
            errno_text(r));
     }
-    lock_dir(policy.dir);
+    // A sharded store's checkpoints are rank 0's to commit: it alone is the directory's writer.
+    if (store_.rank() == 0) lock_dir(policy.dir);
   }
   const bool scheduled = !policy.dir.empty() &&
                          (policy.full_every_steps != 0 || policy.incremental_every_steps != 0 ||

@@ -112,7 +112,7 @@ class Checkpointer {
   // hands its part to its worker. Any rank's failure before the hand-over fails every rank.
   uint64_t start_collective(const std::string& dir, bool full, bool from_policy);
   // The worker's stages of a collective job on this rank: its files, up to finalize_files.
-  void run_local(Job& job);
+  void run_local(Job& job) noexcept;
   // Ends the collective checkpoint in flight once every rank's worker is done: rank 0 gathers
   // every rank's part, writes the manifest and commits (when none failed), every rank learns
   // the outcome and ends its job. block: waits for this rank's worker first; else returns at

@@ -115,6 +115,10 @@ uint64_t Checkpointer::start_collective(const std::string& dir, bool full, bool 
   Proposal mine;
   mine.version = version;
   const shard::LocalCheck planned = shard::run_stage([&] {
+    if (dir.empty()) {  // a policy checkpoint that rank 0's policy decided and this rank lacks
+      fail(EMBSTORE_INVALID_ARGUMENT,
+           "rank {} has no checkpoint policy dir: every rank must set the same policy", rank);
+    }
     if (int r = io::create_directories(dir); r < 0) {
       fail(EMBSTORE_IO_ERROR, "cannot create checkpoint directory '{}': {}", dir, errno_text(r));
     }
@@ -244,7 +248,7 @@ uint64_t Checkpointer::start_collective(const std::string& dir, bool full, bool 
   return version;
 }
 
-void Checkpointer::run_local(Job& job) {
+void Checkpointer::run_local(Job& job) noexcept {
   shard::LocalCheck local = shard::run_stage([&] {
     open_files(job);
     drain(job, *ring_);
@@ -253,7 +257,12 @@ void Checkpointer::run_local(Job& job) {
   });
   if (local.status != EMBSTORE_OK) {
     ring_->abort();  // a training call waiting for staging lets go of its table
-    local.message = fmt::format("{}: {}", job.what(), local.message);
+    // No write of this rank is still in flight when rank 0 removes the version's directory.
+    for (TableJob& t : job.tables) t.writer.reset();
+    try {
+      local.message = fmt::format("{}: {}", job.what(), local.message);
+    } catch (...) {
+    }
   }
   std::lock_guard lock(mutex_);
   job.local_done = true;
@@ -331,14 +340,24 @@ void Checkpointer::settle(bool block) {
       message = rank == 0 ? committed.message : std::string(outcomes[0].message);
       job->xxh3 = outcomes[0].xxh3;
     }
-  } catch (const Error& e) {  // the communicator failed: this rank's version fails
-    status = e.status();
-    message = fmt::format("{}: {}", job->what(), e.what());
+  } catch (...) {  // the communicator failed, or memory: this rank's version fails
+    const shard::LocalCheck why = shard::run_stage([] { throw; });
+    status = why.status;
+    message = job->what() + ": " + why.message;
   }
   const bool failed = status != EMBSTORE_OK;
-  if (const std::string trouble = end(*job, *ring_, failed); !trouble.empty() && !failed) {
-    status = EMBSTORE_INTERNAL;
-    message = fmt::format("{}: {}", job->what(), trouble);
+  const std::string trouble = end(*job, *ring_, failed);
+  if (!failed) {
+    // A snapshot that failed to end on one rank fails the version's outcome on every rank (it
+    // is committed all the same), so that the ranks' outcomes, and chains, stay alike.
+    try {
+      const shard::LocalCheck ended{trouble.empty() ? EMBSTORE_OK : EMBSTORE_INTERNAL,
+                                    job->what() + ": " + trouble};
+      shard::agree(comm, ended, "to end its snapshot");
+    } catch (const Error& e) {
+      status = e.status();
+      message = e.what();
+    }
   }
   if (status != EMBSTORE_OK) {
     std::lock_guard lock(mutex_);
@@ -379,29 +398,43 @@ void Checkpointer::commit_collective(Job& job, std::vector<io::Manifest> parts) 
 embstore_status_t Checkpointer::on_step_collective(uint64_t step, std::string* message) {
   std::lock_guard op(op_mutex_);
   settle(false);
+  // Every rank takes part in the decision at every step, whatever its own policy and outcomes,
+  // so that no rank waits in a collective that another one skipped. Rank 0's policy decides
+  // (a schedule by seconds would differ across ranks); a failure that some rank has yet to
+  // report defers it.
+  struct Decision {
+    int32_t due = -1;  // -1: none; 0: incremental; 1: full
+    int32_t untold = 0;
+  } mine;
+  embstore_status_t failed = EMBSTORE_OK;
   std::optional<bool> due;
   std::string dir;
-  bool scheduled = false;
   {
     std::lock_guard lock(mutex_);
-    embstore_status_t failed = EMBSTORE_OK;
-    if (outcomes_.take_untold(true, &failed, message)) return failed;  // on every rank alike
+    mine.untold = outcomes_.take_untold(true, &failed, message) ? 1 : 0;
     const Policy& p = schedule_.policy();
-    scheduled = !p.dir.empty() && (p.full_every_steps != 0 || p.incremental_every_steps != 0 ||
-                                   p.full_every_seconds != 0 || p.incremental_every_seconds != 0);
-    if (!scheduled) return EMBSTORE_OK;
-    due = schedule_.take(step, job_ != nullptr);
+    const bool scheduled =
+        !p.dir.empty() && (p.full_every_steps != 0 || p.incremental_every_steps != 0 ||
+                           p.full_every_seconds != 0 || p.incremental_every_seconds != 0);
+    if (scheduled && !mine.untold) due = schedule_.take(step, job_ != nullptr);
+    if (due) mine.due = *due ? 1 : 0;
     dir = p.dir;
   }
-  // Rank 0 decides (a schedule by seconds would differ across ranks).
-  const int32_t mine = due ? (*due ? 1 : 0) : -1;
-  const int32_t decided = all_gather(*store_.comm(), mine)[0];
+  const std::vector<Decision> all = all_gather(*store_.comm(), mine);
+  bool anyone_untold = false;
+  for (const Decision& d : all) anyone_untold = anyone_untold || d.untold != 0;
+  const int32_t decided = anyone_untold ? -1 : all[0].due;
+  if (due && decided != mine.due) {
+    std::lock_guard lock(mutex_);
+    schedule_.retry(*due);  // this rank's schedule did not get its way: due again later
+  }
+  if (mine.untold) return failed;
   if (decided < 0) return EMBSTORE_OK;
   try {
     start_collective(dir, decided == 1, true);
   } catch (...) {
     std::lock_guard lock(mutex_);
-    schedule_.retry(decided == 1);  // tried again at the next step
+    if (due) schedule_.retry(*due);  // tried again at the next step
     throw;
   }
   return EMBSTORE_OK;

@@ -16,6 +16,7 @@
 #include "host/error.hpp"
 #include "host/shard/agreement.hpp"
 #include "io/format/chain.hpp"
+#include "io/format/layout.hpp"
 #include "io/format/manifest.hpp"
 #include "io/format/row_file.hpp"
 
@@ -290,6 +291,14 @@ void Checkpointer::load_tables(const RestorePlan& plan, SpillFile* spill_file,
     io::ChainReadOptions options;
     options.sink_skips_held = impl->skips_held_keys();
     options.check_behind = true;  // the table is aside: a failure drops it
+    if (world > 1) {
+      // A version of this world size: this rank's keys are all in its own shard's files.
+      options.skip_file = [&](const io::Manifest& v, const io::TableEntry& e,
+                              const io::FileEntry& f) {
+        return v.world_size == world &&
+               f.path != io::row_file_path(v.format_version, e.name, rank, world);
+      };
+    }
     // A backend that checks its input (without skipping, the CUDA one refuses repeated keys)
     // finds the file inconsistent: corrupt.
     // A rank of several keeps the rows of the keys it owns.

@@ -57,6 +57,10 @@ class MpiCommunicator final : public Communicator {
 
   void all_to_all(const void* send, const size_t* send_bytes, void* recv,
                   const size_t* recv_bytes) override {
+    if (send_bytes[rank_] != recv_bytes[rank_]) {  // before anything is posted
+      fail(EMBSTORE_INTERNAL, "rank {} sends itself {} bytes but expects {}", rank_,
+           send_bytes[rank_], recv_bytes[rank_]);
+    }
     std::vector<MPI_Request> requests;
     const auto* out = static_cast<const char*>(send);
     auto* in = static_cast<char*>(recv);
@@ -71,10 +75,6 @@ class MpiCommunicator final : public Communicator {
       }
       send_at += send_bytes[q];
       recv_at += recv_bytes[q];
-    }
-    if (send_bytes[rank_] != recv_bytes[rank_]) {
-      fail(EMBSTORE_INTERNAL, "rank {} sends itself {} bytes but expects {}", rank_,
-           send_bytes[rank_], recv_bytes[rank_]);
     }
     if (send_bytes[rank_] > 0)
       std::memcpy(in + self_recv_at, out + self_send_at, send_bytes[rank_]);

@@ -13,21 +13,25 @@ namespace embstore::shard {
 
 namespace {
 
-// What a rank tells each peer before any key moves: how many keys it sends it, and whether its
-// own arguments passed.
+// What a rank tells each peer before any key moves: how many keys it sends it, whether its own
+// arguments and plan passed, and its flags (which every rank must pass alike: an owner applies
+// them to every rank's keys).
 struct Header {
   uint64_t count;
   int32_t status;
-  int32_t reserved;
+  uint32_t flags;
 };
 
-// Stage: every rank learns how many keys each peer sends it, and whether every rank's
-// arguments passed (else every rank throws here, before any key moves).
+// Stage: every rank learns how many keys each peer sends it, whether every rank's arguments and
+// plan passed and whether their flags agree (else every rank throws here, before any key moves).
 std::vector<uint64_t> exchange_counts(Communicator& comm, const std::vector<uint64_t>& counts,
-                                      const LocalCheck& check) {
+                                      const LocalCheck& check, uint32_t flags) {
   const size_t world = static_cast<size_t>(comm.size());
   std::vector<Header> out(world), in(world);
-  for (size_t q = 0; q < world; ++q) out[q] = {counts[q], static_cast<int32_t>(check.status), 0};
+  for (size_t q = 0; q < world; ++q) {
+    out[q] = {check.status == EMBSTORE_OK ? counts[q] : 0, static_cast<int32_t>(check.status),
+              flags};
+  }
   const std::vector<size_t> bytes(world, sizeof(Header));
   comm.all_to_all(out.data(), bytes.data(), in.data(), bytes.data());
   std::vector<int32_t> statuses(world);
@@ -37,6 +41,13 @@ std::vector<uint64_t> exchange_counts(Communicator& comm, const std::vector<uint
     received[q] = in[q].count;
   }
   raise_first_failure(statuses, comm.rank(), check, "the argument checks of the sharded call");
+  for (size_t q = 0; q < world; ++q) {
+    if (in[q].flags != flags) {
+      fail(EMBSTORE_INVALID_ARGUMENT,
+           "rank {} passed flags {:#x}, this rank {:#x}: every rank must pass the same flags", q,
+           in[q].flags, flags);
+    }
+  }
   return received;
 }
 
@@ -71,22 +82,32 @@ void sharded_lookup(Table& table, Communicator& comm, const LocalCheck& check, c
                     size_t n, float* values_out, bool insert, bool per_occurrence, uint64_t step) {
   const uint32_t world = static_cast<uint32_t>(comm.size());
   const size_t dim = table.spec().dim;
-  if (check.status != EMBSTORE_OK) n = 0;  // take part with nothing, to fail on every rank
-  // Plan: the keys to send (distinct ones, or every occurrence), grouped by owner.
+  // Plan: the keys to send (distinct ones, or every occurrence), grouped by owner. A rank whose
+  // arguments or plan failed takes part with nothing, so that every rank fails together.
   Dedupe sent;
-  if (per_occurrence) {
-    sent.keys.assign(keys, keys + n);
-    sent.slot_of.resize(n);
-    std::iota(sent.slot_of.begin(), sent.slot_of.end(), 0u);
-  } else {
-    sent = dedupe(keys, n);
+  Route route;
+  std::vector<int64_t> send_keys;
+  LocalCheck planned = check;
+  if (planned.status == EMBSTORE_OK) {
+    planned = run_stage([&] {
+      if (per_occurrence) {
+        sent.keys.assign(keys, keys + n);
+        sent.slot_of.resize(n);
+        std::iota(sent.slot_of.begin(), sent.slot_of.end(), 0u);
+      } else {
+        sent = dedupe(keys, n);
+      }
+      route = shard::route(sent.keys.data(), sent.keys.size(), world);
+      send_keys = keys_in_send_order(route, sent.keys.data());
+    });
   }
-  const Route route = shard::route(sent.keys.data(), sent.keys.size(), world);
-  const std::vector<uint64_t> asked_counts = exchange_counts(comm, route.counts, check);
-  const std::vector<int64_t> asked =
-      exchange(comm, keys_in_send_order(route, sent.keys.data()), route.counts, asked_counts, 1);
-  std::vector<float> answers(asked.size() * dim);
+  if (planned.status != EMBSTORE_OK) route = shard::route(nullptr, 0, world);
+  const std::vector<uint64_t> asked_counts =
+      exchange_counts(comm, route.counts, planned, insert ? 1u : 0u);
+  const std::vector<int64_t> asked = exchange(comm, send_keys, route.counts, asked_counts, 1);
+  std::vector<float> answers;
   agree(comm, run_stage([&] {
+          answers.resize(asked.size() * dim);
           if (!asked.empty()) {
             table.lookup(asked.data(), asked.size(), answers.data(), insert, step, nullptr);
           }
@@ -103,18 +124,26 @@ void sharded_apply_gradients(Table& table, Communicator& comm, const LocalCheck&
                              const int64_t* keys, const float* grads, size_t n, uint64_t step) {
   const uint32_t world = static_cast<uint32_t>(comm.size());
   const size_t dim = table.spec().dim;
-  if (check.status != EMBSTORE_OK) n = 0;
   // Every occurrence, grouped by owner in batch order: the owner's concatenation (rank order)
   // sums each key's gradients as one process would on the concatenated batches.
-  const Route route = shard::route(keys, n, world);
-  std::vector<float> grads_sent(route.order.size() * dim);
-  for (size_t j = 0; j < route.order.size(); ++j) {
-    std::memcpy(grads_sent.data() + j * dim, grads + size_t{route.order[j]} * dim,
-                dim * sizeof(float));
+  Route route;
+  std::vector<int64_t> send_keys;
+  std::vector<float> grads_sent;
+  LocalCheck planned = check;
+  if (planned.status == EMBSTORE_OK) {
+    planned = run_stage([&] {
+      route = shard::route(keys, n, world);
+      send_keys = keys_in_send_order(route, keys);
+      grads_sent.resize(route.order.size() * dim);
+      for (size_t j = 0; j < route.order.size(); ++j) {
+        std::memcpy(grads_sent.data() + j * dim, grads + size_t{route.order[j]} * dim,
+                    dim * sizeof(float));
+      }
+    });
   }
-  const std::vector<uint64_t> got_counts = exchange_counts(comm, route.counts, check);
-  const std::vector<int64_t> got_keys =
-      exchange(comm, keys_in_send_order(route, keys), route.counts, got_counts, 1);
+  if (planned.status != EMBSTORE_OK) route = shard::route(nullptr, 0, world);
+  const std::vector<uint64_t> got_counts = exchange_counts(comm, route.counts, planned, 0);
+  const std::vector<int64_t> got_keys = exchange(comm, send_keys, route.counts, got_counts, 1);
   const std::vector<float> got_grads = exchange(comm, grads_sent, route.counts, got_counts, dim);
   agree(comm, run_stage([&] {
           if (!got_keys.empty()) {

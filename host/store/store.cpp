@@ -5,6 +5,7 @@
 #include "host/backend/backends.hpp"
 #include "host/error.hpp"
 #include "io/engine/engine.hpp"
+#include "io/format/manifest.hpp"
 
 using embstore::fail;
 namespace io = embstore::io;
@@ -24,6 +25,10 @@ embstore_store::embstore_store(const embstore_store_config_t& c) {
   }
   if (c.world_size < 1 || c.rank < 0 || c.rank >= c.world_size) {
     fail(EMBSTORE_INVALID_ARGUMENT, "rank {} is not in a world of size {}", c.rank, c.world_size);
+  }
+  if (static_cast<uint32_t>(c.world_size) > embstore::io::kMaxWorldSize) {
+    fail(EMBSTORE_INVALID_ARGUMENT, "world_size {} is above {}", c.world_size,
+         embstore::io::kMaxWorldSize);
   }
   if (c.world_size > 1 && (c.mpi_comm == nullptr) == (c.comm_callbacks == nullptr)) {
     fail(EMBSTORE_INVALID_ARGUMENT,
@@ -56,8 +61,11 @@ embstore_store::embstore_store(const embstore_store_config_t& c) {
   device = c.device;
   switch (embstore::enum_value(c.backend)) {
     case EMBSTORE_BACKEND_AUTO:
-      backend = embstore::cuda_device_usable(c.device, nullptr) ? EMBSTORE_BACKEND_CUDA
-                                                                : EMBSTORE_BACKEND_HOST;
+      // Sharded stores run on the host in this version, on every rank alike (a rank that saw a
+      // device would otherwise fail while the others wait in the communicator's duplication).
+      backend = c.world_size == 1 && embstore::cuda_device_usable(c.device, nullptr)
+                    ? EMBSTORE_BACKEND_CUDA
+                    : EMBSTORE_BACKEND_HOST;
       break;
     case EMBSTORE_BACKEND_HOST:
       backend = EMBSTORE_BACKEND_HOST;

@@ -124,7 +124,8 @@ typedef struct embstore_store_config {
      so a program must be compiled against the header of the library it runs with. */
   embstore_spill_t restore_spill; /* default AUTO */
   const char* spill_dir;          /* directory of restore's spill file (unnamed, gone when the
-                                     restore returns); NULL (default): /var/tmp. Copied at create. */
+                                     restore returns); NULL (default): /var/tmp. Copied at
+                                     create. */
   /* The communicator of a sharded store (world_size > 1, see "Sharded tables"): exactly one of
      these two, on the host backend. */
   void* mpi_comm; /* a pointer to the trainer's MPI_Comm (rank and size must match rank and
@@ -159,7 +160,9 @@ EMBSTORE_API embstore_status_t embstore_store_create(const embstore_store_config
                                                      embstore_store_t** store_out);
 
 /* Waits for in-flight checkpoints, then frees every table and the store, and lets go of the
-   checkpoint directories it held (see "Checkpoints"). NULL is a no-op. Table handles of the
+   checkpoint directories it held (see "Checkpoints"). NULL is a no-op. On a sharded store it is
+   collective while a checkpoint is in flight (every rank destroys its store), and frees the
+   duplicated MPI communicator: destroy stores before MPI_Finalize. Table handles of the
    store become invalid. Returns OK, or the failure of a checkpoint that nobody has been told of
    yet (by embstore_checkpoint_wait or embstore_step); the store is freed all the same. */
 EMBSTORE_API embstore_status_t embstore_store_destroy(embstore_store_t* store);
@@ -296,8 +299,8 @@ EMBSTORE_API embstore_status_t embstore_apply_gradients(embstore_table_t* table,
    parts the other owners carried out stay (rows they inserted, gradients they applied). A NULL
    table returns at once on that rank only: the other ranks then wait for it (pass a table on
    every rank). On a store of one rank they are the plain calls.
-   Checkpoints, restore and warm start of a sharded store are not in this version
-   (UNSUPPORTED). */
+   Checkpoints and restores of a sharded store are collective too (see "Checkpoints of a
+   sharded store"); warm start is not in this version (UNSUPPORTED). */
 
 /* Reads the rows of the rank's n keys into values_out, as embstore_lookup would in one
    process: each distinct key goes once to its owner (every occurrence, for an insert on a table
@@ -429,7 +432,34 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
    manager (NFSv4, or NFSv3 with lockd; not -o nolock); see io/format/dir_lock.hpp and the README.
 
    The invariant: embstore_checkpoint_wait returns OK only for a version that embstore_restore
-   loads, with every table exactly as it was at the capture. */
+   loads, with every table exactly as it was at the capture.
+
+   Checkpoints of a sharded store (world_size > 1). embstore_checkpoint, embstore_checkpoint_wait,
+   embstore_step, embstore_restore and embstore_store_destroy are collective: every rank calls
+   them in the same order, with the same dir (one directory of a file system every rank
+   shares: NFS, Lustre, a local disk for ranks of one machine), and checkpoints at the same step.
+   - Each rank writes only its own files: tables/<t>/shard-<rank>-of-<W>.rows, its admission
+     counts (tables/<t>/admission-<rank>-of-<W>.counts) and its attachments
+     (attachments/rank-<rank>/<name>), into the temporary directory rank 0 creates. Each rank
+     fsyncs its own files (the writing client's fsync is what makes them durable on NFS).
+   - Rank 0 alone takes dir's writer lock, removes leftovers, writes the manifest (every rank's
+     files with sizes and checksums, gathered through the communicator) and renames, only once
+     every rank's files are written and durable; it alone applies retention. No file is written
+     by two ranks, so the shared file system needs no locks beyond rank 0's.
+   - The ranks meet only in the calls above, on the calling thread, never on embstore's own
+     threads: the communicator needs no thread level beyond the one the trainer uses. While a
+     checkpoint is in flight, each embstore_step makes one small all-gather to learn whether
+     every rank has written its files; the version commits at the first step (or wait, or the
+     next checkpoint) at which all have.
+   - Any rank's failure fails the version on every rank (the others' status names the rank that
+     failed); earlier versions stay intact. A delta is written only where every rank can write
+     one on the same parent, else every rank writes a full checkpoint.
+   - A policy (embstore_checkpoint_set_policy) must be set alike on every rank; rank 0 decides
+     when one is due (a schedule by seconds would differ across ranks).
+   - A rank that dies mid-checkpoint (SIGKILL) leaves no visible part of that version: only rank
+     0 renames, after hearing from every rank. The others wait for it in the communicator: with
+     MPI, mpirun ends them when a rank dies.
+   A checkpoint of W ranks restores into a store of any world size (see embstore_restore). */
 
 typedef enum { EMBSTORE_CKPT_FULL = 1, EMBSTORE_CKPT_INCREMENTAL = 2 } embstore_ckpt_kind_t;
 #define EMBSTORE_LATEST UINT64_MAX
@@ -443,9 +473,10 @@ typedef enum { EMBSTORE_CKPT_FULL = 1, EMBSTORE_CKPT_INCREMENTAL = 2 } embstore_
    cleared. Call it between steps, not concurrently with calls on the store's tables.
    Returns OK once captured (embstore_checkpoint_wait gives the outcome); INVALID_ARGUMENT
    (NULL store or dir, empty dir, bad kind); ALREADY_EXISTS (dir holds this version already);
-   BUSY (another writer holds dir: nothing was captured or written); UNSUPPORTED (a sharded
-   store, in this version); IO_ERROR (dir, its lock or its temporary directory cannot be
-   created); OUT_OF_MEMORY; DEVICE_ERROR.
+   BUSY (another writer holds dir: nothing was captured or written); IO_ERROR (dir, its lock or
+   its temporary directory cannot be created); COMM_ERROR; OUT_OF_MEMORY; DEVICE_ERROR. On a
+   sharded store any rank's failure is every rank's (see "Checkpoints of a sharded store"), and
+   INVALID_ARGUMENT also when the ranks are at different steps.
    INCREMENTAL is taken as FULL when the store's last committed (or restored) version is not
    in dir, is not older than this one (the step went backwards: a delta always has a newer
    version than its parent), is no longer the version this store committed there, or when the
@@ -500,8 +531,7 @@ EMBSTORE_API void embstore_checkpoint_policy_init(embstore_checkpoint_policy_t* 
    staging_bytes of staging allocated (and pinned, on CUDA) in the background from here on,
    so that the step taking its first checkpoint does not pay for it. Returns OK; INVALID_ARGUMENT
    (NULL pointer, struct_size too small, negative or NaN seconds, a schedule without dir); BUSY
-   (another writer holds dir); UNSUPPORTED (a policy with a dir on a sharded store, in this
-   version); IO_ERROR (dir or its lock cannot be created). Incremental checkpoints
+   (another writer holds dir); IO_ERROR (dir or its lock cannot be created). Incremental checkpoints
    follow the same rules, by incremental_every_steps/_seconds; a full one due at the same step
    wins. */
 EMBSTORE_API embstore_status_t
@@ -569,17 +599,29 @@ EMBSTORE_API embstore_status_t embstore_checkpoint_info(embstore_store_t* store,
    replaced. Tables of the store that the checkpoint lacks are left alone. The checkpoint's
    attachments become readable by embstore_restore_attachment. Works across backends (a checkpoint
    of a HOST store restores into a CUDA one, and back). Waits for a checkpoint in flight. Not
-   concurrently with calls on the store's tables. Needs memory for the restored tables beside the
-   ones they replace, unless the store's restore_spill parks the replaced host tables in a spill
-   file first (then about one table's worth beside the store; a failed restore reads them back, and
-   if that read fails the restore returns IO_ERROR naming the tables whose rows are lost). Takes no
-   lock: reading a directory while its writer goes on is safe, except that the writer's retention
-   may delete the version being read (restore then fails, and can be retried). Returns OK;
+   concurrently with calls on the store's tables.
+   A checkpoint written by any number of ranks restores into a store of one process (every
+   table whole, no communicator needed) or, collectively, into the W' ranks of a sharded store:
+   each rank keeps the rows of the keys embstore_shard_of gives it among W' (in this version
+   each rank reads every file, so the ranks read W' times the checkpoint's bytes in all), exact
+   admission counts follow their keys, a Bloom filter is the rank's own where W' equals the
+   writers' world size and else the sum of every rank's (so keys may be admitted sooner), and
+   each rank gets the attachments its rank wrote (none where the writers had fewer ranks; those
+   of writer ranks at or past W' are not restored: embstore-ckpt reshard refuses to drop them).
+   Before any rank installs anything, the ranks agree that they loaded the same version and
+   that their rows add up to each table's rows (every row loaded once); any rank's failure fails
+   the restore on every rank, and every store is left as it was.
+   Needs memory for the restored tables beside the ones they replace, unless the store's
+   restore_spill parks the replaced host tables in a spill file first (then about one table's
+   worth beside the store; a failed restore reads them back, and if that read fails the restore
+   returns IO_ERROR naming the tables whose rows are lost). Takes no lock: reading a directory
+   while its writer goes on is safe, except that the writer's retention may delete the version
+   being read (restore then fails, and can be retried). Returns OK;
    INVALID_ARGUMENT (NULL store or dir, dim or optimizer mismatch); NOT_FOUND (dir missing, no
    committed checkpoint, or no such version); CORRUPT (checksum, size or format mismatch, or a
-   broken chain: file and offset in embstore_last_error()); IO_ERROR; UNSUPPORTED (a checkpoint of
-   several ranks, or a sharded store, in this version); CAPACITY_EXCEEDED (more rows than an
-   existing table's max_capacity); OUT_OF_MEMORY; DEVICE_ERROR. */
+   broken chain: file and offset in embstore_last_error()); IO_ERROR; COMM_ERROR;
+   CAPACITY_EXCEEDED (more rows than an existing table's max_capacity); OUT_OF_MEMORY;
+   DEVICE_ERROR. */
 EMBSTORE_API embstore_status_t embstore_restore(embstore_store_t* store, const char* dir,
                                                 uint64_t version, uint64_t* restored_version_out);
 /* Copies the attachment `name` of the last restored checkpoint into buf and its size into

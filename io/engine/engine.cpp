@@ -14,6 +14,25 @@
 
 #include "io/engine/fault.hpp"
 
+// ThreadSanitizer does not see liburing map and unmap its rings (raw system calls), so when a
+// ring is unmapped on one thread and a new one mapped at the same address on another, the new
+// ring's first writes look like a race with the old one's. A release when a ring goes and an
+// acquire when one comes order them, as the kernel does.
+#if defined(__SANITIZE_THREAD__)
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+namespace {
+char g_ring_handover;
+void ring_mapped() { __tsan_acquire(&g_ring_handover); }
+void ring_unmapped() { __tsan_release(&g_ring_handover); }
+}  // namespace
+#else
+namespace {
+void ring_mapped() {}
+void ring_unmapped() {}
+}  // namespace
+#endif
+
 namespace embstore::io {
 namespace {
 
@@ -63,7 +82,10 @@ void log_engine(const std::string& line) {
 Channel::~Channel() {
   // The kernel may still write into (or read from) the buffers: wait before freeing them.
   drain();
-  if (uring_ok_) io_uring_queue_exit(&ring_);
+  if (uring_ok_) {
+    ring_unmapped();
+    io_uring_queue_exit(&ring_);
+  }
   close_fd();
   std::free(base_);
 }
@@ -109,6 +131,7 @@ int Channel::open(const std::string& path, int flags, mode_t mode, const IoOptio
   if (options.allow_uring) {
     const int r = io_uring_queue_init(queue_depth_, &ring_, 0);
     if (r == 0) {
+      ring_mapped();
       uring_ok_ = true;
       std::vector<iovec> iov(buffer_count_);
       for (unsigned i = 0; i < buffer_count_; ++i) iov[i] = {buffer(i), buffer_bytes_};

@@ -335,6 +335,7 @@ int read_chain_rows(const std::vector<ChainLink>& chain, const TableEntry& table
           detail, fmt::format("{}: table '{}' changes shape along the chain", c.path, table.name));
     }
     for (const FileEntry& f : it->files) {
+      if (options.skip_file && options.skip_file(*c.manifest, *it, f)) continue;
       if (int r = read_row_file(c.path + "/" + f.path, f, *it, c.manifest->full, hand_over, detail,
                                 options.check_behind);
           r < 0) {

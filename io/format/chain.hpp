@@ -115,6 +115,11 @@ struct ChainReadOptions {
   // read afterwards (RowFileReader's check_behind): for a sink whose work is dropped when the
   // read fails (a restore loading tables aside).
   bool check_behind = false;
+  // Row files left unread when it returns true: a rank of a sharded store restoring a version
+  // of its own world size reads only its shard's files (the others hold no key it owns, and
+  // their own ranks read them).
+  std::function<bool(const Manifest& version, const TableEntry& table, const FileEntry& file)>
+      skip_file;
 };
 
 // Takes one block of rows (upserts only; each key once in the chain, unless the options say

@@ -271,7 +271,10 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
     if (!parent.is_null()) m.parent = get_u64(j, "parent");
     if (m.full == m.parent.has_value()) throw Bad("'parent' does not match 'kind'");
     m.world_size = get_u32(j, "world_size");
-    if (m.world_size == 0) throw Bad("'world_size' is 0");
+    if (m.world_size == 0 || m.world_size > kMaxWorldSize) {
+      throw Bad("'world_size' is " + std::to_string(m.world_size) + ", not 1 to " +
+                std::to_string(kMaxWorldSize));
+    }
     const json& ev = member(j, "embstore_version");
     if (!ev.is_number_integer()) throw Bad("'embstore_version' is not an integer");
     m.embstore_version = ev.get<int32_t>();

@@ -23,6 +23,8 @@ inline constexpr const char* kManifestName = "MANIFEST.json";
 // checksum). Versions 1 and 2 are read.
 inline constexpr uint32_t kManifestFormatVersion = 2;
 inline constexpr uint32_t kOldestManifestFormatVersion = 1;
+// The most ranks a checkpoint (and a sharded store) may have: more is a corrupt manifest.
+inline constexpr uint32_t kMaxWorldSize = 65535;
 
 struct FileEntry {
   std::string path;  // relative to the version directory, as io/format/layout.hpp names it

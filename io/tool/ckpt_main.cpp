@@ -464,7 +464,7 @@ int run(int argc, char** argv) {
   reshard->add_option("DIR", dir, "checkpoint directory")->required();
   reshard->add_option("--version", compact_version, "version, or 'latest'")->required();
   reshard->add_option("--world-size", world_size, "ranks of the new checkpoint")
-      ->check(CLI::Range(1u, 65535u))
+      ->check(CLI::Range(1u, io::kMaxWorldSize))
       ->required();
   reshard->add_option("--out", out, "directory for the full checkpoint (created if missing)")
       ->required();

@@ -201,11 +201,14 @@ int cmd_compact(const std::string& dir, const std::string& version_text, const s
   }
 
   const size_t deltas = plan->chain.size() - 1;
-  fmt::print("{} {} (1 full, {}, {}) into {} ({}, {} rows, {}, {})\n",
+  // Ranks are named where either side has several.
+  const bool ranks_apart = source.world_size > 1 || world_size > 1;
+  fmt::print("{} {} (1 full, {}{}) into {} ({}, {} rows, {}{})\n",
              world_size == 1 ? "compacted" : "resharded", plan->path(),
-             plural(deltas, "delta", "deltas"), plural(source.world_size, "rank", "ranks"),
+             plural(deltas, "delta", "deltas"),
+             ranks_apart ? ", " + plural(source.world_size, "rank", "ranks") : "",
              writer.final_path(), plural(m.tables.size(), "table", "tables"), rows, human(bytes),
-             plural(world_size, "rank", "ranks"));
+             ranks_apart ? ", " + plural(world_size, "rank", "ranks") : "");
   return kExitOk;
 }
 

@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -150,7 +151,9 @@ class Verifier {
     }
     if (first) throw *first;
     for (const TablePlan& t : plan.tables) checkpoint::read_admission(plan, t);
-    for (uint32_t r = 0; r < plan.manifest().world_size; ++r) checkpoint::read_attachments(plan, r);
+    std::set<uint32_t> ranks;  // each rank's attachments, once
+    for (const io::AttachmentEntry& a : plan.manifest().attachments) ranks.insert(a.rank);
+    for (uint32_t r : ranks) checkpoint::read_attachments(plan, r);
   }
 
  private:

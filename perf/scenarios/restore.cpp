@@ -49,21 +49,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Drops every file under dir from the page cache; returns the files' bytes.
-uint64_t drop_from_page_cache(const std::string& dir) {
-  uint64_t bytes = 0;
-  for (const fs::directory_entry& e : fs::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw std::runtime_error(fmt::format("open {}: {}", e.path().string(), errno));
-    ::fdatasync(fd);  // cheap when clean; DONTNEED skips dirty pages
-    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
-    bytes += e.file_size();
-  }
-  return bytes;
-}
-
 // A field of /proc/self/status in bytes ("VmHWM", "VmRSS"), 0 where absent.
 uint64_t proc_status_bytes(const std::string& field) {
   std::ifstream in("/proc/self/status");

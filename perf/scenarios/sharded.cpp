@@ -6,9 +6,16 @@
 // (a step: every rank's batch), their ratio, and the bytes a rank sends to other ranks per step
 // (counted from the routing plans: keys, rows and gradients; headers left out). Only rank 0
 // prints and writes --json.
+//
+// With --checkpoint-dir (a directory every rank shares): then a collective full checkpoint of
+// the W ranks' tables against the one process's checkpoint of the same rows (capture to
+// commit), and restores from a cold page cache: the W ranks' checkpoint into W ranks, the one
+// process's into one process, and the W ranks' into one process (a change of world size).
 #include <embstore/embstore.h>
 
 #include <CLI/CLI.hpp>
+#include <filesystem>
+#include <functional>
 #include <stdexcept>
 #include <vector>
 
@@ -46,6 +53,8 @@ class ShardedScenario final : public Scenario {
     app.add_option("--rounds", rounds_, "sharded/one-process rounds; --steps split over them")
         ->check(CLI::Range(size_t{1}, size_t{1} << 20))
         ->capture_default_str();
+    app.add_option("--checkpoint-dir", checkpoint_dir_,
+                   "also time checkpoints and restores there (shared by every rank)");
   }
 
 #if !defined(EMBSTORE_PERF_MPI)
@@ -190,11 +199,95 @@ class ShardedScenario final : public Scenario {
                median(single_rates));
     report.say("  ratio sharded/one process: {:.2f}", sharded_rate / single_rate);
     report.say("  sent to other ranks: {}B per rank per step", si(all_bytes / world));
+    if (!checkpoint_dir_.empty()) time_checkpoints(o, report, sharded, single.get(), comm);
     return 0;
+  }
+
+  // Seconds of body on every rank (the slowest rank's), between barriers.
+  static double timed(MPI_Comm comm, const std::function<void()>& body) {
+    MPI_Barrier(comm);
+    const Stopwatch t;
+    body();
+    double mine = t.seconds(), slowest = 0;
+    MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm);
+    return slowest;
+  }
+
+  void time_checkpoints(const CommonOptions& o, Report& report, const Store& sharded,
+                        const Store* single, MPI_Comm comm) {
+    int rank = 0, world = 1;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &world);
+    const std::string many = checkpoint_dir_ + "/sharded", one = checkpoint_dir_ + "/one";
+    if (rank == 0) {
+      std::error_code ec;
+      std::filesystem::remove_all(many, ec);
+      std::filesystem::remove_all(one, ec);
+    }
+    MPI_Barrier(comm);
+    const uint64_t version = 1'000'000;
+    check(embstore_step(sharded.get(), version), "embstore_step");
+    if (single != nullptr) check(embstore_step(single->get(), version), "embstore_step");
+    const double write_many = timed(comm, [&] {
+      check(embstore_checkpoint(sharded.get(), many.c_str(), EMBSTORE_CKPT_FULL, nullptr),
+            "embstore_checkpoint");
+      check(embstore_checkpoint_wait(sharded.get(), version), "embstore_checkpoint_wait");
+    });
+    const double write_one = timed(comm, [&] {
+      if (single == nullptr) return;
+      check(embstore_checkpoint(single->get(), one.c_str(), EMBSTORE_CKPT_FULL, nullptr),
+            "embstore_checkpoint");
+      check(embstore_checkpoint_wait(single->get(), version), "embstore_checkpoint_wait");
+    });
+    uint64_t bytes_many = 0, bytes_one = 0;
+    if (rank == 0) {
+      bytes_many = drop_from_page_cache(many);
+      bytes_one = drop_from_page_cache(one);
+    }
+    // Restores into new stores, from a cold page cache.
+    auto restore_into = [&](const std::string& dir, bool sharded_store) {
+      embstore_store_config_t c = Store::default_config();
+      if (sharded_store) {
+        c.rank = rank;
+        c.world_size = world;
+        if (world > 1) c.mpi_comm = &comm;
+      }
+      Store store(o, c);
+      check(embstore_restore(store.get(), dir.c_str(), version, nullptr), "embstore_restore");
+    };
+    const double read_many = timed(comm, [&] { restore_into(many, true); });
+    if (rank == 0) drop_from_page_cache(many);
+    const double read_one = timed(comm, [&] {
+      if (rank == 0) restore_into(one, false);
+    });
+    const double read_many_into_one = timed(comm, [&] {
+      if (rank == 0) restore_into(many, false);
+    });
+    report.set("checkpoint_bytes", bytes_many);
+    report.set("checkpoint_one_process_bytes", bytes_one);
+    report.set("checkpoint_seconds", write_many);
+    report.set("checkpoint_one_process_seconds", write_one);
+    report.set("checkpoint_over_one_process", write_many / write_one);
+    report.set("restore_seconds", read_many);
+    report.set("restore_one_process_seconds", read_one);
+    report.set("restore_over_one_process", read_many / read_one);
+    report.set("restore_into_one_process_seconds", read_many_into_one);
+    report.set("restore_bytes_read", bytes_many * static_cast<uint64_t>(world));
+    report.say(
+        "  full checkpoint, {} ranks: {:.3f} s ({}B); one process, same rows: {:.3f} s "
+        "({}B); ratio {:.2f}",
+        world, write_many, si(bytes_many), write_one, si(bytes_one), write_many / write_one);
+    report.say(
+        "  restore (cold cache), {} ranks: {:.3f} s, reading {}B in all; one process: "
+        "{:.3f} s; ratio {:.2f}",
+        world, read_many, si(bytes_many * world), read_one, read_many / read_one);
+    report.say("  restore of the {} ranks' checkpoint into one process: {:.3f} s", world,
+               read_many_into_one);
   }
 #endif
 
   size_t rounds_ = 6;
+  std::string checkpoint_dir_;
 };
 
 }  // namespace

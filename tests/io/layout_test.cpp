@@ -1,5 +1,5 @@
-// The version directory's layout (io/format/layout.hpp): names, paths in both formats, and manifests
-// whose names or paths would alias or leave their files refused by every reader's parser.
+// The version directory's layout (io/format/layout.hpp): names, paths in both formats, and
+// manifests whose names or paths would alias or leave their files refused by every reader's parser.
 #include "io/format/layout.hpp"
 
 #include <catch2/catch.hpp>
@@ -165,4 +165,76 @@ TEST_CASE("layout: a manifest cannot steer a file anywhere else", "[io][layout]"
     m.attachments.push_back(m.attachments[0]);
     REQUIRE(refusal(m).find("listed twice") != std::string::npos);
   }
+}
+
+TEST_CASE("layout: a checkpoint of several ranks names each rank's files", "[io][layout]") {
+  CHECK(row_file_path(2, "emb", 2, 3) == "tables/emb/shard-00002-of-00003.rows");
+  CHECK(admission_file_path(2, "emb", 2, 3) == "tables/emb/admission-00002-of-00003.counts");
+  CHECK(admission_file_path(2, "emb", 0, 1) == "tables/emb/admission.counts");
+  CHECK(attachment_path("rng", 1, 3) == "attachments/rank-00001/rng");
+  CHECK(attachment_path("rng", 0, 1) == "attachments/rng");
+
+  // Three ranks: each rank's row file and counts, one attachment name on two ranks.
+  Manifest m = manifest(2);
+  m.world_size = 3;
+  TableEntry t = table(2, "emb");
+  t.files.clear();
+  t.rows = 0;
+  for (uint32_t r = 0; r < 3; ++r) {
+    t.files.push_back({row_file_path(2, "emb", r, 3), 4096, 1, 7});
+    t.admission.push_back({admission_file_path(2, "emb", r, 3), 24, 0, 9});
+    ++t.rows;
+  }
+  m.tables.push_back(t);
+  m.attachments.push_back({"rng", {attachment_path("rng", 0, 3), 3, 0, 5}, 0});
+  m.attachments.push_back({"rng", {attachment_path("rng", 2, 3), 3, 0, 5}, 2});
+  REQUIRE(refusal(m).empty());
+  Manifest back;
+  std::string detail;
+  REQUIRE(parse_manifest(format_manifest(m), &back, &detail) == 0);
+  REQUIRE(back.tables[0].admission.size() == 3);
+  CHECK(back.tables[0].admission[2].path == admission_file_path(2, "emb", 2, 3));
+  REQUIRE(back.attachments.size() == 2);
+  CHECK(back.attachments[1].rank == 2);
+
+  SECTION("a rank at or past the world size") {
+    m.attachments[1] = {"rng", {attachment_path("rng", 3, 4), 3, 0, 5}, 3};
+    CHECK(refusal(m).find("rank 3 in a world of size 3") != std::string::npos);
+  }
+  SECTION("one rank's attachment listed twice") {
+    m.attachments[1] = m.attachments[0];
+    CHECK(refusal(m).find("of rank 0 is listed twice") != std::string::npos);
+  }
+  SECTION("an attachment at another rank's path") {
+    m.attachments[1].file.path = attachment_path("rng", 1, 3);
+    CHECK(refusal(m).find("is not its attachments/rank-00002/rng") != std::string::npos);
+  }
+  SECTION("counts of a world size that is not the manifest's") {
+    m.tables[0].admission[1].path = admission_file_path(2, "emb", 1, 4);
+    CHECK(refusal(m).find("is not one of its") != std::string::npos);
+  }
+  SECTION("one rank's counts listed twice") {
+    m.tables[0].admission[1] = m.tables[0].admission[0];
+    CHECK(refusal(m).find("is named by two entries") != std::string::npos);
+  }
+  SECTION("a world size past the limit") {
+    m.world_size = kMaxWorldSize + 1;
+    CHECK(refusal(m).find("'world_size' is 65536") != std::string::npos);
+  }
+}
+
+TEST_CASE("layout: a checkpoint of one rank has no rank fields and one counts file",
+          "[io][layout]") {
+  Manifest m = manifest(2);
+  m.tables.push_back(table(2, "emb", /*admission=*/true));
+  m.attachments.push_back(attachment("rng"));
+  REQUIRE(refusal(m).empty());
+  const std::string text = format_manifest(m);
+  CHECK(text.find("\"rank\"") == std::string::npos);  // format 2 of 0.4, byte for byte
+  // Two counts files in one rank's checkpoint (JSON holds one there: checked in memory).
+  m.tables[0].admission.push_back(m.tables[0].admission[0]);
+  m.tables[0].admission[1].path = "tables/emb/admission-00001-of-00002.counts";
+  std::string why;
+  CHECK(check_layout(m, &why) == -EBADMSG);
+  CHECK(why.find("2 admission files in a checkpoint of one rank") != std::string::npos);
 }

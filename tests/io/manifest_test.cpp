@@ -5,8 +5,10 @@
 
 #include <catch2/catch.hpp>
 #include <cfloat>
+#include <cinttypes>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -230,4 +232,48 @@ TEST_CASE("manifest: written and read back through a file", "[io][manifest]") {
   REQUIRE(bytes == text.size());
   REQUIRE(sum == XXH3_64bits(text.data(), text.size()));
   REQUIRE(checksum_file(dir.file("missing"), &sum, &bytes) == -ENOENT);
+}
+
+// text (a manifest's JSON) edited by edit, with its manifest_xxh3 made right again: what only
+// the field checks can refuse.
+std::string edited(const std::string& text, const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json j = nlohmann::json::parse(text);
+  edit(j);
+  j.erase("manifest_xxh3");
+  const std::string body = j.dump();
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016" PRIx64, XXH3_64bits(body.data(), body.size()));
+  j["manifest_xxh3"] = hex;
+  return j.dump();
+}
+
+TEST_CASE("manifest: rank fields only where several ranks wrote", "[io][manifest]") {
+  Manifest m = sample();
+  Manifest back;
+  std::string detail;
+  REQUIRE(parse_manifest(edited(format_manifest(m), [](nlohmann::json&) {}), &back, &detail) == 0);
+  // One rank: an attachment with a "rank", or counts as an array, are refused.
+  CHECK(parse_manifest(
+            edited(format_manifest(m), [](nlohmann::json& j) { j["attachments"][0]["rank"] = 0; }),
+            &back, &detail) == -EBADMSG);
+  CHECK(detail.find("has a 'rank' in a checkpoint of one rank") != std::string::npos);
+  // Several ranks: "admission" is an array and every attachment has a rank.
+  m.world_size = 2;
+  m.tables[0].files[0].path = "tables/emb.v2-x/shard-00000-of-00002.rows";
+  m.tables[0].admission[0].path = "tables/emb.v2-x/admission-00001-of-00002.counts";
+  m.attachments[0].rank = 1;
+  m.attachments[0].file.path = "attachments/rank-00001/rng";
+  const std::string two = format_manifest(m);
+  CHECK(two.find("\"admission\": [") != std::string::npos);
+  REQUIRE(parse_manifest(two, &back, &detail) == 0);
+  CHECK(back.tables[0].admission.size() == 1);
+  CHECK(back.attachments[0].rank == 1);
+  CHECK(parse_manifest(edited(two, [](nlohmann::json& j) { j["attachments"][0].erase("rank"); }),
+                       &back, &detail) == -EBADMSG);
+  CHECK(parse_manifest(edited(two,
+                              [](nlohmann::json& j) {
+                                j["tables"][0]["admission"] = j["tables"][0]["admission"][0];
+                              }),
+                       &back, &detail) == -EBADMSG);
+  CHECK(detail.find("is not an array") != std::string::npos);
 }

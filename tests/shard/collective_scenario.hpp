@@ -152,9 +152,12 @@ inline void compare_owned(const std::vector<embstore_table_t*>& tables,
 }
 
 // W' = world ranks (config has the communicator when world > 1) restore `version` of dir,
-// written by `writers` ranks (attaching_ranks of which attached). Every rank calls it.
+// written by `writers` ranks (attaching_ranks of which attached) after `trained` steps (-1: as
+// many as the version: write() checkpoints after a step's training, a policy at the step
+// boundary, before it). Every rank calls it.
 inline Outcome restore(embstore_store_config_t config, int rank, int world, const std::string& dir,
-                       int writers, uint64_t version, int attaching_ranks = 1 << 30) {
+                       int writers, uint64_t version, int attaching_ranks = 1 << 30,
+                       int trained = -1) {
   Outcome out;
   const std::string at = "restore of version " + std::to_string(version) + " by " +
                          std::to_string(writers) + " writers into rank " + std::to_string(rank) +
@@ -167,7 +170,7 @@ inline Outcome restore(embstore_store_config_t config, int rank, int world, cons
   embstore_store_t* reference = nullptr;
   out.expect_status(embstore_store_create(&one, &reference), EMBSTORE_OK, at + "reference");
   const std::vector<embstore_table_t*> replay = create_tables(reference, out, at);
-  for (int step = 1; step <= static_cast<int>(version); ++step) {
+  for (int step = 1; step <= (trained < 0 ? static_cast<int>(version) : trained); ++step) {
     embstore_step(reference, static_cast<uint64_t>(step));
     train_step(replay, 0, writers, false, step, out, at + "reference ");
   }

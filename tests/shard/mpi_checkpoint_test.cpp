@@ -4,10 +4,11 @@
 //                               0..W'-1 restore each version and compare with one process
 //                               (collective_scenario.hpp); W' = 1 is one store without any
 //                               communicator.
-//   mpi_checkpoint_test kill W DIR
+//   mpi_checkpoint_test kill W DIR MS
 //                               W ranks train and checkpoint at step 2 (waited for) and step 4,
-//                               where rank 1 kills itself with SIGKILL while its files are being
-//                               written: mpirun then ends every rank (never a hang)
+//                               where rank 1 kills itself with SIGKILL MS milliseconds after the
+//                               capture (0: while its files are being written; 300: after, while
+//                               the others wait for it to settle): mpirun then ends every rank
 //   mpi_checkpoint_test check-killed W DIR
 //                               (one process) after that: version 2 is the newest, it restores
 //                               as one process's tables, and no part of version 4 is visible
@@ -46,7 +47,7 @@ MPI_Comm first_ranks(int world) {
 }
 
 // W ranks train and checkpoint at steps 2 and 4; rank 1 dies during the second.
-int write_until_killed(int writers, const std::string& dir) {
+int write_until_killed(int writers, const std::string& dir, int delay_ms) {
   namespace collective = embstore_test::collective;
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -73,7 +74,7 @@ int write_until_killed(int writers, const std::string& dir) {
       }
       if (step == 2 && embstore_checkpoint_wait(store, 2) != EMBSTORE_OK) return 1;
       if (step == 4 && rank == 1) {
-        ::usleep(2000);  // its worker is writing its files
+        ::usleep(static_cast<useconds_t>(delay_ms) * 1000);
         ::raise(SIGKILL);
       }
     }
@@ -120,8 +121,8 @@ int main(int argc, char** argv) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  if (argc == 4 && std::string(argv[1]) == "kill") {
-    const int code = write_until_killed(std::atoi(argv[2]), argv[3]);
+  if (argc == 5 && std::string(argv[1]) == "kill") {
+    const int code = write_until_killed(std::atoi(argv[2]), argv[3], std::atoi(argv[4]));
     MPI_Finalize();
     return code;
   }

@@ -6,6 +6,7 @@
 #include <barrier>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 #include <vector>
 
@@ -165,4 +166,125 @@ TEST_CASE("Collective checkpoints of W ranks restore into W' ranks as one proces
       }
     }
   }
+}
+
+TEST_CASE("A checkpoint policy of a sharded store: rank 0 commits, decides and keeps keep_full",
+          "[sharded][checkpoint]") {
+  namespace collective = embstore_test::collective;
+  namespace sharded = embstore_test::sharded;
+  constexpr int kWorld = 3;
+  embstore_test::TempDir tmp;
+  const std::string dir = tmp.path() + "/ckpt";
+  for (const auto& o : on_ranks(kWorld, [&](embstore_store_config_t c, int r) {
+         sharded::Outcome out;
+         const std::string at = "rank " + std::to_string(r) + ": ";
+         embstore_store_t* store = nullptr;
+         out.expect_status(embstore_store_create(&c, &store), EMBSTORE_OK, at + "create");
+         if (store == nullptr) return out;
+         const auto tables = collective::create_tables(store, out, at);
+         embstore_checkpoint_policy_t policy;
+         embstore_checkpoint_policy_init(&policy);
+         policy.dir = dir.c_str();
+         policy.full_every_steps = 4;
+         policy.incremental_every_steps = 2;
+         policy.keep_full = 1;
+         policy.rebaseline_fraction = 0;
+         // Every rank sets it; only rank 0 takes the directory's writer lock.
+         out.expect_status(embstore_checkpoint_set_policy(store, &policy), EMBSTORE_OK,
+                           at + "set_policy");
+         for (int step = 1; step <= 8; ++step) {
+           out.expect_status(embstore_step(store, step), EMBSTORE_OK,
+                             at + "step " + std::to_string(step));
+           collective::train_step(tables, r, kWorld, true, step, out, at);
+           // Steps 2, 4, 6 and 8 take one each (4 and 8 full). These steps are faster than
+           // the writes: without the wait, one would still be in flight when the next is due
+           // (and that one deferred).
+           if (step % 2 == 0) {
+             out.expect_status(embstore_checkpoint_wait(store, step), EMBSTORE_OK,
+                               at + "wait " + std::to_string(step));
+           }
+         }
+         embstore_checkpoint_stats_t s{};
+         s.struct_size = sizeof(s);
+         embstore_checkpoint_stats(store, &s);
+         // Step 2's incremental is taken as full: there is no parent yet.
+         out.expect(s.committed == 4 && s.deltas_committed == 1 && s.failed == 0,
+                    at + std::to_string(s.committed) + " committed, " +
+                        std::to_string(s.deltas_committed) + " deltas");
+         out.expect_status(embstore_store_destroy(store), EMBSTORE_OK, at + "destroy");
+         return out;
+       })) {
+    INFO(o.first);
+    CHECK(o.failures == 0);
+  }
+  // keep_full 1: version 8 alone is left (rank 0 retired 2, 4 and 6), and restores as one
+  // process's tables after 7 steps (the step boundary of step 8 took it, before its training).
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name != "embstore.lock") names.push_back(name);
+  }
+  CHECK(names == std::vector<std::string>{"00000000000000000008.full"});
+  embstore_store_config_t one;
+  embstore_store_config_init(&one);
+  one.backend = EMBSTORE_BACKEND_HOST;
+  const auto o = collective::restore(one, 0, 1, dir, kWorld, 8, 0, 7);
+  INFO(o.first);
+  CHECK(o.failures == 0);
+}
+
+TEST_CASE("A policy set on rank 0 only fails the step on every rank, without a hang",
+          "[sharded][checkpoint]") {
+  constexpr int kWorld = 2;
+  embstore_test::TempDir tmp;
+  const std::string dir = tmp.path() + "/ckpt";
+  std::vector<embstore_status_t> at_step_2(kWorld);
+  on_ranks(kWorld, [&](embstore_store_config_t c, int r) {
+    embstore_test::sharded::Outcome out;
+    embstore_store_t* store = nullptr;
+    if (embstore_store_create(&c, &store) != EMBSTORE_OK) return out;
+    if (r == 0) {
+      embstore_checkpoint_policy_t policy;
+      embstore_checkpoint_policy_init(&policy);
+      policy.dir = dir.c_str();
+      policy.full_every_steps = 2;
+      embstore_checkpoint_set_policy(store, &policy);
+    }
+    embstore_step(store, 1);
+    at_step_2[r] = embstore_step(store, 2);
+    embstore_store_destroy(store);
+    return out;
+  });
+  CHECK(at_step_2[0] == EMBSTORE_INVALID_ARGUMENT);
+  CHECK(at_step_2[1] == EMBSTORE_INVALID_ARGUMENT);
+}
+
+TEST_CASE("Ranks passing different lookup flags fail together", "[sharded]") {
+  constexpr int kWorld = 2;
+  std::vector<embstore_status_t> got(kWorld);
+  std::vector<uint64_t> rows(kWorld);
+  on_ranks(kWorld, [&](embstore_store_config_t c, int r) {
+    embstore_test::sharded::Outcome out;
+    embstore_store_t* store = nullptr;
+    if (embstore_store_create(&c, &store) != EMBSTORE_OK) return out;
+    embstore_table_config_t tc;
+    embstore_table_config_init(&tc);
+    tc.name = "t";
+    tc.dim = 2;
+    embstore_table_t* table = nullptr;
+    embstore_table_create(store, &tc, &table);
+    const int64_t keys[4] = {1, 2, 3, 4};
+    float values[8];
+    got[r] = embstore_sharded_lookup(table, keys, 4, values, r == 0 ? EMBSTORE_LOOKUP_INSERT : 0,
+                                     nullptr);
+    embstore_table_stats_t s{};
+    s.struct_size = sizeof(s);
+    embstore_table_stats(table, &s);
+    rows[r] = s.rows;
+    embstore_store_destroy(store);
+    return out;
+  });
+  CHECK(got[0] == EMBSTORE_INVALID_ARGUMENT);
+  CHECK(got[1] == EMBSTORE_INVALID_ARGUMENT);
+  CHECK(rows[0] + rows[1] == 0);  // nothing inserted anywhere
 }

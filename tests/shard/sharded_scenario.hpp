@@ -44,11 +44,16 @@ struct TableShape {
   embstore_optimizer_t optimizer;
   uint32_t admit_after;
   float weight_decay;
+  uint64_t admit_bloom_bytes;
 };
 inline constexpr TableShape kTables[] = {
-    {"items", 8, EMBSTORE_OPT_SGD, 1, 0.0f},
-    {"users", 5, EMBSTORE_OPT_ADAM, 1, 0.01f},
-    {"ads", 4, EMBSTORE_OPT_ADAGRAD, 3, 0.0f},  // admission: occurrences count one by one
+    {"items", 8, EMBSTORE_OPT_SGD, 1, 0.0f, 0},
+    {"users", 5, EMBSTORE_OPT_ADAM, 1, 0.01f, 0},
+    {"ads", 4, EMBSTORE_OPT_ADAGRAD, 3, 0.0f, 0},  // admission: occurrences count one by one
+    // Counted in a Bloom filter: a rank's own filter (its keys only) and one process's (every
+    // key) agree for these few keys (a false positive among ~700 keys in 64 Ki counters is
+    // about 1e-5 per key); a checkpoint's filters of W ranks add up to one process's.
+    {"clicks", 3, EMBSTORE_OPT_ROWWISE_ADAGRAD, 2, 0.0f, 1 << 16},
 };
 
 inline embstore_table_config_t config_of(const TableShape& shape) {
@@ -59,6 +64,7 @@ inline embstore_table_config_t config_of(const TableShape& shape) {
   c.optimizer = shape.optimizer;
   c.admit_after = shape.admit_after;
   c.weight_decay = shape.weight_decay;
+  c.admit_bloom_bytes = shape.admit_bloom_bytes;
   c.learning_rate = 0.05f;
   c.seed = 99;
   return c;
