@@ -53,6 +53,10 @@ VersionSpec parse_version_spec(const std::string& text);
 int cmd_compact(const std::string& dir, const std::string& version_text, const std::string& out,
                 uint32_t world_size = 1);
 
+// embstore-ckpt export DIR --version V --table T --out PREFIX (export.cpp).
+int cmd_export(const std::string& dir, const std::string& version_text, const std::string& table,
+               const std::string& prefix);
+
 // embstore-ckpt verify DIR [--version V] (verify.cpp).
 int cmd_verify(const std::string& dir, const std::optional<std::string>& version_text);
 

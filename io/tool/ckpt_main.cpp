@@ -9,6 +9,7 @@
 //   embstore-ckpt inspect DIR --version V --table T [--rows N] [--floats K]
 //   embstore-ckpt compact DIR --version V --out OUT   (compact.cpp)
 //   embstore-ckpt reshard DIR --version V --world-size W --out OUT   (compact.cpp)
+//   embstore-ckpt export DIR --version V --table T --out PREFIX      (export.cpp: .npy files)
 //
 // V is a version number (the global step), a version directory name
 // ("00000000000000001000.full") or "latest" (the newest version with a valid manifest).
@@ -469,6 +470,17 @@ int run(int argc, char** argv) {
   reshard->add_option("--out", out, "directory for the full checkpoint (created if missing)")
       ->required();
 
+  std::string export_version, export_table, prefix;
+  CLI::App* exporter = app.add_subcommand(
+      "export", "write a table's keys, values and optimizer state as NumPy .npy files");
+  exporter->add_option("DIR", dir, "checkpoint directory")->required();
+  exporter->add_option("--version", export_version, "version, or 'latest'")->required();
+  exporter->add_option("--table", export_table, "table name")->required();
+  exporter
+      ->add_option("--out", prefix,
+                   "PREFIX: writes PREFIX.keys.npy, PREFIX.values.npy, PREFIX.state.npy")
+      ->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -476,16 +488,18 @@ int run(int argc, char** argv) {
     return code == 0 ? kExitOk : kExitUsage;
   }
 
-  const char* command = ls->parsed()        ? "ls"
-                        : verify->parsed()  ? "verify"
-                        : compact->parsed() ? "compact"
-                        : reshard->parsed() ? "reshard"
-                                            : "inspect";
+  const char* command = ls->parsed()         ? "ls"
+                        : verify->parsed()   ? "verify"
+                        : compact->parsed()  ? "compact"
+                        : reshard->parsed()  ? "reshard"
+                        : exporter->parsed() ? "export"
+                                             : "inspect";
   try {
     if (ls->parsed()) return cmd_ls(dir);
     if (verify->parsed()) return cmd_verify(dir, verify_version);
     if (compact->parsed()) return cmd_compact(dir, compact_version, out);
     if (reshard->parsed()) return cmd_compact(dir, compact_version, out, world_size);
+    if (exporter->parsed()) return cmd_export(dir, export_version, export_table, prefix);
     return cmd_inspect(dir, inspect_version, table, static_cast<uint64_t>(rows),
                        static_cast<uint32_t>(shown));
   } catch (const Usage& e) {
