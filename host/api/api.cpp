@@ -69,6 +69,14 @@ void raise(embstore_status_t status, std::string message) {
   fail(EMBSTORE_UNSUPPORTED, "{} is not implemented in this version of embstore", what);
 }
 
+// The plain data path on a sharded store acts on the rank's own shard: keys of other ranks are
+// refused before anything is read or changed.
+void check_own_shard(const embstore_store& store, const int64_t* keys, size_t n) {
+  if (store.world_size == 1) return;
+  embstore::shard::check_owned(keys, n, static_cast<uint32_t>(store.rank),
+                               static_cast<uint32_t>(store.world_size));
+}
+
 // A sharded store's collective calls, one at a time per store: another thread's sharded call or
 // checkpoint call must not interleave its messages with theirs on the store's communicator.
 std::unique_lock<std::mutex> collective_section(embstore_store* store) {
@@ -251,11 +259,7 @@ embstore_status_t embstore_lookup(embstore_table_t* table, const int64_t* keys, 
     require(keys, "keys");
     require(values_out, "values_out");
     check_batch(n);
-    const embstore_store* store = table->store;
-    if (store->world_size > 1) {
-      embstore::shard::check_owned(keys, n, static_cast<uint32_t>(store->rank),
-                                   static_cast<uint32_t>(store->world_size));
-    }
+    check_own_shard(*table->store, keys, n);
     table->impl->lookup(keys, n, values_out, (flags & EMBSTORE_LOOKUP_INSERT) != 0,
                         table->store->step.load(std::memory_order_relaxed), stream);
   });
@@ -269,11 +273,7 @@ embstore_status_t embstore_apply_gradients(embstore_table_t* table, const int64_
     require(keys, "keys");
     require(grads, "grads");
     check_batch(n);
-    const embstore_store* store = table->store;
-    if (store->world_size > 1) {
-      embstore::shard::check_owned(keys, n, static_cast<uint32_t>(store->rank),
-                                   static_cast<uint32_t>(store->world_size));
-    }
+    check_own_shard(*table->store, keys, n);
     table->impl->apply_gradients(keys, grads, n, table->store->step.load(std::memory_order_relaxed),
                                  stream);
   });

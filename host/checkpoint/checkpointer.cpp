@@ -94,21 +94,7 @@ uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy
 
   // Everything that can fail on the way comes before capture, so a failure changes nothing
   // (a job dropped before it starts rolls its version directory back).
-  const std::vector<Table*> tables = store_.tables();
-  StagingRing& ring = ring_for(tables);
-  prepare(*job, tables, ring, store_.pipeline().io_queue_depth);
-  {
-    std::lock_guard lock(mutex_);
-    job->attachments = std::move(attachments_);
-    attachments_.clear();
-  }
-  try {
-    capture(*job, ring);
-  } catch (...) {
-    std::lock_guard lock(mutex_);
-    attachments_ = std::move(job->attachments);
-    throw;
-  }
+  prepare_and_capture(*job);
 
   std::lock_guard lock(mutex_);
   outcomes_.captured(job->capture_seconds);
@@ -116,6 +102,24 @@ uint64_t Checkpointer::start(const std::string& dir, bool full, bool from_policy
   job_ = std::move(job);
   changed_.notify_all();
   return version;
+}
+
+void Checkpointer::prepare_and_capture(Job& job) {
+  const std::vector<Table*> tables = store_.tables();
+  StagingRing& ring = ring_for(tables);
+  prepare(job, tables, ring, store_.pipeline().io_queue_depth);
+  {
+    std::lock_guard lock(mutex_);
+    job.attachments = std::move(attachments_);
+    attachments_.clear();
+  }
+  try {
+    capture(job, ring);
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    attachments_ = std::move(job.attachments);
+    throw;
+  }
 }
 
 std::unique_ptr<Job> Checkpointer::plan(const std::string& dir, uint64_t version, bool full) {

@@ -79,6 +79,9 @@ class Checkpointer {
   };
 
   uint64_t start(const std::string& dir, bool full, bool from_policy);
+  // The calling thread's stages of a planned job: prepare, the pending attachments taken into
+  // it, capture (on failure the attachments are pending again).
+  void prepare_and_capture(Job& job);
   // Restore's loop over the plan's tables: each loaded aside into *loaded; with a spill file,
   // the store's table it replaces parked there first and added to *spilled.
   void load_tables(const RestorePlan& plan, SpillFile* spill_file, std::vector<Table*>* spilled,

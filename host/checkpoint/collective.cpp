@@ -212,21 +212,7 @@ uint64_t Checkpointer::start_collective(const std::string& dir, bool full, bool 
         fail(EMBSTORE_IO_ERROR, "{}", detail);
       }
     }
-    const std::vector<Table*> tables = store_.tables();
-    StagingRing& ring = ring_for(tables);
-    prepare(*job, tables, ring, store_.pipeline().io_queue_depth);
-    {
-      std::lock_guard lock(mutex_);
-      job->attachments = std::move(attachments_);
-      attachments_.clear();
-    }
-    try {
-      capture(*job, ring);
-    } catch (...) {
-      std::lock_guard lock(mutex_);
-      attachments_ = std::move(job->attachments);
-      throw;
-    }
+    prepare_and_capture(*job);
     captured = true;
   });
   try {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "host/checkpoint/restore_plan.hpp"
 #include "io/engine/engine.hpp"
 #include "io/format/chain.hpp"
 #include "io/format/commit.hpp"
@@ -47,6 +48,10 @@ struct VersionSpec {
 
 // Throws Usage for anything else.
 VersionSpec parse_version_spec(const std::string& text);
+
+// The plan of the version --version names in checkpoints (restore's own), or a Problem. The
+// plan points into checkpoints: keep it alive.
+checkpoint::RestorePlan plan_of(io::CheckpointDir& checkpoints, const std::string& version_text);
 
 // embstore-ckpt compact DIR --version V --out OUT (world_size 1), and
 // embstore-ckpt reshard DIR --version V --world-size W --out OUT.

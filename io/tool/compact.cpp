@@ -106,12 +106,8 @@ io::TableEntry write_table(const RestorePlan& plan, const TablePlan& t,
 
 }  // namespace
 
-int cmd_compact(const std::string& dir, const std::string& version_text, const std::string& out,
-                uint32_t world_size) {
-  const char* command = world_size == 1 ? "compact" : "reshard";
+RestorePlan plan_of(io::CheckpointDir& checkpoints, const std::string& version_text) {
   const VersionSpec spec = parse_version_spec(version_text);
-  io::CheckpointDir checkpoints(dir, versions_of(dir));
-  std::optional<RestorePlan> plan;
   try {
     std::string detail;
     size_t index = 0;
@@ -119,10 +115,17 @@ int cmd_compact(const std::string& dir, const std::string& version_text, const s
                            &detail, nullptr) < 0) {
       throw Problem(detail);
     }
-    plan = checkpoint::plan_version(checkpoints, index);
+    return checkpoint::plan_version(checkpoints, index);
   } catch (const Error& e) {
     throw Problem(e.what());
   }
+}
+
+int cmd_compact(const std::string& dir, const std::string& version_text, const std::string& out,
+                uint32_t world_size) {
+  const char* command = world_size == 1 ? "compact" : "reshard";
+  io::CheckpointDir checkpoints(dir, versions_of(dir));
+  const std::optional<RestorePlan> plan = plan_of(checkpoints, version_text);
   const io::Manifest& source = plan->manifest();
   // Each attachment belongs to its rank: one the new layout lacks has no place in it.
   for (const io::AttachmentEntry& a : source.attachments) {

@@ -91,20 +91,8 @@ class NpyWriter {
 
 int cmd_export(const std::string& dir, const std::string& version_text, const std::string& table,
                const std::string& prefix) {
-  const VersionSpec spec = parse_version_spec(version_text);
   io::CheckpointDir checkpoints(dir, versions_of(dir));
-  std::optional<checkpoint::RestorePlan> plan;
-  try {
-    std::string detail;
-    size_t index = 0;
-    if (checkpoints.choose(spec.latest ? io::kLatestVersion : spec.version, spec.full, &index,
-                           &detail, nullptr) < 0) {
-      throw Problem(detail);
-    }
-    plan = checkpoint::plan_version(checkpoints, index);
-  } catch (const Error& e) {
-    throw Problem(e.what());
-  }
+  const std::optional<checkpoint::RestorePlan> plan = plan_of(checkpoints, version_text);
   const checkpoint::TablePlan* t = nullptr;
   for (const checkpoint::TablePlan& p : plan->tables) {
     if (p.entry->name == table) t = &p;

@@ -23,18 +23,9 @@ using namespace embstore_test::threads;
 
 TEST_CASE("W ranks training sharded equal one process on their concatenated batches", "[sharded]") {
   for (int world = 1; world <= 4; ++world) {
-    Group group(world);
-    std::vector<Member> members(world);
-    std::vector<embstore_test::sharded::Outcome> outcomes(world);
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < world; ++r) {
-      members[r] = {&group, r};
-      ranks.emplace_back([&, r] {
-        embstore_comm_callbacks_t callbacks;
-        outcomes[r] = embstore_test::sharded::run(config_for(&members[r], &callbacks), r, world);
-      });
-    }
-    for (std::thread& t : ranks) t.join();
+    const std::vector<embstore_test::sharded::Outcome> outcomes = on_ranks(
+        world,
+        [&](embstore_store_config_t c, int r) { return embstore_test::sharded::run(c, r, world); });
     for (int r = 0; r < world; ++r) {
       INFO("world " << world << ": " << outcomes[r].first);
       CHECK(outcomes[r].failures == 0);
