@@ -65,10 +65,6 @@ void raise(embstore_status_t status, std::string message) {
   if (status != EMBSTORE_OK) throw embstore::Error(status, std::move(message));
 }
 
-[[noreturn]] void not_yet(const char* what) {
-  fail(EMBSTORE_UNSUPPORTED, "{} is not implemented in this version of embstore", what);
-}
-
 // The plain data path on a sharded store acts on the rank's own shard: keys of other ranks are
 // refused before anything is read or changed.
 void check_own_shard(const embstore_store& store, const int64_t* keys, size_t n) {
@@ -527,8 +523,37 @@ embstore_status_t embstore_warm_start(embstore_store_t* store,
                                       const embstore_warm_start_source_t* sources, size_t n) {
   return guarded(__func__, [&] {
     require(store, "store");
-    if (n > 0) require(sources, "sources");
-    not_yet("embstore_warm_start");
+    if (n == 0) fail(EMBSTORE_INVALID_ARGUMENT, "no warm start sources (n is 0)");
+    require(sources, "sources");
+    // A program built before `flags` passes sources without it: no flags.
+    constexpr size_t kBaseSize = offsetof(embstore_warm_start_source_t, flags);
+    std::vector<embstore::checkpoint::Checkpointer::WarmSource> warm(n);
+    for (size_t i = 0; i < n; ++i) {
+      const embstore_warm_start_source_t& s = sources[i];
+      if (s.struct_size < kBaseSize) {
+        fail(EMBSTORE_INVALID_ARGUMENT,
+             "warm start source {}: struct_size is {}, expected {}: fill it with "
+             "embstore_warm_start_source_init",
+             i, s.struct_size, sizeof(embstore_warm_start_source_t));
+      }
+      const uint32_t flags = s.struct_size > kBaseSize ? s.flags : 0;
+      if (s.dir == nullptr || *s.dir == '\0') {
+        fail(EMBSTORE_INVALID_ARGUMENT, "warm start source {}: dir is {}", i,
+             s.dir == nullptr ? "NULL" : "empty");
+      }
+      if (s.tables_regex == nullptr) {
+        fail(EMBSTORE_INVALID_ARGUMENT, "warm start source {}: tables_regex is NULL", i);
+      }
+      if ((flags & ~EMBSTORE_WARM_START_VALUES_ONLY) != 0) {
+        fail(EMBSTORE_INVALID_ARGUMENT, "warm start source {}: unknown flags {:#x}", i, flags);
+      }
+      warm[i].dir = s.dir;
+      warm[i].version = s.version;
+      warm[i].tables_regex = s.tables_regex;
+      warm[i].values_only = (flags & EMBSTORE_WARM_START_VALUES_ONLY) != 0;
+    }
+    const auto collective = collective_section(store);
+    store->checkpointer->warm_start(warm);
   });
 }
 

@@ -10,6 +10,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -19,6 +20,7 @@
 
 #include "host/checkpoint/job.hpp"
 #include "host/checkpoint/outcomes.hpp"
+#include "host/checkpoint/restore_plan.hpp"
 #include "host/checkpoint/schedule.hpp"
 #include "host/checkpoint/staging.hpp"
 #include "host/checkpoint/store_view.hpp"
@@ -26,7 +28,7 @@
 
 namespace embstore::checkpoint {
 
-struct RestorePlan;
+class LoadStages;  // restore.cpp
 
 class Checkpointer {
  public:
@@ -57,7 +59,17 @@ class Checkpointer {
 
   // Loads a version into the store (see embstore_restore); returns the version.
   uint64_t restore(const std::string& dir, uint64_t version);
-  // The attachment of the last restore; false when there is none of that name.
+  // Warm start (see embstore_warm_start): each source's tables that match its regex (a later
+  // source overriding an earlier one, table by table) loaded into the store; the store's step
+  // stays, and its next checkpoint is full.
+  struct WarmSource {
+    std::string dir;
+    uint64_t version = 0;
+    std::string tables_regex;  // ECMAScript, matching whole names
+    bool values_only = false;
+  };
+  void warm_start(const std::vector<WarmSource>& sources);
+  // The attachment of the last restore or warm start; false when there is none of that name.
   bool restored_attachment(const std::string& name, std::vector<char>* out) const;
 
   embstore_checkpoint_stats_t stats() const;
@@ -82,9 +94,21 @@ class Checkpointer {
   // The calling thread's stages of a planned job: prepare, the pending attachments taken into
   // it, capture (on failure the attachments are pending again).
   void prepare_and_capture(Job& job);
-  // Restore's loop over the plan's tables: each loaded aside into *loaded; with a spill file,
-  // the store's table it replaces parked there first and added to *spilled.
-  void load_tables(const RestorePlan& plan, SpillFile* spill_file, std::vector<Table*>* spilled,
+  // What a restore or warm start replaces, planned: the tables to load and the step their rows
+  // are stamped with (the store's step after the swap).
+  struct Replacement {
+    std::vector<TableLoad> loads;
+    uint64_t step = 0;
+  };
+  // Ends the checkpoint in flight (settled on every rank of a sharded store) before a restore.
+  void end_job_in_flight();
+  // Restore's and warm start's stages after their plan (restore.cpp): each table loaded aside,
+  // then `also` (what else the caller reads), then on a sharded store the ranks' agreement, then
+  // the swap. A failure leaves the store as it was (parked tables read back).
+  void replace_tables(LoadStages& stages, const Replacement& r, const std::function<void()>& also);
+  // The loop of replace_tables: each table loaded aside into *loaded; with a spill file, the
+  // store's table it replaces parked there first and added to *spilled.
+  void load_tables(const Replacement& r, SpillFile* spill_file, std::vector<Table*>* spilled,
                    std::vector<std::unique_ptr<Table>>* loaded);
   // The plan of a checkpoint of version into dir: its kind and parent.
   std::unique_ptr<Job> plan(const std::string& dir, uint64_t version, bool full);

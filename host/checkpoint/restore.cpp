@@ -1,17 +1,23 @@
 // Restore (embstore_restore): plan the version (restore_plan.hpp, shared with embstore-ckpt),
 // load every table into new table objects, and only when everything has loaded and checked,
-// swap them into the store.
+// swap them into the store. Warm start (warm_start.cpp) plans otherwise and shares the rest
+// (replace_tables).
+#include <xxhash.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "cuda/row/optimizer.h"
 #include "cuda/row/shard.h"
 #include "host/checkpoint/checkpointer.hpp"
+#include "host/checkpoint/load_stages.hpp"
 #include "host/checkpoint/restore_plan.hpp"
 #include "host/error.hpp"
 #include "host/shard/agreement.hpp"
@@ -30,15 +36,16 @@ constexpr uint64_t kRowOverheadBytes = 16 + 32;
 // Whether the restore parks the tables it replaces (SpillMode): only host tables it replaces
 // spill, and under kAuto only when the restored tables would not fit in the memory available
 // beside them. The file when it does, else null. IO_ERROR when it must but cannot create one.
-std::unique_ptr<SpillFile> open_spill_file(StoreView& store, const RestorePlan& plan) {
+std::unique_ptr<SpillFile> open_spill_file(StoreView& store, const std::vector<TableLoad>& loads) {
   const PipelineSettings settings = store.pipeline();
   if (settings.restore_spill == SpillMode::kNever) return nullptr;
   bool replaces = false;
   uint64_t needed = 0;
-  for (const TablePlan& t : plan.tables) {
-    const Table* existing = store.find_table(t.entry->name);
+  for (const TableLoad& l : loads) {
+    const Table* existing = store.find_table(l.table->entry->name);
     replaces = replaces || (existing != nullptr && existing->can_spill());
-    needed += rows_to_reserve(plan, t) * (uint64_t{t.spec.stride()} * 4 + kRowOverheadBytes);
+    needed += rows_to_reserve(*l.plan, *l.table) *
+              (uint64_t{l.table->spec.stride()} * 4 + kRowOverheadBytes);
   }
   if (!replaces) return nullptr;
   const uint64_t available = available_memory_bytes();
@@ -96,22 +103,23 @@ void read_back_parked(StoreView& store, const std::vector<Table*>& spilled, Spil
        what_of(std::current_exception()), names, what_of(why));
 }
 
-// The checks of every table the restore replaces (dim, optimizer), made before any is parked or
-// loaded. INVALID_ARGUMENT naming the table.
-void check_replaced_tables(StoreView& store, const RestorePlan& plan) {
-  for (const TablePlan& t : plan.tables) {
-    const Table* existing = store.find_table(t.entry->name);
+// The checks of every table a restore or warm start replaces (dim; the optimizer, unless it
+// loads values only), made before any is parked or loaded. INVALID_ARGUMENT naming the table.
+void check_replaced_tables(StoreView& store, const std::vector<TableLoad>& loads) {
+  for (const TableLoad& l : loads) {
+    const io::TableEntry& entry = *l.table->entry;
+    const Table* existing = store.find_table(entry.name);
     if (existing == nullptr) continue;
     const TableSpec& spec = existing->spec();
-    if (spec.dim != t.spec.dim) {
+    if (spec.dim != l.table->spec.dim) {
       fail(EMBSTORE_INVALID_ARGUMENT, "table '{}' has dim {}, the checkpoint {} has dim {}",
-           t.entry->name, spec.dim, plan.path(), t.spec.dim);
+           entry.name, spec.dim, l.plan->path(), l.table->spec.dim);
     }
-    if (spec.opt.kind != t.spec.opt.kind) {
+    if (!l.values_only && spec.opt.kind != l.table->spec.opt.kind) {
       fail(EMBSTORE_INVALID_ARGUMENT,
-           "table '{}' uses optimizer {}, the checkpoint {} holds the state of {}", t.entry->name,
-           io::optimizer_name(static_cast<int>(spec.opt.kind)), plan.path(),
-           io::optimizer_name(static_cast<int>(t.spec.opt.kind)));
+           "table '{}' uses optimizer {}, the checkpoint {} holds the state of {}", entry.name,
+           io::optimizer_name(static_cast<int>(spec.opt.kind)), l.plan->path(),
+           io::optimizer_name(static_cast<int>(l.table->spec.opt.kind)));
     }
   }
 }
@@ -127,21 +135,35 @@ uint64_t version_bytes(const io::Manifest& m) {
   return bytes;
 }
 
-// A sharded store's restore, before anything is installed: every rank loaded its part of the
-// same version, and the ranks' rows of each table add up to the table's rows at that version
-// (each row loaded by exactly one rank). Throws on every rank alike.
-void agree_on_restore(shard::Communicator& comm, const shard::LocalCheck& local,
-                      const RestorePlan* plan, const std::vector<std::unique_ptr<Table>>& loaded) {
+// What a rank loads, as one number every rank of a sharded store must share: each table with
+// the manifest it comes from, and how.
+uint64_t signature_of(const std::vector<TableLoad>& loads) {
+  std::string bytes;
+  for (const TableLoad& l : loads) {
+    const uint64_t xxh3 = l.plan->manifest().xxh3;
+    bytes.append(reinterpret_cast<const char*>(&xxh3), sizeof xxh3);
+    bytes += l.table->entry->name;
+    bytes += l.values_only ? '\1' : '\0';
+  }
+  return XXH3_64bits(bytes.data(), bytes.size());
+}
+
+// A sharded store's restore or warm start, before anything is installed: every rank loaded its
+// part of the same tables of the same versions, and the ranks' rows of each table add up to
+// the table's rows at its version (each row loaded by exactly one rank). Throws on every rank
+// alike.
+void agree_on_load(shard::Communicator& comm, const shard::LocalCheck& local,
+                   const std::vector<TableLoad>& loads,
+                   const std::vector<std::unique_ptr<Table>>& loaded) {
   struct Loaded {
     int32_t status = EMBSTORE_OK;
     uint32_t tables = 0;
-    uint64_t version = 0, xxh3 = 0;
+    uint64_t signature = 0;
   } mine;
   mine.status = local.status;
   if (local.status == EMBSTORE_OK) {
-    mine.tables = static_cast<uint32_t>(plan->tables.size());
-    mine.version = plan->manifest().version;
-    mine.xxh3 = plan->manifest().xxh3;
+    mine.tables = static_cast<uint32_t>(loads.size());
+    mine.signature = signature_of(loads);
   }
   std::vector<Loaded> all(static_cast<size_t>(comm.size()));
   comm.all_gather(&mine, sizeof mine, all.data());
@@ -149,11 +171,13 @@ void agree_on_restore(shard::Communicator& comm, const shard::LocalCheck& local,
   for (const Loaded& l : all) statuses.push_back(l.status);
   shard::raise_first_failure(statuses, comm.rank(), local, "to load its part of the restore");
   for (size_t q = 0; q < all.size(); ++q) {
-    if (all[q].version != mine.version || all[q].xxh3 != mine.xxh3) {
+    if (all[q].tables != mine.tables || all[q].signature != mine.signature) {
       fail(EMBSTORE_CORRUPT,
-           "rank {} loaded another checkpoint than this rank ({}): every rank must restore the "
-           "same version (was one committed in between?)",
-           q, plan->path());
+           "rank {} loaded other tables or versions than this rank ({} tables{}{}): every rank "
+           "must load the same (was a version committed in between, or do the ranks pass "
+           "different sources?)",
+           q, loads.size(), loads.empty() ? "" : ", the first from ",
+           loads.empty() ? "" : loads.front().plan->path());
     }
   }
   std::vector<uint64_t> rows(mine.tables), every(rows.size() * all.size());
@@ -162,11 +186,11 @@ void agree_on_restore(shard::Communicator& comm, const shard::LocalCheck& local,
   for (size_t i = 0; i < rows.size(); ++i) {
     uint64_t sum = 0;
     for (size_t q = 0; q < all.size(); ++q) sum += every[q * rows.size() + i];
-    if (sum != plan->tables[i].entry->table_rows) {
+    const io::TableEntry& entry = *loads[i].table->entry;
+    if (sum != entry.table_rows) {
       fail(EMBSTORE_CORRUPT,
-           "{}: table '{}' has {} rows over the ranks after loading, the manifest "
-           "says {}",
-           plan->path(), plan->tables[i].entry->name, sum, plan->tables[i].entry->table_rows);
+           "{}: table '{}' has {} rows over the ranks after loading, the manifest says {}",
+           loads[i].plan->path(), entry.name, sum, entry.table_rows);
     }
   }
 }
@@ -183,32 +207,26 @@ std::string what_of(const std::exception_ptr& e) {
 
 }  // namespace
 
-uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
-  std::lock_guard op(op_mutex_);
+void Checkpointer::end_job_in_flight() {
   if (sharded()) {
     settle(true);
   } else {
     std::unique_lock lock(mutex_);
     wait_for_job(lock, false);
   }
-  // On a sharded store every rank runs stages 1 and 2 on its own (a failure is kept, not
-  // thrown), then they agree before any installs (agree_on_restore).
-  const bool collective = sharded();
-  shard::LocalCheck local;
-  auto run = [&](auto&& stage) {
-    if (!collective) {
-      stage();
-    } else if (local.status == EMBSTORE_OK) {
-      local = shard::run_stage(stage);
-    }
-  };
+}
+
+uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
+  std::lock_guard op(op_mutex_);
+  end_job_in_flight();
+  LoadStages stages(sharded());
 
   // Stage 1: the version and its plan (manifests, links, configurations), as embstore-ckpt
   // verify checks them.
   io::CheckpointDir checkpoints;
   std::optional<RestorePlan> plan;
-  std::unique_ptr<SpillFile> spill_file;
-  run([&] {
+  Replacement r;
+  stages.run([&] {
     std::vector<std::string> skipped;
     const size_t chosen = choose_version(dir, version, std::nullopt, &checkpoints, &skipped);
     for (const std::string& path : skipped) {
@@ -216,45 +234,28 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
                    io::kManifestName);
     }
     plan = plan_version(checkpoints, chosen);
-    check_replaced_tables(store_, *plan);
-    spill_file = open_spill_file(store_, *plan);
+    for (const TablePlan& t : plan->tables) r.loads.push_back(TableLoad{&*plan, &t, false});
+    r.step = plan->manifest().version;
   });
 
-  // Stage 2: every table loaded aside; the store is not touched until all of it has checked.
-  // Short of memory, each table the restore replaces is parked in a spill file just before its
-  // replacement loads, and read back if the restore fails.
-  // Room for every table before any is parked: reading them back must not allocate.
-  std::vector<Table*> spilled, lost;
-  spilled.reserve(plan ? plan->tables.size() : 0);
-  lost.reserve(plan ? plan->tables.size() : 0);
-  std::vector<std::unique_ptr<Table>> loaded;
+  // Stages 2 to 4 (replace_tables), with the version's attachments and what the checkpointer
+  // keeps of the chain, read before the store changes.
   std::map<std::string, std::vector<char>> attachments;
-  // What the checkpointer keeps of the restored version, made before the store changes.
   Chain chain;
-  try {
-    run([&] {
-      const io::Manifest& m = plan->manifest();
-      chain = Chain{true, dir, m.version, m.full, m.lineage, m.xxh3, 0, 0, 0};
-      load_tables(*plan, spill_file.get(), &spilled, &loaded);
-      attachments = read_attachments(*plan, store_.rank());
-      for (const io::ChainLink& c : plan->chain) {
-        const uint64_t bytes = version_bytes(*c.manifest);
-        if (c.manifest->full) {
-          chain.full_bytes = bytes;
-        } else {
-          chain.delta_bytes += bytes;
-          ++chain.deltas;
-        }
+  replace_tables(stages, r, [&] {
+    const io::Manifest& m = plan->manifest();
+    chain = Chain{true, dir, m.version, m.full, m.lineage, m.xxh3, 0, 0, 0};
+    attachments = read_attachments(*plan, store_.rank());
+    for (const io::ChainLink& c : plan->chain) {
+      const uint64_t bytes = version_bytes(*c.manifest);
+      if (c.manifest->full) {
+        chain.full_bytes = bytes;
+      } else {
+        chain.delta_bytes += bytes;
+        ++chain.deltas;
       }
-    });
-    if (collective) agree_on_restore(*store_.comm(), local, plan ? &*plan : nullptr, loaded);
-    // Stage 3: swap in. Only install's allocation can fail, before it replaces any table.
-    store_.install(std::move(loaded), chain.version);
-  } catch (...) {
-    loaded.clear();  // their memory first
-    read_back_parked(store_, spilled, spill_file.get(), &lost);
-    throw;
-  }
+    }
+  });
   std::lock_guard lock(mutex_);
   restored_attachments_ = std::move(attachments);
   // The schedules go on from the restored step, and the next delta in dir follows it.
@@ -263,19 +264,63 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
   return chain_.version;
 }
 
-// Stage 2's loop: each table of the plan loaded aside into *loaded, in plan order; with a spill
-// file, the store's table it replaces is parked first (and added to *spilled).
-void Checkpointer::load_tables(const RestorePlan& plan, SpillFile* spill_file,
+void Checkpointer::replace_tables(LoadStages& stages, const Replacement& r,
+                                  const std::function<void()>& also) {
+  // Stage 2: the checks of the tables replaced; a spill file, when the restore must park them.
+  std::unique_ptr<SpillFile> spill_file;
+  stages.run([&] {
+    check_replaced_tables(store_, r.loads);
+    spill_file = open_spill_file(store_, r.loads);
+  });
+
+  // Stage 3: every table loaded aside; the store is not touched until all of it has checked.
+  // Short of memory, each table replaced is parked in the spill file just before its
+  // replacement loads, and read back if the restore fails.
+  // Room for every table before any is parked: reading them back must not allocate.
+  std::vector<Table*> spilled, lost;
+  spilled.reserve(r.loads.size());
+  lost.reserve(r.loads.size());
+  std::vector<std::unique_ptr<Table>> loaded;
+  try {
+    stages.run([&] {
+      load_tables(r, spill_file.get(), &spilled, &loaded);
+      also();
+    });
+    if (stages.collective()) agree_on_load(*store_.comm(), stages.local(), r.loads, loaded);
+    // Stage 4: swap in. Only install's allocation can fail, before it replaces any table.
+    store_.install(std::move(loaded), r.step);
+  } catch (...) {
+    loaded.clear();  // their memory first
+    read_back_parked(store_, spilled, spill_file.get(), &lost);
+    throw;
+  }
+}
+
+namespace {
+
+// A new row's optimizer state, for tables loaded without theirs (values only).
+std::vector<float> new_row_state(const TableSpec& spec) {
+  std::vector<float> state(spec.state_dim());
+  if (!state.empty()) row::init_state(spec.opt, spec.dim, state.data());
+  return state;
+}
+
+}  // namespace
+
+void Checkpointer::load_tables(const Replacement& r, SpillFile* spill_file,
                                std::vector<Table*>* spilled,
                                std::vector<std::unique_ptr<Table>>* loaded) {
-  const io::Manifest& m = plan.manifest();
-  const std::string& vdir = plan.path();
   const uint32_t rank = store_.rank(), world = store_.world_size();
-  for (const TablePlan& t : plan.tables) {
+  for (const TableLoad& l : r.loads) {
+    const RestorePlan& plan = *l.plan;
+    const TablePlan& t = *l.table;
     const std::string& name = t.entry->name;
     Table* existing = store_.find_table(name);
     // An existing table keeps its own configuration (checked by check_replaced_tables).
     TableSpec spec = existing != nullptr ? existing->spec() : t.spec;
+    // Values only: each row's state is a new row's, of the loading table's optimizer.
+    const std::vector<float> fresh_state =
+        l.values_only ? new_row_state(spec) : std::vector<float>();
     if (spill_file != nullptr && existing != nullptr && existing->can_spill()) {
       spilled->push_back(
           existing);  // first (room was made): unspill after a failed spill is a no-op
@@ -301,31 +346,35 @@ void Checkpointer::load_tables(const RestorePlan& plan, SpillFile* spill_file,
     }
     // A backend that checks its input (without skipping, the CUDA one refuses repeated keys)
     // finds the file inconsistent: corrupt.
-    // A rank of several keeps the rows of the keys it owns.
+    // Rows go to the table as they come, unless this rank keeps only the rows of the keys it
+    // owns, or they take new state: then they are gathered first.
+    const bool gather = world > 1 || l.values_only;
     std::vector<int64_t> keys;
     std::vector<float> values, state;
     const io::RowSink load = [&](const io::RowBlock& b, std::string* why) {
       try {
-        if (world == 1) {
-          impl->load_rows(b.keys, b.values, b.state, b.rows, m.version, options.sink_skips_held);
+        if (!gather) {
+          impl->load_rows(b.keys, b.values, b.state, b.rows, r.step, options.sink_skips_held);
           return 0;
         }
         keys.clear();
         values.clear();
         state.clear();
         for (uint32_t i = 0; i < b.rows; ++i) {
-          if (row::shard_of(b.keys[i], world) != rank) continue;
+          if (world > 1 && row::shard_of(b.keys[i], world) != rank) continue;
           keys.push_back(b.keys[i]);
           values.insert(values.end(), b.values + size_t{i} * b.dim,
                         b.values + size_t{i + 1} * b.dim);
-          if (b.state_dim > 0) {
+          if (l.values_only) {
+            state.insert(state.end(), fresh_state.begin(), fresh_state.end());
+          } else if (b.state_dim > 0) {
             state.insert(state.end(), b.state + size_t{i} * b.state_dim,
                          b.state + size_t{i + 1} * b.state_dim);
           }
         }
         if (!keys.empty()) {
-          impl->load_rows(keys.data(), values.data(), b.state_dim > 0 ? state.data() : nullptr,
-                          keys.size(), m.version, options.sink_skips_held);
+          impl->load_rows(keys.data(), values.data(), state.empty() ? nullptr : state.data(),
+                          keys.size(), r.step, options.sink_skips_held);
         }
       } catch (const Error& e) {
         if (e.status() != EMBSTORE_INVALID_ARGUMENT) throw;
@@ -334,16 +383,19 @@ void Checkpointer::load_tables(const RestorePlan& plan, SpillFile* spill_file,
       }
       return 0;
     };
-    // A rank's share cannot be checked alone: agree_on_restore adds the ranks' rows up.
+    // A rank's share cannot be checked alone: agree_on_load adds the ranks' rows up.
     read_table(plan, t, options, load,
                world == 1 ? std::function<uint64_t()>([&] { return impl->counters().rows; })
                           : std::function<uint64_t()>());
-    if (const std::optional<io::AdmissionFile> counts = read_admission(plan, t, rank, world)) {
+    // Values only: the counts stay behind with the optimizer state.
+    const std::optional<io::AdmissionFile> counts =
+        l.values_only ? std::nullopt : read_admission(plan, t, rank, world);
+    if (counts) {
       std::string why;
       if (!impl->load_admission(*counts, &why)) {
-        std::fprintf(stderr,
-                     "embstore: restore leaves the admission counts of table '%s' in %s: %s\n",
-                     name.c_str(), vdir.c_str(), why.c_str());
+        std::fprintf(stderr, "embstore: %s leaves the admission counts of table '%s' in %s: %s\n",
+                     l.values_only ? "warm start" : "restore", name.c_str(), plan.path().c_str(),
+                     why.c_str());
       }
     }
     loaded->push_back(std::move(impl));

@@ -44,6 +44,15 @@ struct RestorePlan {
   const std::string& path() const { return chain.front().path; }
 };
 
+// A table that a restore or warm start loads: its plan and table, and whether it takes the
+// values only (warm start's EMBSTORE_WARM_START_VALUES_ONLY: the optimizer state starts as a new
+// row's, and admission counts are left out).
+struct TableLoad {
+  const RestorePlan* plan = nullptr;
+  const TablePlan* table = nullptr;
+  bool values_only = false;
+};
+
 // Opens dir into *checkpoints and returns the index of version in it: an exact version (of the
 // given kind when full is set), or the newest with a manifest for EMBSTORE_LATEST (those
 // without one are skipped, and their paths appended to *skipped, which may be null).

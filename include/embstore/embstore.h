@@ -300,7 +300,7 @@ EMBSTORE_API embstore_status_t embstore_apply_gradients(embstore_table_t* table,
    table returns at once on that rank only: the other ranks then wait for it (pass a table on
    every rank). On a store of one rank they are the plain calls.
    Checkpoints and restores of a sharded store are collective too (see "Checkpoints of a
-   sharded store"); warm start is not in this version (UNSUPPORTED). */
+   sharded store"), and so is warm start. */
 
 /* Reads the rows of the rank's n keys into values_out, as embstore_lookup would in one
    process: each distinct key goes once to its owner (every occurrence, for an insert on a table
@@ -632,15 +632,41 @@ EMBSTORE_API embstore_status_t embstore_restore_attachment(embstore_store_t* sto
                                                            const char* name, void* buf,
                                                            size_t capacity, size_t* bytes_out);
 
-/* Warm start: load the tables whose names match tables_regex (ECMAScript) from each source in
-   turn; a later source overrides an earlier one. Not implemented in this version: validates
-   its arguments, then returns UNSUPPORTED. */
+/* Warm start: loads chosen tables of other checkpoints into the store, for transfer learning
+   and fine-tuning. Each source names a checkpoint directory, a version of it (EMBSTORE_LATEST:
+   the newest committed) and an ECMAScript regular expression, tables_regex, that must match a
+   table's whole name. Each table that sources match is loaded from the last source that
+   matches it (a later source overrides an earlier one, table by table); tables that no source
+   matches keep their rows and state; a matched table the store lacks is created with the
+   configuration its manifest records. A source whose version has no table its regex matches is
+   NOT_FOUND: a regex that selects nothing is taken as a mistake.
+   A loaded table replaces the store's table of that name whole (its rows the source lacks are
+   gone; its handle stays valid) with the source's values, optimizer state and admission counts,
+   as embstore_restore loads them: the chain applied, every checksum verified, from a
+   checkpoint of any world size (a sharded store keeps each rank's keys, a store of one process
+   every key). With flags EMBSTORE_WARM_START_VALUES_ONLY a source gives values only: each
+   row's optimizer state is a new row's for the store's table (whose optimizer may then differ
+   from the source's) and admission counts start empty, for fine-tuning with a fresh optimizer.
+   The store's global step does not change (loaded rows count as touched at it). Every source's
+   attachments of this rank become readable by embstore_restore_attachment (a later source's
+   replacing an earlier one's of the same name; none from a source of fewer ranks). The store's
+   next checkpoint is full: the loaded rows are not dirty, so no delta could hold them.
+   Collective on a sharded store: every rank passes the same sources, and the ranks agree that
+   they loaded the same tables of the same versions. Like embstore_restore, nothing changes
+   unless every chosen table loaded and checked, memory is needed (or spilled) the same way, and
+   a checkpoint in flight is waited for. Returns OK; INVALID_ARGUMENT (NULL store; n == 0;
+   NULL sources; a source with struct_size too small, a NULL or empty dir, a NULL tables_regex
+   or one that does not compile, unknown flags; a dim mismatch, or an optimizer mismatch
+   without VALUES_ONLY); NOT_FOUND; CORRUPT; IO_ERROR; COMM_ERROR; CAPACITY_EXCEEDED;
+   OUT_OF_MEMORY; DEVICE_ERROR. */
 typedef struct embstore_warm_start_source {
   size_t struct_size;
   const char* dir;
-  uint64_t version;
-  const char* tables_regex;
+  uint64_t version;         /* default EMBSTORE_LATEST: the newest committed */
+  const char* tables_regex; /* default ".*": every table */
+  uint32_t flags;           /* 0 (default) or EMBSTORE_WARM_START_VALUES_ONLY */
 } embstore_warm_start_source_t;
+#define EMBSTORE_WARM_START_VALUES_ONLY 1u /* values without optimizer state or counts */
 
 EMBSTORE_API void embstore_warm_start_source_init(embstore_warm_start_source_t* source);
 EMBSTORE_API embstore_status_t embstore_warm_start(embstore_store_t* store,

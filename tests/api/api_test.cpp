@@ -442,7 +442,11 @@ TEST_CASE("checkpoint calls check their arguments", "[api]") {
   embstore_warm_start_source_t src;
   embstore_warm_start_source_init(&src);
   REQUIRE(src.version == EMBSTORE_LATEST);
-  require_failed(embstore_warm_start(store, &src, 1), EMBSTORE_UNSUPPORTED, "not implemented");
+  REQUIRE(std::string(src.tables_regex) == ".*");
+  REQUIRE(src.flags == 0);
+  require_failed(embstore_warm_start(store, &src, 1), EMBSTORE_INVALID_ARGUMENT, "dir is NULL");
+  src.dir = "/nonexistent/embstore-warm-start";
+  require_failed(embstore_warm_start(store, &src, 1), EMBSTORE_NOT_FOUND, "embstore-warm-start");
   size_t bytes = 0;
   require_failed(embstore_restore_attachment(store, "rng", nullptr, 0, &bytes), EMBSTORE_NOT_FOUND,
                  "rng");

@@ -9,6 +9,10 @@
 //            process that replayed the W ranks' batches up to that version, then all train one
 //            more step on their own batches and compare again (optimizer state and admission
 //            counts then show), and read their rank's attachment
+//   warm_start
+//            W' ranks (or one store) that trained a step of their own warm-start from three
+//            versions of the W ranks' directory (overlapping regexes, one source values only),
+//            and compare with one process that did the same, before and after one more step
 #pragma once
 
 #include <embstore/embstore.h>
@@ -212,6 +216,73 @@ inline Outcome restore(embstore_store_config_t config, int rank, int world, cons
   } else {
     out.expect_status(s, EMBSTORE_NOT_FOUND,
                       at + "restore_attachment of a rank the writers lacked");
+  }
+  out.expect_status(embstore_store_destroy(store), EMBSTORE_OK, at + "store_destroy");
+  out.expect_status(embstore_store_destroy(reference), EMBSTORE_OK, at + "reference destroy");
+  return out;
+}
+
+// W' = world ranks (config has the communicator when world > 1) warm-start from dir, written
+// by `writers` ranks: items from version 2, users from version 6 (over version 2's), ads from
+// version 4 values only; clicks keep what step 1 trained. One process does the same on every
+// rank's batches and warm-starts from the same sources; every rank compares the rows it owns,
+// before and after one more step, and reads the attachment of the last source. Every rank calls it.
+inline Outcome warm_start(embstore_store_config_t config, int rank, int world,
+                          const std::string& dir, int writers) {
+  Outcome out;
+  const std::string at = "warm start from " + std::to_string(writers) + " writers into rank " +
+                         std::to_string(rank) + " of " + std::to_string(world) + ": ";
+  embstore_warm_start_source_t sources[3];
+  for (embstore_warm_start_source_t& s : sources) {
+    embstore_warm_start_source_init(&s);
+    s.dir = dir.c_str();
+  }
+  sources[0].version = 2;
+  sources[0].tables_regex = "items|users";
+  sources[1].version = 6;
+  sources[1].tables_regex = "user.";
+  sources[2].version = 4;
+  sources[2].tables_regex = "ads";
+  sources[2].flags = EMBSTORE_WARM_START_VALUES_ONLY;
+
+  embstore_store_config_t one;
+  embstore_store_config_init(&one);
+  one.backend = EMBSTORE_BACKEND_HOST;
+  one.host_threads = 1;
+  embstore_store_t* reference = nullptr;
+  embstore_store_t* store = nullptr;
+  out.expect_status(embstore_store_create(&one, &reference), EMBSTORE_OK, at + "reference");
+  out.expect_status(embstore_store_create(&config, &store), EMBSTORE_OK, at + "store_create");
+  if (reference == nullptr || store == nullptr) {
+    embstore_store_destroy(store);
+    embstore_store_destroy(reference);
+    return out;
+  }
+  const std::vector<embstore_table_t*> replay = create_tables(reference, out, at);
+  const std::vector<embstore_table_t*> tables = create_tables(store, out, at);
+  embstore_step(reference, 1);
+  embstore_step(store, 1);
+  train_step(replay, 0, world, false, 1, out, at + "reference ");
+  train_step(tables, rank, world, world > 1, 1, out, at);
+  out.expect_status(embstore_warm_start(reference, sources, 3), EMBSTORE_OK,
+                    at + "reference warm_start");
+  out.expect_status(embstore_warm_start(store, sources, 3), EMBSTORE_OK, at + "warm_start");
+  if (out.failures == 0) {
+    compare_owned(tables, replay, rank, world, out, at);
+    embstore_step(store, 7);
+    embstore_step(reference, 7);
+    train_step(tables, rank, world, world > 1, 7, out, at);
+    train_step(replay, 0, world, false, 7, out, at + "reference ");
+    compare_owned(tables, replay, rank, world, out, at + "after a step: ");
+  }
+  char buf[64];
+  size_t bytes = 0;
+  const embstore_status_t s = embstore_restore_attachment(store, "note", buf, sizeof buf, &bytes);
+  if (rank < writers) {
+    out.expect(s == EMBSTORE_OK && std::string(buf, bytes) == attachment_of(rank, 4),
+               at + "the attachment of the last source");
+  } else {
+    out.expect_status(s, EMBSTORE_NOT_FOUND, at + "attachment of a rank the writers lacked");
   }
   out.expect_status(embstore_store_destroy(store), EMBSTORE_OK, at + "store_destroy");
   out.expect_status(embstore_store_destroy(reference), EMBSTORE_OK, at + "reference destroy");

@@ -3,7 +3,8 @@
 //                               and checkpoint into DIR; then, for every W' in 1..4, ranks
 //                               0..W'-1 restore each version and compare with one process
 //                               (collective_scenario.hpp); W' = 1 is one store without any
-//                               communicator.
+//                               communicator. With W = 3, ranks 0 and 1 also warm-start from
+//                               three of its versions (collective_scenario.hpp).
 //   mpi_checkpoint_test kill W DIR MS
 //                               W ranks train and checkpoint at step 2 (waited for) and step 4,
 //                               where rank 1 kills itself with SIGKILL MS milliseconds after the
@@ -165,6 +166,17 @@ int main(int argc, char** argv) {
       MPI_Comm_free(&part);
     }
   }
+  // Warm start from three versions of three ranks into two (mpirun -np 4 for every W).
+  if (writers == 3) {
+    MPI_Comm part = first_ranks(2);
+    if (part != MPI_COMM_NULL) {
+      const embstore_test::sharded::Outcome o =
+          collective::warm_start(config_of(&part, rank, 2), rank, 2, dir, writers);
+      if (o.failures > 0 && out.failures == 0) out.first = o.first;
+      out.failures += o.failures;
+      MPI_Comm_free(&part);
+    }
+  }
 
   long failures = out.failures, total = 0;
   MPI_Allreduce(&failures, &total, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
@@ -173,8 +185,8 @@ int main(int argc, char** argv) {
                  out.first.c_str());
   }
   if (rank == 0) {
-    std::printf("mpi_checkpoint_test: %d writers, restored into 1..%d ranks: %ld failures\n",
-                writers, size, total);
+    std::printf("mpi_checkpoint_test: %d writers, restored into 1..%d ranks%s: %ld failures\n",
+                writers, size, writers == 3 ? " and warm-started into 2" : "", total);
     std::error_code ec;
     // EMBSTORE_TEST_KEEP=1 keeps the checkpoint for a look (embstore-ckpt ls DIR).
     if (total == 0 && std::getenv("EMBSTORE_TEST_KEEP") == nullptr) {

@@ -159,6 +159,28 @@ TEST_CASE("Collective checkpoints of W ranks restore into W' ranks as one proces
   }
 }
 
+TEST_CASE("Warm start from three ranks' versions into W' ranks equals one process's",
+          "[sharded][warm_start]") {
+  namespace collective = embstore_test::collective;
+  constexpr int kWriters = 3;
+  embstore_test::TempDir dir;
+  const std::string ckpt = dir.path() + "/ckpt";
+  for (const auto& o : on_ranks(kWriters, [&](embstore_store_config_t c, int r) {
+         return collective::write(c, r, kWriters, ckpt);
+       })) {
+    INFO(o.first);
+    CHECK(o.failures == 0);
+  }
+  for (int world : {2, 4}) {
+    for (const auto& o : on_ranks(world, [&](embstore_store_config_t c, int r) {
+           return collective::warm_start(c, r, world, ckpt, kWriters);
+         })) {
+      INFO(o.first);
+      CHECK(o.failures == 0);
+    }
+  }
+}
+
 TEST_CASE("A checkpoint policy of a sharded store: rank 0 commits, decides and keeps keep_full",
           "[sharded][checkpoint]") {
   namespace collective = embstore_test::collective;

@@ -1,0 +1,108 @@
+// Warm start (embstore_warm_start): plan every source's version, give each table to the last
+// source whose regex matches its name, then load and swap as a restore does (replace_tables in
+// restore.cpp): nothing changes unless every chosen table loaded and checked.
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "host/checkpoint/checkpointer.hpp"
+#include "host/checkpoint/load_stages.hpp"
+#include "host/checkpoint/restore_plan.hpp"
+#include "host/error.hpp"
+#include "io/format/chain.hpp"
+#include "io/format/manifest.hpp"
+
+namespace embstore::checkpoint {
+namespace {
+
+// The whole-name ECMAScript regex of source i; INVALID_ARGUMENT when it does not compile.
+std::regex compile_regex(size_t i, const std::string& text) {
+  try {
+    return std::regex(text, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    fail(EMBSTORE_INVALID_ARGUMENT,
+         "warm start source {}: tables_regex '{}' is not an "
+         "ECMAScript regular expression: {}",
+         i, text, e.what());
+  }
+}
+
+// The table names of a plan, for a message (the first few).
+std::string names_of(const RestorePlan& plan) {
+  std::string names;
+  size_t shown = 0;
+  for (const TablePlan& t : plan.tables) {
+    if (shown++ == 8) return names + ", ...";
+    names += (names.empty() ? "'" : ", '") + t.entry->name + "'";
+  }
+  return names.empty() ? "none" : names;
+}
+
+}  // namespace
+
+void Checkpointer::warm_start(const std::vector<WarmSource>& sources) {
+  std::lock_guard op(op_mutex_);
+  end_job_in_flight();
+  LoadStages stages(sharded());
+
+  // Stage 1: every source's version and its plan, as a restore's; each table the store gets
+  // from the last source that matches its name. A source that matches nothing is an error:
+  // a regex that selects no table is a mistake, not a choice.
+  std::vector<std::unique_ptr<io::CheckpointDir>> dirs;
+  std::vector<std::unique_ptr<RestorePlan>> plans;
+  Replacement r;
+  stages.run([&] {
+    std::vector<std::regex> regexes;
+    for (size_t i = 0; i < sources.size(); ++i) {
+      regexes.push_back(compile_regex(i, sources[i].tables_regex));
+    }
+    std::map<std::string, TableLoad> chosen;  // by name
+    for (size_t i = 0; i < sources.size(); ++i) {
+      const WarmSource& source = sources[i];
+      dirs.push_back(std::make_unique<io::CheckpointDir>());
+      std::vector<std::string> skipped;
+      const size_t index =
+          choose_version(source.dir, source.version, std::nullopt, dirs.back().get(), &skipped);
+      for (const std::string& path : skipped) {
+        std::fprintf(stderr, "embstore: warm start skips '%s': it has no %s\n", path.c_str(),
+                     io::kManifestName);
+      }
+      plans.push_back(std::make_unique<RestorePlan>(plan_version(*dirs.back(), index)));
+      const RestorePlan& plan = *plans.back();
+      bool matched = false;
+      for (const TablePlan& t : plan.tables) {
+        if (!std::regex_match(t.entry->name, regexes[i])) continue;
+        chosen[t.entry->name] = TableLoad{&plan, &t, source.values_only};
+        matched = true;
+      }
+      if (!matched) {
+        fail(EMBSTORE_NOT_FOUND,
+             "warm start source {}: no table of {} matches tables_regex '{}' (its tables: {})", i,
+             plan.path(), source.tables_regex, names_of(plan));
+      }
+    }
+    for (auto& [name, load] : chosen) r.loads.push_back(load);
+    r.step = store_.step();  // warm start loads tables, not a training position
+  });
+
+  // Stages 2 to 4, with every source's attachments of this rank (a later source's replacing an
+  // earlier one's of the same name).
+  std::map<std::string, std::vector<char>> attachments;
+  replace_tables(stages, r, [&] {
+    for (const std::unique_ptr<RestorePlan>& plan : plans) {
+      for (auto& [name, bytes] : read_attachments(*plan, store_.rank())) {
+        attachments[name] = std::move(bytes);
+      }
+    }
+  });
+  std::lock_guard lock(mutex_);
+  restored_attachments_ = std::move(attachments);
+  // The loaded rows are not dirty, so no delta on the store's last checkpoint could hold them:
+  // the next checkpoint is full.
+  chain_ = Chain{};
+}
+
+}  // namespace embstore::checkpoint
