@@ -94,12 +94,6 @@ class Checkpointer {
   // The calling thread's stages of a planned job: prepare, the pending attachments taken into
   // it, capture (on failure the attachments are pending again).
   void prepare_and_capture(Job& job);
-  // What a restore or warm start replaces, planned: the tables to load and the step their rows
-  // are stamped with (the store's step after the swap).
-  struct Replacement {
-    std::vector<TableLoad> loads;
-    uint64_t step = 0;
-  };
   // Ends the checkpoint in flight (settled on every rank of a sharded store) before a restore.
   void end_job_in_flight();
   // Restore's and warm start's stages after their plan (restore.cpp): each table loaded aside,

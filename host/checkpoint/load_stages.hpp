@@ -1,7 +1,7 @@
 // The stages of a restore or warm start before the ranks agree. On a store of one process a
 // stage runs and throws; on a sharded store each rank runs its stages on its own and keeps its
 // first failure (later stages are skipped), so that every rank reaches the agreement
-// (restore.cpp's agree_on_load) and all fail or go on together.
+// (restore.cpp's agree_on_plan) and all fail or go on together.
 #pragma once
 
 #include <embstore/embstore.h>

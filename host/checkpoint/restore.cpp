@@ -19,6 +19,7 @@
 #include "host/checkpoint/checkpointer.hpp"
 #include "host/checkpoint/load_stages.hpp"
 #include "host/checkpoint/restore_plan.hpp"
+#include "host/checkpoint/routed_read.hpp"
 #include "host/error.hpp"
 #include "host/shard/agreement.hpp"
 #include "io/format/chain.hpp"
@@ -36,7 +37,8 @@ constexpr uint64_t kRowOverheadBytes = 16 + 32;
 // Whether the restore parks the tables it replaces (SpillMode): only host tables it replaces
 // spill, and under kAuto only when the restored tables would not fit in the memory available
 // beside them. The file when it does, else null. IO_ERROR when it must but cannot create one.
-std::unique_ptr<SpillFile> open_spill_file(StoreView& store, const std::vector<TableLoad>& loads) {
+std::unique_ptr<SpillFile> open_spill_file(StoreView& store, const std::vector<TableLoad>& loads,
+                                           const char* op) {
   const PipelineSettings settings = store.pipeline();
   if (settings.restore_spill == SpillMode::kNever) return nullptr;
   bool replaces = false;
@@ -44,8 +46,11 @@ std::unique_ptr<SpillFile> open_spill_file(StoreView& store, const std::vector<T
   for (const TableLoad& l : loads) {
     const Table* existing = store.find_table(l.table->entry->name);
     replaces = replaces || (existing != nullptr && existing->can_spill());
-    needed += rows_to_reserve(*l.plan, *l.table) *
-              (uint64_t{l.table->spec.stride()} * 4 + kRowOverheadBytes);
+    // The table loaded has the existing one's configuration (with values only, maybe another
+    // optimizer than the checkpoint's).
+    const TableSpec& spec = existing != nullptr ? existing->spec() : l.table->spec;
+    needed +=
+        rows_to_reserve(*l.plan, *l.table) * (uint64_t{spec.stride()} * 4 + kRowOverheadBytes);
   }
   if (!replaces) return nullptr;
   const uint64_t available = available_memory_bytes();
@@ -54,9 +59,9 @@ std::unique_ptr<SpillFile> open_spill_file(StoreView& store, const std::vector<T
   const int r = SpillFile::open(settings.spill_dir, &file);
   if (r < 0 || file->in_memory()) {
     fail(EMBSTORE_IO_ERROR,
-         "the restore must park the tables it replaces ({} MB to load, {} MB available), but "
+         "the {} must park the tables it replaces ({} MB to load, {} MB available), but "
          "cannot in '{}' (spill_dir): {}",
-         needed >> 20, available == UINT64_MAX ? 0 : available >> 20, settings.spill_dir,
+         op, needed >> 20, available == UINT64_MAX ? 0 : available >> 20, settings.spill_dir,
          r < 0 ? std::strerror(-r) : "it is in memory (tmpfs), where parking frees nothing");
   }
   return file;
@@ -84,7 +89,7 @@ std::string what_of(const std::exception_ptr& e);
 // In a handler of the restore's failure (the current exception): reads back the parked tables;
 // when some could not be, IO_ERROR saying what failed and which tables lost their rows.
 void read_back_parked(StoreView& store, const std::vector<Table*>& spilled, SpillFile* file,
-                      std::vector<Table*>* lost) {
+                      std::vector<Table*>* lost, const char* op) {
   if (spilled.empty()) return;
   const std::exception_ptr why = unspill_all(spilled, file, lost);
   if (lost->empty()) return;
@@ -96,11 +101,11 @@ void read_back_parked(StoreView& store, const std::vector<Table*>& spilled, Spil
     names += (names.empty() ? "'" : ", '") + t->spec().name + "'";
     empty.push_back(store.make_table(t->spec()));
   }
-  store.install(std::move(empty), store.step());
+  store.install(std::move(empty), store.step(), false);
   fail(EMBSTORE_IO_ERROR,
-       "restore failed ({}), and reading table(s) {} back from its spill file failed ({}): "
+       "{} failed ({}), and reading table(s) {} back from its spill file failed ({}): "
        "their rows are lost from this store, and the tables are empty",
-       what_of(std::current_exception()), names, what_of(why));
+       op, what_of(std::current_exception()), names, what_of(why));
 }
 
 // The checks of every table a restore or warm start replaces (dim; the optimizer, unless it
@@ -135,62 +140,72 @@ uint64_t version_bytes(const io::Manifest& m) {
   return bytes;
 }
 
-// What a rank loads, as one number every rank of a sharded store must share: each table with
-// the manifest it comes from, and how.
-uint64_t signature_of(const std::vector<TableLoad>& loads) {
+// What a restore or warm start loads, as one number every rank of a sharded store must share:
+// every version it planned (tables loaded from it or not: its attachments count too), each
+// table with the manifest it comes from and how, and the step the store goes on from.
+uint64_t signature_of(const Replacement& r) {
   std::string bytes;
-  for (const TableLoad& l : loads) {
-    const uint64_t xxh3 = l.plan->manifest().xxh3;
-    bytes.append(reinterpret_cast<const char*>(&xxh3), sizeof xxh3);
+  const auto add = [&](uint64_t x) { bytes.append(reinterpret_cast<const char*>(&x), sizeof x); };
+  add(r.step);
+  for (const RestorePlan* p : r.plans) add(p->manifest().xxh3);
+  for (const TableLoad& l : r.loads) {
+    add(l.plan->manifest().xxh3);
     bytes += l.table->entry->name;
     bytes += l.values_only ? '\1' : '\0';
   }
   return XXH3_64bits(bytes.data(), bytes.size());
 }
 
-// A sharded store's restore or warm start, before anything is installed: every rank loaded its
-// part of the same tables of the same versions, and the ranks' rows of each table add up to
-// the table's rows at its version (each row loaded by exactly one rank). Throws on every rank
-// alike.
-void agree_on_load(shard::Communicator& comm, const shard::LocalCheck& local,
-                   const std::vector<TableLoad>& loads,
-                   const std::vector<std::unique_ptr<Table>>& loaded) {
-  struct Loaded {
+// A sharded store's restore or warm start, before any rank reads rows: every rank planned the
+// same (signature_of), so that all make the same collective reads. Throws on every rank alike.
+void agree_on_plan(shard::Communicator& comm, const shard::LocalCheck& local, const Replacement& r,
+                   const char* op) {
+  struct Planned {
     int32_t status = EMBSTORE_OK;
     uint32_t tables = 0;
     uint64_t signature = 0;
   } mine;
   mine.status = local.status;
   if (local.status == EMBSTORE_OK) {
-    mine.tables = static_cast<uint32_t>(loads.size());
-    mine.signature = signature_of(loads);
+    mine.tables = static_cast<uint32_t>(r.loads.size());
+    mine.signature = signature_of(r);
   }
-  std::vector<Loaded> all(static_cast<size_t>(comm.size()));
+  std::vector<Planned> all(static_cast<size_t>(comm.size()));
   comm.all_gather(&mine, sizeof mine, all.data());
   std::vector<int32_t> statuses;
-  for (const Loaded& l : all) statuses.push_back(l.status);
-  shard::raise_first_failure(statuses, comm.rank(), local, "to load its part of the restore");
+  for (const Planned& p : all) statuses.push_back(p.status);
+  shard::raise_first_failure(statuses, comm.rank(), local,
+                             fmt::format("to plan its part of the {}", op).c_str());
   for (size_t q = 0; q < all.size(); ++q) {
     if (all[q].tables != mine.tables || all[q].signature != mine.signature) {
       fail(EMBSTORE_CORRUPT,
-           "rank {} loaded other tables or versions than this rank ({} tables{}{}): every rank "
+           "rank {} planned other versions or tables than this rank ({} tables{}{}): every rank "
            "must load the same (was a version committed in between, or do the ranks pass "
            "different sources?)",
-           q, loads.size(), loads.empty() ? "" : ", the first from ",
-           loads.empty() ? "" : loads.front().plan->path());
+           q, r.loads.size(), r.plans.empty() ? "" : ", from ",
+           r.plans.empty() ? "" : r.plans.front()->path());
     }
   }
-  std::vector<uint64_t> rows(mine.tables), every(rows.size() * all.size());
+}
+
+// After the ranks loaded (and read what else `local` covers): the ranks' rows of each table add
+// up to the table's rows at its version, each row loaded by exactly one rank. Throws on every
+// rank alike.
+void agree_on_rows(shard::Communicator& comm, const shard::LocalCheck& local, const Replacement& r,
+                   const std::vector<std::unique_ptr<Table>>& loaded, const char* op) {
+  shard::agree(comm, local, fmt::format("to load its part of the {}", op).c_str());
+  const size_t world = static_cast<size_t>(comm.size());
+  std::vector<uint64_t> rows(r.loads.size()), every(rows.size() * world);
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = loaded[i]->counters().rows;
   comm.all_gather(rows.data(), rows.size() * sizeof(uint64_t), every.data());
   for (size_t i = 0; i < rows.size(); ++i) {
     uint64_t sum = 0;
-    for (size_t q = 0; q < all.size(); ++q) sum += every[q * rows.size() + i];
-    const io::TableEntry& entry = *loads[i].table->entry;
+    for (size_t q = 0; q < world; ++q) sum += every[q * rows.size() + i];
+    const io::TableEntry& entry = *r.loads[i].table->entry;
     if (sum != entry.table_rows) {
       fail(EMBSTORE_CORRUPT,
            "{}: table '{}' has {} rows over the ranks after loading, the manifest says {}",
-           loads[i].plan->path(), entry.name, sum, entry.table_rows);
+           r.loads[i].plan->path(), entry.name, sum, entry.table_rows);
     }
   }
 }
@@ -234,6 +249,7 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
                    io::kManifestName);
     }
     plan = plan_version(checkpoints, chosen);
+    r.plans.push_back(&*plan);
     for (const TablePlan& t : plan->tables) r.loads.push_back(TableLoad{&*plan, &t, false});
     r.step = plan->manifest().version;
   });
@@ -270,8 +286,10 @@ void Checkpointer::replace_tables(LoadStages& stages, const Replacement& r,
   std::unique_ptr<SpillFile> spill_file;
   stages.run([&] {
     check_replaced_tables(store_, r.loads);
-    spill_file = open_spill_file(store_, r.loads);
+    spill_file = open_spill_file(store_, r.loads, r.op);
   });
+
+  if (stages.collective()) agree_on_plan(*store_.comm(), stages.local(), r, r.op);
 
   // Stage 3: every table loaded aside; the store is not touched until all of it has checked.
   // Short of memory, each table replaced is parked in the spill file just before its
@@ -282,16 +300,14 @@ void Checkpointer::replace_tables(LoadStages& stages, const Replacement& r,
   lost.reserve(r.loads.size());
   std::vector<std::unique_ptr<Table>> loaded;
   try {
-    stages.run([&] {
-      load_tables(r, spill_file.get(), &spilled, &loaded);
-      also();
-    });
-    if (stages.collective()) agree_on_load(*store_.comm(), stages.local(), r.loads, loaded);
+    load_tables(r, spill_file.get(), &spilled, &loaded);
+    stages.run(also);
+    if (stages.collective()) agree_on_rows(*store_.comm(), stages.local(), r, loaded, r.op);
     // Stage 4: swap in. Only install's allocation can fail, before it replaces any table.
-    store_.install(std::move(loaded), r.step);
+    store_.install(std::move(loaded), r.step, r.new_run);
   } catch (...) {
     loaded.clear();  // their memory first
-    read_back_parked(store_, spilled, spill_file.get(), &lost);
+    read_back_parked(store_, spilled, spill_file.get(), &lost, r.op);
     throw;
   }
 }
@@ -311,6 +327,16 @@ void Checkpointer::load_tables(const Replacement& r, SpillFile* spill_file,
                                std::vector<Table*>* spilled,
                                std::vector<std::unique_ptr<Table>>* loaded) {
   const uint32_t rank = store_.rank(), world = store_.world_size();
+  // On a sharded store the ranks agree after each part of each table, so that all go on to the
+  // next collective read or all stop (throwing alike); alone, a part throws.
+  const auto part = [&](const char* what, auto&& stage) {
+    if (world == 1) {
+      stage();
+    } else {
+      shard::agree(*store_.comm(), shard::run_stage(stage),
+                   fmt::format("{} {}", what, r.op).c_str());
+    }
+  };
   for (const TableLoad& l : r.loads) {
     const RestorePlan& plan = *l.plan;
     const TablePlan& t = *l.table;
@@ -319,18 +345,21 @@ void Checkpointer::load_tables(const Replacement& r, SpillFile* spill_file,
     // An existing table keeps its own configuration (checked by check_replaced_tables).
     TableSpec spec = existing != nullptr ? existing->spec() : t.spec;
     // Values only: each row's state is a new row's, of the loading table's optimizer.
-    const std::vector<float> fresh_state =
-        l.values_only ? new_row_state(spec) : std::vector<float>();
-    if (spill_file != nullptr && existing != nullptr && existing->can_spill()) {
-      spilled->push_back(
-          existing);  // first (room was made): unspill after a failed spill is a no-op
-      existing->spill(*spill_file);
-    }
-    std::unique_ptr<Table> impl = store_.make_table(std::move(spec));
-    // Built once, at its final size: no growth or rehash while it loads (a rank of several
-    // holds about its share of the rows).
-    const uint64_t rows = rows_to_reserve(plan, t);
-    impl->reserve(world == 1 ? rows : rows / world + rows / (4 * world) + 1024);
+    std::vector<float> fresh_state;
+    std::unique_ptr<Table> impl;
+    part("to prepare a table of the", [&] {
+      if (l.values_only) fresh_state = new_row_state(spec);
+      if (spill_file != nullptr && existing != nullptr && existing->can_spill()) {
+        spilled->push_back(
+            existing);  // first (room was made): unspill after a failed spill is a no-op
+        existing->spill(*spill_file);
+      }
+      impl = store_.make_table(std::move(spec));
+      // Built once, at its final size: no growth or rehash while it loads (a rank of several
+      // holds about its share of the rows).
+      const uint64_t rows = rows_to_reserve(plan, t);
+      impl->reserve(world == 1 ? rows : rows / world + rows / (4 * world) + 1024);
+    });
     // Newest version first. A table that knows its keys (both backends) skips the older rows of
     // a key itself; otherwise the chain reader drops them, with a set of every key.
     io::ChainReadOptions options;
@@ -383,20 +412,30 @@ void Checkpointer::load_tables(const Replacement& r, SpillFile* spill_file,
       }
       return 0;
     };
-    // A rank's share cannot be checked alone: agree_on_load adds the ranks' rows up.
-    read_table(plan, t, options, load,
-               world == 1 ? std::function<uint64_t()>([&] { return impl->counters().rows; })
-                          : std::function<uint64_t()>());
     // Values only: the counts stay behind with the optimizer state.
-    const std::optional<io::AdmissionFile> counts =
-        l.values_only ? std::nullopt : read_admission(plan, t, rank, world);
-    if (counts) {
+    const auto load_counts = [&] {
+      const std::optional<io::AdmissionFile> counts =
+          l.values_only ? std::nullopt : read_admission(plan, t, rank, world);
       std::string why;
-      if (!impl->load_admission(*counts, &why)) {
+      if (counts && !impl->load_admission(*counts, &why)) {
         std::fprintf(stderr, "embstore: %s leaves the admission counts of table '%s' in %s: %s\n",
-                     l.values_only ? "warm start" : "restore", name.c_str(), plan.path().c_str(),
-                     why.c_str());
+                     r.op, name.c_str(), plan.path().c_str(), why.c_str());
       }
+    };
+    if (world > 1 && needs_routing(plan, t, world)) {
+      // Another world size wrote some version: each rank reads a share of the files once and
+      // routes every row to its owner (routed_read.hpp).
+      shard::LocalCheck read = read_table_routed(*store_.comm(), plan, t, options, load);
+      if (read.status == EMBSTORE_OK) read = shard::run_stage(load_counts);
+      shard::agree(*store_.comm(), read, fmt::format("to read its share of the {}", r.op).c_str());
+    } else {
+      // A rank's share cannot be checked alone: agree_on_rows adds the ranks' rows up.
+      part("to load its part of the", [&] {
+        read_table(plan, t, options, load,
+                   world == 1 ? std::function<uint64_t()>([&] { return impl->counters().rows; })
+                              : std::function<uint64_t()>());
+        load_counts();
+      });
     }
     loaded->push_back(std::move(impl));
   }

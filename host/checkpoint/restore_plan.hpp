@@ -53,6 +53,17 @@ struct TableLoad {
   bool values_only = false;
 };
 
+// What a restore or warm start replaces, planned: the versions it read, the tables to load,
+// the step their rows are stamped with (the store's step after the swap), and whether the
+// store starts a new run there (restore: the idle clock's marks are forgotten).
+struct Replacement {
+  const char* op = "restore";  // for messages
+  std::vector<const RestorePlan*> plans;
+  std::vector<TableLoad> loads;
+  uint64_t step = 0;
+  bool new_run = true;
+};
+
 // Opens dir into *checkpoints and returns the index of version in it: an exact version (of the
 // given kind when full is set), or the newest with a manifest for EMBSTORE_LATEST (those
 // without one are skipped, and their paths appended to *skipped, which may be null).

@@ -42,10 +42,11 @@ class StoreView {
   // backend, not yet the store's.
   virtual Table* find_table(const std::string& name) = 0;
   virtual std::unique_ptr<Table> make_table(TableSpec spec) = 0;
-  // Restore's last stage: each table replaces the store's table of its name (its handle stays
-  // valid) or joins the store, and the step becomes step. Fails only for memory, and then
+  // Restore's and warm start's last stage: each table replaces the store's table of its name
+  // (its handle stays valid) or joins the store, and the step becomes step; new_run (restore)
+  // also forgets the idle clock's marks of the run left. Fails only for memory, and then
   // before any table of the store is replaced.
-  virtual void install(std::vector<std::unique_ptr<Table>> tables, uint64_t step) = 0;
+  virtual void install(std::vector<std::unique_ptr<Table>> tables, uint64_t step, bool new_run) = 0;
 
   // Sharded stores: the communicator of collective checkpoints and restores, this rank, and
   // the world size. A store of one process: null, 0 and 1.

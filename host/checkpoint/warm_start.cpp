@@ -54,6 +54,8 @@ void Checkpointer::warm_start(const std::vector<WarmSource>& sources) {
   std::vector<std::unique_ptr<io::CheckpointDir>> dirs;
   std::vector<std::unique_ptr<RestorePlan>> plans;
   Replacement r;
+  r.op = "warm start";
+  r.new_run = false;  // warm start loads tables, not a training position: the step stays
   stages.run([&] {
     std::vector<std::regex> regexes;
     for (size_t i = 0; i < sources.size(); ++i) {
@@ -84,8 +86,9 @@ void Checkpointer::warm_start(const std::vector<WarmSource>& sources) {
              plan.path(), source.tables_regex, names_of(plan));
       }
     }
+    for (const std::unique_ptr<RestorePlan>& plan : plans) r.plans.push_back(plan.get());
     for (auto& [name, load] : chosen) r.loads.push_back(load);
-    r.step = store_.step();  // warm start loads tables, not a training position
+    r.step = store_.step();
   });
 
   // Stages 2 to 4, with every source's attachments of this rank (a later source's replacing an

@@ -211,7 +211,7 @@ std::unique_ptr<embstore::Table> embstore_store::CheckpointView::make_table(
 }
 
 void embstore_store::CheckpointView::install(std::vector<std::unique_ptr<embstore::Table>> tables,
-                                             uint64_t step) {
+                                             uint64_t step, bool new_run) {
   // New tables first: adopting one is the only step that allocates, so a failure there comes
   // before any table of the store is replaced (restore then reads back what it parked).
   std::vector<std::string> adopted;
@@ -232,6 +232,7 @@ void embstore_store::CheckpointView::install(std::vector<std::unique_ptr<embstor
     store_.find_table(impl->spec().name.c_str())->impl = std::move(impl);  // the handle stays
   }
   store_.step.store(step, std::memory_order_relaxed);
-  // Marks of the abandoned run would make the restored rows look idle since long ago.
-  store_.idle_clock.clear();
+  // Marks of the abandoned run would make the restored rows look idle since long ago. A warm
+  // start keeps the step, so its marks stay true.
+  if (new_run) store_.idle_clock.clear();
 }

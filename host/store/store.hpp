@@ -77,7 +77,8 @@ struct embstore_store {
     embstore::checkpoint::PipelineSettings pipeline() const override;
     embstore::Table* find_table(const std::string& name) override;
     std::unique_ptr<embstore::Table> make_table(embstore::TableSpec spec) override;
-    void install(std::vector<std::unique_ptr<embstore::Table>> tables, uint64_t step) override;
+    void install(std::vector<std::unique_ptr<embstore::Table>> tables, uint64_t step,
+                 bool new_run) override;
     embstore::shard::Communicator* comm() override { return store_.comm.get(); }
     uint32_t rank() const override { return static_cast<uint32_t>(store_.rank); }
     uint32_t world_size() const override { return static_cast<uint32_t>(store_.world_size); }

@@ -602,8 +602,11 @@ EMBSTORE_API embstore_status_t embstore_checkpoint_info(embstore_store_t* store,
    concurrently with calls on the store's tables.
    A checkpoint written by any number of ranks restores into a store of one process (every
    table whole, no communicator needed) or, collectively, into the W' ranks of a sharded store:
-   each rank keeps the rows of the keys embstore_shard_of gives it among W' (in this version
-   each rank reads every file, so the ranks read W' times the checkpoint's bytes in all), exact
+   each rank keeps the rows of the keys embstore_shard_of gives it among W' (each row file is
+   read once in all: at W' equal to the writers' world size each rank reads its own files,
+   else the ranks share the files out and send each row to its owner through the
+   communicator, in rounds of about 8 MB per rank; admission count files, small, are read by
+   every rank), exact
    admission counts follow their keys, a Bloom filter is the rank's own where W' equals the
    writers' world size and else the sum of every rank's (so keys may be admitted sooner), and
    each rank gets the attachments its rank wrote (none where the writers had fewer ranks; those

@@ -7,9 +7,12 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 #include <vector>
 
+#include "io/format/layout.hpp"
+#include "io/format/manifest.hpp"
 #include "shard/collective_scenario.hpp"
 #include "shard/sharded_scenario.hpp"
 #include "shard/thread_group.hpp"
@@ -130,12 +133,7 @@ TEST_CASE("Collective checkpoints of W ranks restore into W' ranks as one proces
   for (int writers = 1; writers <= 4; ++writers) {
     embstore_test::TempDir dir;
     const std::string ckpt = dir.path() + "/ckpt";
-    for (const auto& o : on_ranks(writers, [&](embstore_store_config_t c, int r) {
-           return collective::write(c, r, writers, ckpt);
-         })) {
-      INFO(writers << " writers: " << o.first);
-      CHECK(o.failures == 0);
-    }
+    REQUIRE(write_checkpoint(writers, ckpt) == "");
     for (int world = 1; world <= 4; ++world) {
       for (uint64_t version : collective::kVersions) {
         std::vector<embstore_test::sharded::Outcome> outcomes;
@@ -159,18 +157,52 @@ TEST_CASE("Collective checkpoints of W ranks restore into W' ranks as one proces
   }
 }
 
+TEST_CASE("A restore into another world size reads each row file on one rank only",
+          "[sharded][checkpoint]") {
+  embstore_test::TempDir dir;
+  const std::string ckpt = dir.path() + "/ckpt";
+  REQUIRE(write_checkpoint(3, ckpt) == "");
+  // A flipped byte in rank 1's file of "users" at version 2: the restore into 2 ranks fails
+  // on both, and only the rank that read the file names it (the other was told).
+  const std::string name =
+      embstore::io::row_file_path(embstore::io::kManifestFormatVersion, "users", 1, 3);
+  const std::string file = ckpt + "/00000000000000000002.full/" + name;
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    REQUIRE(f.good());
+    f.seekp(200);
+    f.put('\x33');
+  }
+  std::vector<std::string> errors(2);
+  for (const auto& o : on_ranks(2, [&](embstore_store_config_t c, int r) {
+         embstore_test::sharded::Outcome out;
+         embstore_store_t* store = nullptr;
+         out.expect_status(embstore_store_create(&c, &store), EMBSTORE_OK, "store_create");
+         out.expect_status(embstore_restore(store, ckpt.c_str(), 2, nullptr), EMBSTORE_CORRUPT,
+                           "restore");
+         errors[r] = embstore_last_error();
+         embstore_table_t* t = nullptr;
+         out.expect_status(embstore_table_get(store, "users", &t), EMBSTORE_NOT_FOUND,
+                           "no table after the failed restore");
+         out.expect_status(embstore_store_destroy(store), EMBSTORE_OK, "store_destroy");
+         return out;
+       })) {
+    INFO(o.first);
+    CHECK(o.failures == 0);
+  }
+  INFO("rank 0: " << errors[0] << "\nrank 1: " << errors[1]);
+  const int naming =
+      (errors[0].find(name) != std::string::npos) + (errors[1].find(name) != std::string::npos);
+  CHECK(naming == 1);
+}
+
 TEST_CASE("Warm start from three ranks' versions into W' ranks equals one process's",
           "[sharded][warm_start]") {
   namespace collective = embstore_test::collective;
   constexpr int kWriters = 3;
   embstore_test::TempDir dir;
   const std::string ckpt = dir.path() + "/ckpt";
-  for (const auto& o : on_ranks(kWriters, [&](embstore_store_config_t c, int r) {
-         return collective::write(c, r, kWriters, ckpt);
-       })) {
-    INFO(o.first);
-    CHECK(o.failures == 0);
-  }
+  REQUIRE(write_checkpoint(kWriters, ckpt) == "");
   for (int world : {2, 4}) {
     for (const auto& o : on_ranks(world, [&](embstore_store_config_t c, int r) {
            return collective::warm_start(c, r, world, ckpt, kWriters);

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "collective_scenario.hpp"
 #include "sharded_scenario.hpp"
 
 namespace embstore_test::threads {
@@ -98,6 +99,17 @@ std::vector<embstore_test::sharded::Outcome> on_ranks(int world, F&& body) {
   }
   for (std::thread& t : ranks) t.join();
   return outcomes;
+}
+
+// `writers` ranks (threads) train and checkpoint into dir (collective::write); the first failure
+// described, or "" when none failed.
+inline std::string write_checkpoint(int writers, const std::string& dir) {
+  for (const auto& o : on_ranks(writers, [&](embstore_store_config_t c, int r) {
+         return embstore_test::collective::write(c, r, writers, dir);
+       })) {
+    if (o.failures > 0) return "writer: " + o.first;
+  }
+  return "";
 }
 
 }  // namespace embstore_test::threads
