@@ -422,6 +422,18 @@ void pin_host_memory(void* p, size_t bytes, int device) {
   }
 }
 
+std::vector<int64_t> copy_keys_to_host(const int64_t* keys, size_t n, int device, void* stream) {
+  std::vector<int64_t> out(n);
+  if (n == 0) return out;
+  const cuda_backend::DeviceGuard guard(device);
+  const auto s = static_cast<cudaStream_t>(stream);
+  cuda_backend::check(
+      cudaMemcpyAsync(out.data(), keys, n * sizeof(int64_t), cudaMemcpyDeviceToHost, s),
+      "copying keys to the host");
+  cuda_backend::check(cudaStreamSynchronize(s), "copying keys to the host");
+  return out;
+}
+
 void unpin_host_memory(void* p, int device) {
   if (p == nullptr) return;
   const cuda_backend::DeviceGuard guard(device, std::nothrow);

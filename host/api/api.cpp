@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuda/row/shard.h"
+#include "host/backend/backends.hpp"
 #include "host/error.hpp"
 #include "host/shard/sharded_calls.hpp"
 #include "host/store/store.hpp"
@@ -67,8 +68,15 @@ void raise(embstore_status_t status, std::string message) {
 
 // The plain data path on a sharded store acts on the rank's own shard: keys of other ranks are
 // refused before anything is read or changed.
-void check_own_shard(const embstore_store& store, const int64_t* keys, size_t n) {
+// On CUDA the keys are device memory: they are copied to the host for the check (the call then
+// waits for the stream's earlier work).
+void check_own_shard(const embstore_store& store, const int64_t* keys, size_t n, void* stream) {
   if (store.world_size == 1) return;
+  std::vector<int64_t> on_host;
+  if (store.backend == EMBSTORE_BACKEND_CUDA) {
+    on_host = embstore::copy_keys_to_host(keys, n, store.device, stream);
+    keys = on_host.data();
+  }
   embstore::shard::check_owned(keys, n, static_cast<uint32_t>(store.rank),
                                static_cast<uint32_t>(store.world_size));
 }
@@ -255,7 +263,7 @@ embstore_status_t embstore_lookup(embstore_table_t* table, const int64_t* keys, 
     require(keys, "keys");
     require(values_out, "values_out");
     check_batch(n);
-    check_own_shard(*table->store, keys, n);
+    check_own_shard(*table->store, keys, n, stream);
     table->impl->lookup(keys, n, values_out, (flags & EMBSTORE_LOOKUP_INSERT) != 0,
                         table->store->step.load(std::memory_order_relaxed), stream);
   });
@@ -269,7 +277,7 @@ embstore_status_t embstore_apply_gradients(embstore_table_t* table, const int64_
     require(keys, "keys");
     require(grads, "grads");
     check_batch(n);
-    check_own_shard(*table->store, keys, n);
+    check_own_shard(*table->store, keys, n, stream);
     table->impl->apply_gradients(keys, grads, n, table->store->step.load(std::memory_order_relaxed),
                                  stream);
   });
@@ -295,8 +303,14 @@ embstore_status_t embstore_sharded_lookup(embstore_table_t* table, const int64_t
     const bool per_occurrence = insert && table->impl->spec().admit_after > 1;
     embstore_store* store = table->store;
     std::lock_guard lock(store->comm_mutex);
-    embstore::shard::sharded_lookup(*table->impl, *store->comm, check, keys, n, values_out, insert,
-                                    per_occurrence, store->step.load(std::memory_order_relaxed));
+    const uint64_t step = store->step.load(std::memory_order_relaxed);
+    if (store->device_exchange) {
+      store->device_exchange->sharded_lookup(*table->impl, *store->comm, check, keys, n, values_out,
+                                             insert, per_occurrence, step, stream);
+    } else {
+      embstore::shard::sharded_lookup(*table->impl, *store->comm, check, keys, n, values_out,
+                                      insert, per_occurrence, step);
+    }
   });
 }
 
@@ -314,8 +328,14 @@ embstore_status_t embstore_sharded_apply_gradients(embstore_table_t* table, cons
     });
     embstore_store* store = table->store;
     std::lock_guard lock(store->comm_mutex);
-    embstore::shard::sharded_apply_gradients(*table->impl, *store->comm, check, keys, grads, n,
-                                             store->step.load(std::memory_order_relaxed));
+    const uint64_t step = store->step.load(std::memory_order_relaxed);
+    if (store->device_exchange) {
+      store->device_exchange->sharded_apply_gradients(*table->impl, *store->comm, check, keys,
+                                                      grads, n, step, stream);
+    } else {
+      embstore::shard::sharded_apply_gradients(*table->impl, *store->comm, check, keys, grads, n,
+                                               step);
+    }
   });
 }
 

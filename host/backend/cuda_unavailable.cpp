@@ -18,4 +18,8 @@ std::unique_ptr<Table> make_cuda_table(TableSpec, int) {
 void pin_host_memory(void*, size_t, int) {}
 void unpin_host_memory(void*, int) {}
 
+std::vector<int64_t> copy_keys_to_host(const int64_t*, size_t, int, void*) {
+  fail(EMBSTORE_UNSUPPORTED, "this embstore was built without CUDA (-DEMBSTORE_CUDA=OFF)");
+}
+
 }  // namespace embstore

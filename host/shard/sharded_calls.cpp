@@ -22,6 +22,33 @@ struct Header {
   uint32_t flags;
 };
 
+// Stage: items of `width` bytes, counts[q] of them to (or from) rank q.
+template <typename T>
+std::vector<T> exchange(Communicator& comm, const std::vector<T>& send,
+                        const std::vector<uint64_t>& send_counts,
+                        const std::vector<uint64_t>& recv_counts, size_t width) {
+  const size_t world = send_counts.size();
+  std::vector<size_t> send_bytes(world), recv_bytes(world);
+  size_t total = 0;
+  for (size_t q = 0; q < world; ++q) {
+    send_bytes[q] = send_counts[q] * width * sizeof(T);
+    recv_bytes[q] = recv_counts[q] * width * sizeof(T);
+    total += recv_counts[q] * width;
+  }
+  std::vector<T> recv(total);
+  comm.all_to_all(send.data(), send_bytes.data(), recv.data(), recv_bytes.data());
+  return recv;
+}
+
+// The keys this rank sends, in send order.
+std::vector<int64_t> keys_in_send_order(const Route& route, const int64_t* keys) {
+  std::vector<int64_t> out(route.order.size());
+  for (size_t j = 0; j < route.order.size(); ++j) out[j] = keys[route.order[j]];
+  return out;
+}
+
+}  // namespace
+
 // Stage: every rank learns how many keys each peer sends it, whether every rank's arguments and
 // plan passed and whether their flags agree (else every rank throws here, before any key moves).
 std::vector<uint64_t> exchange_counts(Communicator& comm, const std::vector<uint64_t>& counts,
@@ -51,57 +78,47 @@ std::vector<uint64_t> exchange_counts(Communicator& comm, const std::vector<uint
   return received;
 }
 
-// Stage: items of `width` bytes, counts[q] of them to (or from) rank q.
-template <typename T>
-std::vector<T> exchange(Communicator& comm, const std::vector<T>& send,
-                        const std::vector<uint64_t>& send_counts,
-                        const std::vector<uint64_t>& recv_counts, size_t width) {
-  const size_t world = send_counts.size();
-  std::vector<size_t> send_bytes(world), recv_bytes(world);
-  size_t total = 0;
-  for (size_t q = 0; q < world; ++q) {
-    send_bytes[q] = send_counts[q] * width * sizeof(T);
-    recv_bytes[q] = recv_counts[q] * width * sizeof(T);
-    total += recv_counts[q] * width;
+LocalCheck plan_lookup(const LocalCheck& check, const int64_t* keys, size_t n, bool per_occurrence,
+                       uint32_t world, LookupPlan* plan) {
+  LocalCheck planned = check;
+  if (planned.status == EMBSTORE_OK) {
+    planned = run_stage([&] {
+      if (per_occurrence) {
+        plan->sent.keys.assign(keys, keys + n);
+        plan->sent.slot_of.resize(n);
+        std::iota(plan->sent.slot_of.begin(), plan->sent.slot_of.end(), 0u);
+      } else {
+        plan->sent = dedupe(keys, n);
+      }
+      plan->route = shard::route(plan->sent.keys.data(), plan->sent.keys.size(), world);
+      plan->send_keys = keys_in_send_order(plan->route, plan->sent.keys.data());
+    });
   }
-  std::vector<T> recv(total);
-  comm.all_to_all(send.data(), send_bytes.data(), recv.data(), recv_bytes.data());
-  return recv;
+  if (planned.status != EMBSTORE_OK) *plan = LookupPlan{{}, shard::route(nullptr, 0, world), {}};
+  return planned;
 }
 
-// The keys this rank sends, in send order.
-std::vector<int64_t> keys_in_send_order(const Route& route, const int64_t* keys) {
-  std::vector<int64_t> out(route.order.size());
-  for (size_t j = 0; j < route.order.size(); ++j) out[j] = keys[route.order[j]];
-  return out;
+LocalCheck plan_gradients(const LocalCheck& check, const int64_t* keys, size_t n, uint32_t world,
+                          GradientPlan* plan) {
+  LocalCheck planned = check;
+  if (planned.status == EMBSTORE_OK) {
+    planned = run_stage([&] {
+      plan->route = shard::route(keys, n, world);
+      plan->send_keys = keys_in_send_order(plan->route, keys);
+    });
+  }
+  if (planned.status != EMBSTORE_OK) *plan = GradientPlan{shard::route(nullptr, 0, world), {}};
+  return planned;
 }
-
-}  // namespace
 
 void sharded_lookup(Table& table, Communicator& comm, const LocalCheck& check, const int64_t* keys,
                     size_t n, float* values_out, bool insert, bool per_occurrence, uint64_t step) {
   const uint32_t world = static_cast<uint32_t>(comm.size());
   const size_t dim = table.spec().dim;
-  // Plan: the keys to send (distinct ones, or every occurrence), grouped by owner. A rank whose
-  // arguments or plan failed takes part with nothing, so that every rank fails together.
-  Dedupe sent;
-  Route route;
-  std::vector<int64_t> send_keys;
-  LocalCheck planned = check;
-  if (planned.status == EMBSTORE_OK) {
-    planned = run_stage([&] {
-      if (per_occurrence) {
-        sent.keys.assign(keys, keys + n);
-        sent.slot_of.resize(n);
-        std::iota(sent.slot_of.begin(), sent.slot_of.end(), 0u);
-      } else {
-        sent = dedupe(keys, n);
-      }
-      route = shard::route(sent.keys.data(), sent.keys.size(), world);
-      send_keys = keys_in_send_order(route, sent.keys.data());
-    });
-  }
-  if (planned.status != EMBSTORE_OK) route = shard::route(nullptr, 0, world);
+  LookupPlan plan;
+  const LocalCheck planned = plan_lookup(check, keys, n, per_occurrence, world, &plan);
+  const Route& route = plan.route;
+  const std::vector<int64_t>& send_keys = plan.send_keys;
   const std::vector<uint64_t> asked_counts =
       exchange_counts(comm, route.counts, planned, insert ? 1u : 0u);
   const std::vector<int64_t> asked = exchange(comm, send_keys, route.counts, asked_counts, 1);
@@ -114,7 +131,7 @@ void sharded_lookup(Table& table, Communicator& comm, const LocalCheck& check, c
         }),
         "its part of the sharded call");
   const std::vector<float> rows = exchange(comm, answers, asked_counts, route.counts, dim);
-  const std::vector<uint32_t> at = gather_order(route, sent.slot_of);
+  const std::vector<uint32_t> at = gather_order(route, plan.sent.slot_of);
   for (size_t i = 0; i < n; ++i) {
     std::memcpy(values_out + i * dim, rows.data() + size_t{at[i]} * dim, dim * sizeof(float));
   }
@@ -124,16 +141,13 @@ void sharded_apply_gradients(Table& table, Communicator& comm, const LocalCheck&
                              const int64_t* keys, const float* grads, size_t n, uint64_t step) {
   const uint32_t world = static_cast<uint32_t>(comm.size());
   const size_t dim = table.spec().dim;
-  // Every occurrence, grouped by owner in batch order: the owner's concatenation (rank order)
-  // sums each key's gradients as one process would on the concatenated batches.
-  Route route;
-  std::vector<int64_t> send_keys;
+  GradientPlan plan;
+  LocalCheck planned = plan_gradients(check, keys, n, world, &plan);
+  const Route& route = plan.route;
+  const std::vector<int64_t>& send_keys = plan.send_keys;
   std::vector<float> grads_sent;
-  LocalCheck planned = check;
   if (planned.status == EMBSTORE_OK) {
     planned = run_stage([&] {
-      route = shard::route(keys, n, world);
-      send_keys = keys_in_send_order(route, keys);
       grads_sent.resize(route.order.size() * dim);
       for (size_t j = 0; j < route.order.size(); ++j) {
         std::memcpy(grads_sent.data() + j * dim, grads + size_t{route.order[j]} * dim,
@@ -141,7 +155,6 @@ void sharded_apply_gradients(Table& table, Communicator& comm, const LocalCheck&
       }
     });
   }
-  if (planned.status != EMBSTORE_OK) route = shard::route(nullptr, 0, world);
   const std::vector<uint64_t> got_counts = exchange_counts(comm, route.counts, planned, 0);
   const std::vector<int64_t> got_keys = exchange(comm, send_keys, route.counts, got_counts, 1);
   const std::vector<float> got_grads = exchange(comm, grads_sent, route.counts, got_counts, dim);

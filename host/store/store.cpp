@@ -61,11 +61,22 @@ embstore_store::embstore_store(const embstore_store_config_t& c) {
   device = c.device;
   switch (embstore::enum_value(c.backend)) {
     case EMBSTORE_BACKEND_AUTO:
-      // Sharded stores run on the host in this version, on every rank alike (a rank that saw a
-      // device would otherwise fail while the others wait in the communicator's duplication).
-      backend = c.world_size == 1 && embstore::cuda_device_usable(c.device, nullptr)
-                    ? EMBSTORE_BACKEND_CUDA
-                    : EMBSTORE_BACKEND_HOST;
+      // A sharded store picks by what the trainer passed, on every rank alike (a rank that saw
+      // a device where another did not would otherwise fail while the others wait in the
+      // communicator's duplication): CUDA with an NCCL communicator, else the host.
+      if (c.world_size > 1) {
+        backend = c.nccl_comm != nullptr ? EMBSTORE_BACKEND_CUDA : EMBSTORE_BACKEND_HOST;
+      } else {
+        backend = embstore::cuda_device_usable(c.device, nullptr) ? EMBSTORE_BACKEND_CUDA
+                                                                  : EMBSTORE_BACKEND_HOST;
+      }
+      if (backend == EMBSTORE_BACKEND_CUDA && c.world_size > 1) {
+        std::string why;
+        if (!embstore::cuda_device_usable(c.device, &why)) {
+          fail(EMBSTORE_UNSUPPORTED, "nccl_comm given, but the CUDA backend is unavailable: {}",
+               why);
+        }
+      }
       break;
     case EMBSTORE_BACKEND_HOST:
       backend = EMBSTORE_BACKEND_HOST;
@@ -82,18 +93,29 @@ embstore_store::embstore_store(const embstore_store_config_t& c) {
       fail(EMBSTORE_INVALID_ARGUMENT, "unknown backend {}", embstore::enum_value(c.backend));
   }
   if (c.world_size > 1 && backend == EMBSTORE_BACKEND_CUDA) {
-    fail(EMBSTORE_UNSUPPORTED,
-         "a sharded store (world_size {}) on the CUDA backend is not in this version: ask for "
-         "EMBSTORE_BACKEND_HOST",
-         c.world_size);
+    if (!embstore::nccl_built()) {
+      fail(EMBSTORE_UNSUPPORTED,
+           "a sharded store (world_size {}) on the CUDA backend needs a build with NCCL: ask "
+           "for EMBSTORE_BACKEND_HOST",
+           c.world_size);
+    }
+    if (c.nccl_comm == nullptr) {
+      fail(EMBSTORE_INVALID_ARGUMENT,
+           "a sharded store (world_size {}) on the CUDA backend needs nccl_comm (its data "
+           "path), besides mpi_comm or comm_callbacks",
+           c.world_size);
+    }
   }
   rank = c.rank;
   world_size = c.world_size;
   if (world_size > 1) {
-    // Last of the checks: duplicating an MPI communicator is collective.
+    // Last of the checks: duplicating a communicator is collective.
     comm = c.mpi_comm != nullptr
                ? embstore::shard::make_mpi_communicator(c.mpi_comm, rank, world_size)
                : embstore::shard::make_callback_communicator(*c.comm_callbacks, rank, world_size);
+    if (backend == EMBSTORE_BACKEND_CUDA) {
+      device_exchange = embstore::make_nccl_exchange(c.nccl_comm, rank, world_size, device);
+    }
   }
   if (backend == EMBSTORE_BACKEND_HOST) {
     pool = std::make_unique<embstore::ThreadPool>(static_cast<unsigned>(c.host_threads));

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "host/backend/backends.hpp"
 #include "host/checkpoint/checkpointer.hpp"
 #include "host/eviction/idle_clock.hpp"
 #include "host/shard/communicator.hpp"
@@ -56,6 +57,8 @@ struct embstore_store {
   int rank = 0, world_size = 1;
   // Sharded stores only: the exchange of the sharded calls, one at a time (comm_mutex).
   std::unique_ptr<embstore::shard::Communicator> comm;
+  // Sharded CUDA stores only: the sharded calls' device data path (NCCL), beside comm.
+  std::unique_ptr<embstore::DeviceExchange> device_exchange;
   std::mutex comm_mutex;
   std::unique_ptr<embstore::ThreadPool> pool;  // host backend only
   std::atomic<uint64_t> step{0};

@@ -89,7 +89,7 @@ typedef enum {
 } embstore_spill_t;
 
 /* A process group other than MPI (PyTorch's gloo, a trainer's own transport) as C callbacks,
-   for sharded stores on the host backend. Each callback is collective: every rank of the store
+   for sharded stores (the data path on the host backend; control messages on either). Each callback is collective: every rank of the store
    calls it, in the same order, from the thread that made the embstore call. Each returns 0, or
    nonzero on failure (the embstore call then fails with COMM_ERROR on that rank). Byte counts
    and buffers are packed in rank order: rank q's part starts after the parts of ranks 0..q-1. */
@@ -114,7 +114,14 @@ typedef struct embstore_store_config {
   int device;                 /* CUDA device ordinal, >= 0 (also on the host backend); default 0 */
   int rank;                   /* 0 for a single process; default 0 */
   int world_size;             /* 1 for a single process; default 1 */
-  void* nccl_comm;            /* ncclComm_t when world_size > 1 on CUDA, else NULL */
+  void* nccl_comm;            /* ncclComm_t when world_size > 1 on CUDA, else NULL: the
+                                 data path of a sharded CUDA store (keys, rows and gradients
+                                 between the ranks' devices), besides mpi_comm or
+                                 comm_callbacks for control. Its rank, size and device must
+                                 match rank, world_size and device; embstore duplicates it at
+                                 create (ncclCommSplit: collective) and destroys the duplicate
+                                 at destroy. With backend AUTO and world_size > 1 it picks
+                                 CUDA (else the host). Needs a build with NCCL */
   size_t staging_bytes;       /* pinned staging budget of the checkpoint pipeline, at least
                                  1 MiB (a chunk holds the widest row); default 256 MiB */
   int io_queue_depth;         /* writes in flight per writer, 1..4096; default 16 */
@@ -127,7 +134,8 @@ typedef struct embstore_store_config {
                                      restore returns); NULL (default): /var/tmp. Copied at
                                      create. */
   /* The communicator of a sharded store (world_size > 1, see "Sharded tables"): exactly one of
-     these two, on the host backend. */
+     these two, on either backend (on CUDA for control messages and checkpoints; nccl_comm
+     carries the data). */
   void* mpi_comm; /* a pointer to the trainer's MPI_Comm (rank and size must match rank and
                      world_size); embstore duplicates it at create (collective: every rank
                      creates its store together) and frees the duplicate at destroy, so no
@@ -299,6 +307,13 @@ EMBSTORE_API embstore_status_t embstore_apply_gradients(embstore_table_t* table,
    parts the other owners carried out stay (rows they inserted, gradients they applied). A NULL
    table returns at once on that rank only: the other ranks then wait for it (pass a table on
    every rank). On a store of one rank they are the plain calls.
+   On CUDA (a store with nccl_comm) keys, values and gradients are device memory: the rank's
+   keys are copied to the host for the plan (the same code as the host backend's), counts and
+   outcomes go through the control communicator, and keys, rows and gradients travel between
+   the devices as grouped NCCL sends and receives on `stream`; the calls return when their work
+   is done. The plain calls of a sharded CUDA store copy the keys to the host for the ownership
+   check (waiting for the stream). In this version the CUDA path is compiled, not yet run: no
+   machine with two GPUs was available to its tests.
    Checkpoints and restores of a sharded store are collective too (see "Checkpoints of a
    sharded store"), and so is warm start. */
 

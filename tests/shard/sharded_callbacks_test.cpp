@@ -106,9 +106,28 @@ TEST_CASE("Sharded store configs are checked", "[sharded]") {
   c.rank = 2;
   CHECK(embstore_store_create(&c, &store) == EMBSTORE_INVALID_ARGUMENT);  // rank outside
   c.rank = 1;
+  // A sharded CUDA store needs nccl_comm beside the control communicator; without a usable
+  // device (or NCCL) it is UNSUPPORTED first.
+  embstore_store_config_t one;
+  embstore_store_config_init(&one);
+  one.backend = EMBSTORE_BACKEND_CUDA;
+  embstore_store_t* probe = nullptr;
+  const bool cuda_usable = embstore_store_create(&one, &probe) == EMBSTORE_OK;
+  embstore_store_destroy(probe);
   c.backend = EMBSTORE_BACKEND_CUDA;
-  CHECK(embstore_store_create(&c, &store) == EMBSTORE_UNSUPPORTED);  // no CUDA sharding yet
+  CHECK(embstore_store_create(&c, &store) ==
+        (cuda_usable ? EMBSTORE_INVALID_ARGUMENT : EMBSTORE_UNSUPPORTED));
   CHECK(store == nullptr);
+  if (!cuda_usable) {
+    // AUTO takes nccl_comm as asking for CUDA (never left to a device check that could differ
+    // between ranks), and says why it cannot.
+    int not_nccl = 0;
+    c.backend = EMBSTORE_BACKEND_AUTO;
+    c.nccl_comm = &not_nccl;
+    CHECK(embstore_store_create(&c, &store) == EMBSTORE_UNSUPPORTED);
+    CHECK(std::string(embstore_last_error()).find("nccl_comm") != std::string::npos);
+    c.nccl_comm = nullptr;
+  }
 
   // A rank may create its sharded store alone (callbacks are not called at create).
   c.backend = EMBSTORE_BACKEND_HOST;
