@@ -85,11 +85,9 @@ class NcclExchange final : public DeviceExchange {
     // Stage 1: the plan, on the host, from the rank's keys.
     std::vector<int64_t> host_keys;
     shard::LookupPlan plan;
-    shard::LocalCheck planned = arguments;
-    if (planned.status == EMBSTORE_OK) {
-      planned = shard::run_stage([&] { host_keys = copy_to_host(keys, n, stream); });
-    }
-    planned = shard::plan_lookup(planned, host_keys.data(), n, per_occurrence, world, &plan);
+    const shard::LocalCheck planned =
+        shard::plan_lookup(keys_on_host(arguments, keys, n, stream, &host_keys), host_keys.data(),
+                           n, per_occurrence, world, &plan);
     // Stage 2: counts, every rank's checks and flags.
     const std::vector<uint64_t> asked_counts =
         shard::exchange_counts(control, plan.route.counts, planned, insert ? 1u : 0u);
@@ -132,11 +130,8 @@ class NcclExchange final : public DeviceExchange {
     const size_t dim = table.spec().dim;
     std::vector<int64_t> host_keys;
     shard::GradientPlan plan;
-    shard::LocalCheck planned = arguments;
-    if (planned.status == EMBSTORE_OK) {
-      planned = shard::run_stage([&] { host_keys = copy_to_host(keys, n, stream); });
-    }
-    planned = shard::plan_gradients(planned, host_keys.data(), n, world, &plan);
+    const shard::LocalCheck planned = shard::plan_gradients(
+        keys_on_host(arguments, keys, n, stream, &host_keys), host_keys.data(), n, world, &plan);
     // The gradients in send order, on the device.
     DeviceBuffer order = upload(plan.route.order, stream, "the send order");
     DeviceBuffer grads_sent(plan.route.order.size() * dim * sizeof(float), "gradients to send");
@@ -166,8 +161,12 @@ class NcclExchange final : public DeviceExchange {
   }
 
  private:
-  std::vector<int64_t> copy_to_host(const int64_t* keys, size_t n, cudaStream_t stream) {
-    return copy_keys_to_host(keys, n, device_, stream);
+  // The rank's keys on the host, for the plan (not copied after a failed argument check); a
+  // failed copy is this rank's failure.
+  shard::LocalCheck keys_on_host(const shard::LocalCheck& arguments, const int64_t* keys, size_t n,
+                                 cudaStream_t stream, std::vector<int64_t>* out) {
+    if (arguments.status != EMBSTORE_OK) return arguments;
+    return shard::run_stage([&] { *out = copy_keys_to_host(keys, n, device_, stream); });
   }
 
   // Items of item_bytes: send_counts[q] of send to rank q, recv_counts[q] into recv from rank q,

@@ -326,6 +326,64 @@ class ShardedScenario final : public Scenario {
         read_one_into_many / read_many);
     report.say("  restore of the {} ranks' checkpoint into one process: {:.3f} s", world,
                read_many_into_one);
+    if (world >= 3) time_from_fewer_ranks(o, report, comm, many, version, read_many);
+  }
+
+  // W >= 3: ranks 0..W-2 restore the W ranks' checkpoint (W -> W-1, timed) and checkpoint it
+  // again, a checkpoint of the same rows by W-1 ranks; then all W ranks restore that one
+  // (W-1 -> W: every file shared out, rows routed), against the same-size restore.
+  void time_from_fewer_ranks(const CommonOptions& o, Report& report, MPI_Comm comm,
+                             const std::string& many, uint64_t version, double read_many) {
+    int rank = 0, world = 1;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &world);
+    const std::string fewer_dir = checkpoint_dir_ + "/fewer";
+    if (rank == 0) {
+      std::error_code ec;
+      std::filesystem::remove_all(fewer_dir, ec);
+      drop_from_page_cache(many);
+    }
+    MPI_Comm fewer;
+    MPI_Comm_split(comm, rank < world - 1 ? 0 : MPI_UNDEFINED, rank, &fewer);
+    const double read_into_fewer = timed(comm, [&] {
+      if (fewer == MPI_COMM_NULL) return;
+      embstore_store_config_t c = Store::default_config();
+      c.rank = rank;
+      c.world_size = world - 1;
+      c.mpi_comm = &fewer;
+      Store store(o, c);
+      check(embstore_restore(store.get(), many.c_str(), version, nullptr), "embstore_restore");
+      check(embstore_checkpoint(store.get(), fewer_dir.c_str(), EMBSTORE_CKPT_FULL, nullptr),
+            "embstore_checkpoint");
+      check(embstore_checkpoint_wait(store.get(), version), "embstore_checkpoint_wait");
+    });
+    if (fewer != MPI_COMM_NULL) MPI_Comm_free(&fewer);
+    uint64_t fewer_bytes = 0;
+    if (rank == 0) fewer_bytes = drop_from_page_cache(fewer_dir);
+    MPI_Bcast(&fewer_bytes, 1, MPI_UINT64_T, 0, comm);
+    double read_from_fewer = 0;
+    const uint64_t before = storage_read_bytes();
+    read_from_fewer = timed(comm, [&] {
+      embstore_store_config_t c = Store::default_config();
+      c.rank = rank;
+      c.world_size = world;
+      c.mpi_comm = &comm;
+      Store store(o, c);
+      check(embstore_restore(store.get(), fewer_dir.c_str(), version, nullptr), "embstore_restore");
+    });
+    uint64_t mine = storage_read_bytes() - before, read_bytes = 0;
+    MPI_Allreduce(&mine, &read_bytes, 1, MPI_UINT64_T, MPI_SUM, comm);
+    report.set("restore_from_fewer_ranks_seconds", read_from_fewer);
+    report.set("restore_from_fewer_ranks_over_same_size", read_from_fewer / read_many);
+    report.set("restore_from_fewer_ranks_bytes_read", read_bytes);
+    report.set("restore_into_fewer_ranks_and_checkpoint_seconds", read_into_fewer);
+    report.say(
+        "  restore of a {} ranks' checkpoint of the same rows into {} ranks (resharded): {:.3f} "
+        "s, reading {}B in all ({}B on disk); over the same-size restore {:.2f}",
+        world - 1, world, read_from_fewer, si(read_bytes), si(fewer_bytes),
+        read_from_fewer / read_many);
+    report.say("  ({} -> {} ranks restore and the {} ranks' checkpoint: {:.3f} s)", world,
+               world - 1, world - 1, read_into_fewer);
   }
 #endif
 
