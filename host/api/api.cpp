@@ -556,7 +556,7 @@ embstore_status_t embstore_warm_start(embstore_store_t* store,
              "embstore_warm_start_source_init",
              i, s.struct_size, sizeof(embstore_warm_start_source_t));
       }
-      const uint32_t flags = s.struct_size > kBaseSize ? s.flags : 0;
+      const uint32_t flags = s.struct_size >= kBaseSize + sizeof(s.flags) ? s.flags : 0;
       if (s.dir == nullptr || *s.dir == '\0') {
         fail(EMBSTORE_INVALID_ARGUMENT, "warm start source {}: dir is {}", i,
              s.dir == nullptr ? "NULL" : "empty");

@@ -282,11 +282,18 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
 
 void Checkpointer::replace_tables(LoadStages& stages, const Replacement& r,
                                   const std::function<void()>& also) {
-  // Stage 2: the checks of the tables replaced; a spill file, when the restore must park them.
+  // Stage 2: the checks of the tables replaced; a spill file, when the restore must park them;
+  // room for every table before any is parked (reading them back must not allocate), and for
+  // the tables loaded (so that nothing allocates between the collective parts of the loads).
   std::unique_ptr<SpillFile> spill_file;
+  std::vector<Table*> spilled, lost;
+  std::vector<std::unique_ptr<Table>> loaded;
   stages.run([&] {
     check_replaced_tables(store_, r.loads);
     spill_file = open_spill_file(store_, r.loads, r.op);
+    spilled.reserve(r.loads.size());
+    lost.reserve(r.loads.size());
+    loaded.reserve(r.loads.size());
   });
 
   if (stages.collective()) agree_on_plan(*store_.comm(), stages.local(), r, r.op);
@@ -294,11 +301,6 @@ void Checkpointer::replace_tables(LoadStages& stages, const Replacement& r,
   // Stage 3: every table loaded aside; the store is not touched until all of it has checked.
   // Short of memory, each table replaced is parked in the spill file just before its
   // replacement loads, and read back if the restore fails.
-  // Room for every table before any is parked: reading them back must not allocate.
-  std::vector<Table*> spilled, lost;
-  spilled.reserve(r.loads.size());
-  lost.reserve(r.loads.size());
-  std::vector<std::unique_ptr<Table>> loaded;
   try {
     load_tables(r, spill_file.get(), &spilled, &loaded);
     stages.run(also);
@@ -328,13 +330,13 @@ void Checkpointer::load_tables(const Replacement& r, SpillFile* spill_file,
                                std::vector<std::unique_ptr<Table>>* loaded) {
   const uint32_t rank = store_.rank(), world = store_.world_size();
   // On a sharded store the ranks agree after each part of each table, so that all go on to the
-  // next collective read or all stop (throwing alike); alone, a part throws.
+  // next collective read or all stop (throwing alike); alone, a part throws. Between parts
+  // nothing allocates, so nothing can fail on one rank alone.
   const auto part = [&](const char* what, auto&& stage) {
     if (world == 1) {
       stage();
     } else {
-      shard::agree(*store_.comm(), shard::run_stage(stage),
-                   fmt::format("{} {}", what, r.op).c_str());
+      shard::agree(*store_.comm(), shard::run_stage(stage), what);
     }
   };
   for (const TableLoad& l : r.loads) {
@@ -342,12 +344,16 @@ void Checkpointer::load_tables(const Replacement& r, SpillFile* spill_file,
     const TablePlan& t = *l.table;
     const std::string& name = t.entry->name;
     Table* existing = store_.find_table(name);
-    // An existing table keeps its own configuration (checked by check_replaced_tables).
-    TableSpec spec = existing != nullptr ? existing->spec() : t.spec;
-    // Values only: each row's state is a new row's, of the loading table's optimizer.
     std::vector<float> fresh_state;
     std::unique_ptr<Table> impl;
-    part("to prepare a table of the", [&] {
+    io::ChainReadOptions options;
+    io::RowSink load;
+    std::vector<int64_t> keys;
+    std::vector<float> values, state;
+    part("to prepare its part of the tables", [&] {
+      // An existing table keeps its own configuration (checked by check_replaced_tables).
+      TableSpec spec = existing != nullptr ? existing->spec() : t.spec;
+      // Values only: each row's state is a new row's, of the loading table's optimizer.
       if (l.values_only) fresh_state = new_row_state(spec);
       if (spill_file != nullptr && existing != nullptr && existing->can_spill()) {
         spilled->push_back(
@@ -359,59 +365,56 @@ void Checkpointer::load_tables(const Replacement& r, SpillFile* spill_file,
       // holds about its share of the rows).
       const uint64_t rows = rows_to_reserve(plan, t);
       impl->reserve(world == 1 ? rows : rows / world + rows / (4 * world) + 1024);
-    });
-    // Newest version first. A table that knows its keys (both backends) skips the older rows of
-    // a key itself; otherwise the chain reader drops them, with a set of every key.
-    io::ChainReadOptions options;
-    options.sink_skips_held = impl->skips_held_keys();
-    options.check_behind = true;  // the table is aside: a failure drops it
-    if (world > 1) {
-      // A version of this world size: this rank's keys are all in its own shard's files.
-      options.skip_file = [&](const io::Manifest& v, const io::TableEntry& e,
-                              const io::FileEntry& f) {
-        return v.world_size == world &&
-               f.path != io::row_file_path(v.format_version, e.name, rank, world);
-      };
-    }
-    // A backend that checks its input (without skipping, the CUDA one refuses repeated keys)
-    // finds the file inconsistent: corrupt.
-    // Rows go to the table as they come, unless this rank keeps only the rows of the keys it
-    // owns, or they take new state: then they are gathered first.
-    const bool gather = world > 1 || l.values_only;
-    std::vector<int64_t> keys;
-    std::vector<float> values, state;
-    const io::RowSink load = [&](const io::RowBlock& b, std::string* why) {
-      try {
-        if (!gather) {
-          impl->load_rows(b.keys, b.values, b.state, b.rows, r.step, options.sink_skips_held);
-          return 0;
-        }
-        keys.clear();
-        values.clear();
-        state.clear();
-        for (uint32_t i = 0; i < b.rows; ++i) {
-          if (world > 1 && row::shard_of(b.keys[i], world) != rank) continue;
-          keys.push_back(b.keys[i]);
-          values.insert(values.end(), b.values + size_t{i} * b.dim,
-                        b.values + size_t{i + 1} * b.dim);
-          if (l.values_only) {
-            state.insert(state.end(), fresh_state.begin(), fresh_state.end());
-          } else if (b.state_dim > 0) {
-            state.insert(state.end(), b.state + size_t{i} * b.state_dim,
-                         b.state + size_t{i + 1} * b.state_dim);
-          }
-        }
-        if (!keys.empty()) {
-          impl->load_rows(keys.data(), values.data(), state.empty() ? nullptr : state.data(),
-                          keys.size(), r.step, options.sink_skips_held);
-        }
-      } catch (const Error& e) {
-        if (e.status() != EMBSTORE_INVALID_ARGUMENT) throw;
-        *why = e.what();
-        return -EBADMSG;
+      // Newest version first. A table that knows its keys (both backends) skips the older rows
+      // of a key itself; otherwise the chain reader drops them, with a set of every key.
+      options.sink_skips_held = impl->skips_held_keys();
+      options.check_behind = true;  // the table is aside: a failure drops it
+      if (world > 1) {
+        // A version of this world size: this rank's keys are all in its own shard's files.
+        options.skip_file = [&](const io::Manifest& v, const io::TableEntry& e,
+                                const io::FileEntry& f) {
+          return v.world_size == world &&
+                 f.path != io::row_file_path(v.format_version, e.name, rank, world);
+        };
       }
-      return 0;
-    };
+      // A backend that checks its input (without skipping, the CUDA one refuses repeated keys)
+      // finds the file inconsistent: corrupt.
+      // Rows go to the table as they come, unless this rank keeps only the rows of the keys it
+      // owns, or they take new state: then they are gathered first.
+      const bool gather = world > 1 || l.values_only;
+      load = [&, gather](const io::RowBlock& b, std::string* why) {
+        try {
+          if (!gather) {
+            impl->load_rows(b.keys, b.values, b.state, b.rows, r.step, options.sink_skips_held);
+            return 0;
+          }
+          keys.clear();
+          values.clear();
+          state.clear();
+          for (uint32_t i = 0; i < b.rows; ++i) {
+            if (world > 1 && row::shard_of(b.keys[i], world) != rank) continue;
+            keys.push_back(b.keys[i]);
+            values.insert(values.end(), b.values + size_t{i} * b.dim,
+                          b.values + size_t{i + 1} * b.dim);
+            if (l.values_only) {
+              state.insert(state.end(), fresh_state.begin(), fresh_state.end());
+            } else if (b.state_dim > 0) {
+              state.insert(state.end(), b.state + size_t{i} * b.state_dim,
+                           b.state + size_t{i + 1} * b.state_dim);
+            }
+          }
+          if (!keys.empty()) {
+            impl->load_rows(keys.data(), values.data(), state.empty() ? nullptr : state.data(),
+                            keys.size(), r.step, options.sink_skips_held);
+          }
+        } catch (const Error& e) {
+          if (e.status() != EMBSTORE_INVALID_ARGUMENT) throw;
+          *why = e.what();
+          return -EBADMSG;
+        }
+        return 0;
+      };
+    });
     // Values only: the counts stay behind with the optimizer state.
     const auto load_counts = [&] {
       const std::optional<io::AdmissionFile> counts =
@@ -424,13 +427,16 @@ void Checkpointer::load_tables(const Replacement& r, SpillFile* spill_file,
     };
     if (world > 1 && needs_routing(plan, t, world)) {
       // Another world size wrote some version: each rank reads a share of the files once and
-      // routes every row to its owner (routed_read.hpp).
-      shard::LocalCheck read = read_table_routed(*store_.comm(), plan, t, options, load);
-      if (read.status == EMBSTORE_OK) read = shard::run_stage(load_counts);
-      shard::agree(*store_.comm(), read, fmt::format("to read its share of the {}", r.op).c_str());
+      // routes every row to its owner (routed_read.hpp). A rank stopped by another's failure
+      // goes straight to the agreement, which fails every rank with that one's status.
+      bool stopped = false;
+      shard::LocalCheck read =
+          read_table_routed(*store_.comm(), plan, t, options, load, kRoutedRoundBytes, &stopped);
+      if (read.status == EMBSTORE_OK && !stopped) read = shard::run_stage(load_counts);
+      shard::agree(*store_.comm(), read, "to read its share of the rows");
     } else {
       // A rank's share cannot be checked alone: agree_on_rows adds the ranks' rows up.
-      part("to load its part of the", [&] {
+      part("to load its part of the tables", [&] {
         read_table(plan, t, options, load,
                    world == 1 ? std::function<uint64_t()>([&] { return impl->counters().rows; })
                               : std::function<uint64_t()>());

@@ -39,12 +39,15 @@ std::vector<std::vector<size_t>> share_files(const io::Manifest& version,
 // checks (options.check_behind as there). Never throws: returns this rank's own failure (told
 // to the other ranks first), or OK, also when another rank failed and this one stopped (the
 // caller's agreement then fails every rank with that rank's status).
-// round_bytes: the rows a rank gathers (for every owner together) before an exchange, which
-// bounds a round's memory: each rank receives at most that much (plus one block) from each.
+// round_bytes: the rows a rank gathers (for every owner together) before an exchange. A round
+// takes about twice that on the sender (its buckets and the packed copy) and, on a receiver, up
+// to that much plus one block from each of the W ranks, twice (received, then gathered for the
+// sink): W x round_bytes in the worst case, when every rank's rows go to one owner.
+// *stopped (may be null): true when this rank stopped because another rank failed.
 inline constexpr size_t kRoutedRoundBytes = size_t{8} << 20;
 shard::LocalCheck read_table_routed(shard::Communicator& comm, const RestorePlan& plan,
                                     const TablePlan& table, const io::ChainReadOptions& options,
-                                    const io::RowSink& sink,
-                                    size_t round_bytes = kRoutedRoundBytes) noexcept;
+                                    const io::RowSink& sink, size_t round_bytes = kRoutedRoundBytes,
+                                    bool* stopped = nullptr) noexcept;
 
 }  // namespace embstore::checkpoint

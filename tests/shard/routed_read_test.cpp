@@ -40,8 +40,8 @@ void add_rows(const embstore::io::RowBlock& b, Rows* rows, bool keep_first, int*
 struct Plan {
   embstore::io::CheckpointDir dir;
   ck::RestorePlan plan;
-  explicit Plan(const std::string& path) {
-    const size_t i = ck::choose_version(path, EMBSTORE_LATEST, std::nullopt, &dir, nullptr);
+  explicit Plan(const std::string& path, uint64_t version = EMBSTORE_LATEST) {
+    const size_t i = ck::choose_version(path, version, std::nullopt, &dir, nullptr);
     plan = ck::plan_version(dir, i);
   }
 };
@@ -73,11 +73,12 @@ struct RankRead {
 // world ranks route every table of path's newest version, in rounds of round_bytes. fail_at:
 // the rank whose sink refuses its n-th block ({-1, 0}: none).
 std::vector<RankRead> routed(const std::string& path, int world, bool sink_skips_held,
-                             size_t round_bytes, std::pair<int, int> fail_at = {-1, 0}) {
+                             size_t round_bytes, std::pair<int, int> fail_at = {-1, 0},
+                             uint64_t version = EMBSTORE_LATEST) {
   std::vector<RankRead> reads(world);
   on_ranks(world, [&](embstore_store_config_t c, int rank) {
     auto comm = embstore::shard::make_callback_communicator(*c.comm_callbacks, rank, world);
-    Plan p(path);
+    Plan p(path, version);
     RankRead& mine = reads[rank];
     int blocks = 0;
     for (const ck::TablePlan& t : p.plan.tables) {
@@ -186,7 +187,12 @@ TEST_CASE("Routed reads of three ranks' chain into 2 and 4 ranks", "[sharded][ro
   const std::string ckpt = dir.path() + "/ckpt";
   REQUIRE(write_checkpoint(3, ckpt) == "");
   const auto reference = one_process(ckpt);
-  for (int world : {2, 4}) check_against(reference, routed(ckpt, world, false, 512));
+  for (int world : {2, 4}) {
+    for (bool skips_held : {false, true}) {
+      INFO(world << " ranks, sink skips held keys: " << skips_held);
+      check_against(reference, routed(ckpt, world, skips_held, 512));
+    }
+  }
 }
 
 TEST_CASE("A failure on one rank ends every rank's routed read", "[sharded][routed]") {
@@ -208,6 +214,20 @@ TEST_CASE("A failure on one rank ends every rank's routed read", "[sharded][rout
     for (size_t t = 1; t < failing.size(); ++t) CHECK(failing[t].status == EMBSTORE_OK);
     for (int r : {0, 2}) {
       for (const auto& o : reads[r].outcomes) CHECK(o.status == EMBSTORE_OK);
+    }
+  }
+  SECTION("a sink that refuses rows of the round that ends the last version") {
+    // One version (a full checkpoint), in rounds larger than it: its rows all move in the round
+    // that ends it. The failing rank must still find every rank in its next round.
+    const std::string ckpt = dir.path() + "/ckpt";
+    REQUIRE(write_checkpoint(3, ckpt) == "");
+    const auto reads = routed(ckpt, 2, false, size_t{1} << 30, {1, 0}, 2);
+    CHECK(reads[1].outcomes[0].status == EMBSTORE_CORRUPT);
+    CHECK(reads[0].outcomes[0].status == EMBSTORE_OK);  // stopped: rank 1 failed
+    for (int r : {0, 1}) {
+      for (size_t t = 1; t < reads[r].outcomes.size(); ++t) {
+        CHECK(reads[r].outcomes[t].status == EMBSTORE_OK);
+      }
     }
   }
   SECTION("a corrupt row file: only the rank that reads it finds it") {
