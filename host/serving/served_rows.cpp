@@ -1,0 +1,250 @@
+#include "host/serving/served_rows.hpp"
+
+#include <bit>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "cuda/row/hash.h"
+#include "host/error.hpp"
+
+namespace embstore::serving {
+
+// ---- ConcurrentIndex ------------------------------------------------------------------------
+
+ConcurrentIndex::ConcurrentIndex(uint64_t capacity) {
+  const uint64_t slots = std::bit_ceil(std::max<uint64_t>(2 * capacity, 16));
+  mask_ = slots - 1;
+  capacity_ = slots / 2;
+  slots_ = std::make_unique<Slot[]>(slots);
+}
+
+uint32_t ConcurrentIndex::find(int64_t key) const {
+  for (uint64_t i = row::hash_key(key) & mask_;; i = (i + 1) & mask_) {
+    const Slot& s = slots_[i];
+    const uint32_t state = s.state.load(std::memory_order_acquire);
+    if (state == kEmpty) return kNoRow;
+    if (state == kFull && s.key.load(std::memory_order_relaxed) == key) {
+      return s.row.load(std::memory_order_relaxed);
+    }
+  }
+}
+
+bool ConcurrentIndex::insert(int64_t key, uint32_t row) {
+  // Probe to the end of the run first: the key may sit past an erased slot.
+  uint64_t reuse = UINT64_MAX;
+  uint64_t i = row::hash_key(key) & mask_;
+  for (;; i = (i + 1) & mask_) {
+    Slot& s = slots_[i];
+    const uint32_t state = s.state.load(std::memory_order_relaxed);
+    if (state == kEmpty) break;
+    if (state == kErased && reuse == UINT64_MAX) reuse = i;
+    if (state == kFull && s.key.load(std::memory_order_relaxed) == key) {
+      s.row.store(row, std::memory_order_release);
+      return true;
+    }
+  }
+  if (reuse == UINT64_MAX) {
+    if (used_ + 1 > capacity_) return false;
+    reuse = i;
+    ++used_;
+  }
+  Slot& s = slots_[reuse];
+  s.key.store(key, std::memory_order_relaxed);
+  s.row.store(row, std::memory_order_relaxed);
+  s.state.store(kFull, std::memory_order_release);
+  ++size_;
+  return true;
+}
+
+uint32_t ConcurrentIndex::erase(int64_t key) {
+  for (uint64_t i = row::hash_key(key) & mask_;; i = (i + 1) & mask_) {
+    Slot& s = slots_[i];
+    const uint32_t state = s.state.load(std::memory_order_relaxed);
+    if (state == kEmpty) return kNoRow;
+    if (state == kFull && s.key.load(std::memory_order_relaxed) == key) {
+      s.state.store(kErased, std::memory_order_release);
+      --size_;
+      return s.row.load(std::memory_order_relaxed);
+    }
+  }
+}
+
+void ConcurrentIndex::for_each(const std::function<void(int64_t, uint32_t)>& f) const {
+  for (uint64_t i = 0; i <= mask_; ++i) {
+    const Slot& s = slots_[i];
+    if (s.state.load(std::memory_order_relaxed) == kFull) {
+      f(s.key.load(std::memory_order_relaxed), s.row.load(std::memory_order_relaxed));
+    }
+  }
+}
+
+// ---- RowArena -------------------------------------------------------------------------------
+
+RowArena::RowArena(uint32_t dim)
+    : dim_(dim), chunks_(std::make_unique<std::atomic<float*>[]>(kMaxChunks)) {}
+
+float* RowArena::row(uint32_t r) const {
+  float* chunk = chunks_[r >> kChunkShift].load(std::memory_order_acquire);
+  return chunk + size_t{r & ((1u << kChunkShift) - 1)} * dim_;
+}
+
+uint32_t RowArena::take() {
+  if (!free_.empty()) {
+    const uint32_t r = free_.back();
+    free_.pop_back();
+    return r;
+  }
+  const uint32_t chunk = next_ >> kChunkShift;
+  if (chunk >= kMaxChunks) fail(EMBSTORE_CAPACITY_EXCEEDED, "a served table is full");
+  if ((next_ & ((1u << kChunkShift) - 1)) == 0) {
+    owned_.push_back(std::make_unique<float[]>(size_t{dim_} << kChunkShift));
+    chunks_[chunk].store(owned_.back().get(), std::memory_order_release);
+  }
+  return next_++;
+}
+
+// ---- ServedRows -----------------------------------------------------------------------------
+
+// One version's changes to a table, immutable once published: each key's row in values, or -1
+// for a tombstone.
+struct ServedRows::Overlay {
+  std::unordered_map<int64_t, int64_t> at;
+  std::vector<float> values;
+};
+
+struct ServedRows::Base {
+  explicit Base(uint32_t dim) : arena(dim), index(std::make_shared<ConcurrentIndex>(1024)) {}
+  RowArena arena;
+  std::shared_ptr<ConcurrentIndex> index;  // the writer's; views share it
+};
+
+struct ServedRows::TableView {
+  const RowArena* arena = nullptr;
+  std::shared_ptr<const ConcurrentIndex> index;
+  std::vector<std::shared_ptr<const Overlay>> overlays;  // newest first
+};
+
+struct ServedRows::View {
+  uint64_t version = 0;
+  std::map<std::string, TableView> tables;
+};
+
+ServedRows::ServedRows(const std::map<std::string, uint32_t>& tables) {
+  auto view = std::make_shared<View>();
+  for (const auto& [name, dim] : tables) {
+    auto base = std::make_unique<Base>(dim);
+    view->tables[name] = TableView{&base->arena, base->index, {}};
+    bases_[name] = std::move(base);
+  }
+  view_.store(std::move(view));
+}
+
+ServedRows::~ServedRows() = default;
+
+std::shared_ptr<const ServedRows::View> ServedRows::current() const {
+  return view_.load(std::memory_order_acquire);
+}
+
+void ServedRows::publish(std::shared_ptr<const View> view) {
+  retired_.push_back(view_.exchange(std::move(view), std::memory_order_acq_rel));
+}
+
+void ServedRows::wait_for_readers() {
+  for (const std::weak_ptr<const View>& v : retired_) {
+    while (!v.expired()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  retired_.clear();
+}
+
+bool ServedRows::lookup(const std::string& table, const int64_t* keys, size_t n, float* out,
+                        const std::function<void(int64_t, float*)>& fill, uint64_t* version) const {
+  const std::shared_ptr<const View> view = current();
+  const auto t = view->tables.find(table);
+  if (t == view->tables.end()) return false;
+  const TableView& tv = t->second;
+  const uint32_t dim = tv.arena->dim();
+  for (size_t i = 0; i < n; ++i) {
+    float* dst = out + i * dim;
+    const float* src = nullptr;
+    bool decided = false;
+    for (const std::shared_ptr<const Overlay>& o : tv.overlays) {
+      const auto it = o->at.find(keys[i]);
+      if (it == o->at.end()) continue;
+      if (it->second >= 0) src = o->values.data() + it->second * dim;
+      decided = true;
+      break;
+    }
+    if (!decided) {
+      const uint32_t r = tv.index->find(keys[i]);
+      if (r != ConcurrentIndex::kNoRow) src = tv.arena->row(r);
+    }
+    if (src != nullptr) {
+      std::memcpy(dst, src, dim * sizeof(float));
+    } else if (fill) {
+      fill(keys[i], dst);
+    } else {
+      std::memset(dst, 0, dim * sizeof(float));
+    }
+  }
+  if (version != nullptr) *version = view->version;
+  return true;
+}
+
+uint64_t ServedRows::version() const { return current()->version; }
+
+uint64_t ServedRows::rows(const std::string& table) const {
+  return bases_.at(table)->index->size();
+}
+
+void ServedRows::apply(uint64_t version, const std::map<std::string, TableChanges>& changes) {
+  // Step 1: the changes as overlays, in a view of their own.
+  auto with_overlays = std::make_shared<View>(*current());
+  with_overlays->version = version;
+  for (const auto& [name, c] : changes) {
+    auto t = with_overlays->tables.find(name);
+    if (t == with_overlays->tables.end()) fail(EMBSTORE_INTERNAL, "no served table '{}'", name);
+    auto overlay = std::make_shared<Overlay>();
+    overlay->values = c.values;
+    overlay->at.reserve(c.keys.size() + c.tombstones.size());
+    for (int64_t k : c.tombstones) overlay->at[k] = -1;
+    for (size_t i = 0; i < c.keys.size(); ++i) overlay->at[c.keys[i]] = static_cast<int64_t>(i);
+    t->second.overlays.insert(t->second.overlays.begin(), std::move(overlay));
+  }
+  publish(with_overlays);
+
+  // Step 2: once no reader has an older view, into the bases.
+  wait_for_readers();
+  auto merged = std::make_shared<View>(*with_overlays);
+  for (const auto& [name, c] : changes) {
+    Base& b = *bases_.at(name);
+    const uint32_t dim = b.arena.dim();
+    std::shared_ptr<ConcurrentIndex> index = b.index;
+    for (int64_t k : c.tombstones) {
+      const uint32_t r = index->erase(k);
+      if (r != ConcurrentIndex::kNoRow) b.arena.free(r);
+    }
+    for (size_t i = 0; i < c.keys.size(); ++i) {
+      uint32_t r = index->find(c.keys[i]);
+      if (r == ConcurrentIndex::kNoRow) {
+        r = b.arena.take();
+        if (!index->insert(c.keys[i], r)) {
+          // A larger index, for this view on: the old one stays with its readers.
+          auto larger = std::make_shared<ConcurrentIndex>(2 * index->capacity());
+          index->for_each([&](int64_t key, uint32_t row) { larger->insert(key, row); });
+          larger->insert(c.keys[i], r);
+          index = std::move(larger);
+        }
+      }
+      std::memcpy(b.arena.row(r), c.values.data() + i * dim, dim * sizeof(float));
+    }
+    b.index = index;
+    TableView& tv = merged->tables.at(name);
+    tv.index = index;
+    tv.overlays.clear();
+  }
+  // Step 3: the bases alone.
+  publish(merged);
+}
+
+}  // namespace embstore::serving
