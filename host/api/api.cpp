@@ -14,6 +14,7 @@
 #include "cuda/row/shard.h"
 #include "host/backend/backends.hpp"
 #include "host/error.hpp"
+#include "host/serving/follower.hpp"
 #include "host/shard/sharded_calls.hpp"
 #include "host/store/store.hpp"
 
@@ -89,6 +90,10 @@ std::unique_lock<std::mutex> collective_section(embstore_store* store) {
 }
 
 }  // namespace
+
+struct embstore_follower {
+  embstore::serving::Follower impl;
+};
 
 extern "C" {
 
@@ -575,6 +580,109 @@ embstore_status_t embstore_warm_start(embstore_store_t* store,
     const auto collective = collective_section(store);
     store->checkpointer->warm_start(warm);
   });
+}
+
+void embstore_follower_config_init(embstore_follower_config_t* config) {
+  if (config == nullptr) return;
+  std::memset(config, 0, sizeof(*config));
+  config->struct_size = sizeof(*config);
+  config->backend = EMBSTORE_BACKEND_AUTO;
+  config->tables_regex = ".*";
+  config->world_size = 1;
+}
+
+embstore_status_t embstore_follower_create(const embstore_follower_config_t* config,
+                                           embstore_follower_t** out) {
+  return guarded(__func__, [&] {
+    require(out, "out");
+    *out = nullptr;
+    require(config, "config");
+    if (config->struct_size < sizeof(embstore_follower_config_t)) {
+      fail(EMBSTORE_INVALID_ARGUMENT,
+           "follower config struct_size is {}, expected {}: fill it with "
+           "embstore_follower_config_init",
+           config->struct_size, sizeof(embstore_follower_config_t));
+    }
+    require(config->dir, "dir");
+    if (*config->dir == '\0') fail(EMBSTORE_INVALID_ARGUMENT, "dir is empty");
+    if (config->world_size < 1 || config->rank < 0 || config->rank >= config->world_size ||
+        static_cast<uint32_t>(config->world_size) > embstore::io::kMaxWorldSize) {
+      fail(EMBSTORE_INVALID_ARGUMENT, "rank {} is not in a serving layout of {}", config->rank,
+           config->world_size);
+    }
+    if ((config->flags & ~EMBSTORE_FOLLOWER_INITIAL_VALUES) != 0) {
+      fail(EMBSTORE_INVALID_ARGUMENT, "unknown flags {:#x}", config->flags);
+    }
+    switch (embstore::enum_value(config->backend)) {
+      case EMBSTORE_BACKEND_AUTO:
+      case EMBSTORE_BACKEND_HOST:
+        break;
+      case EMBSTORE_BACKEND_CUDA:
+        fail(EMBSTORE_UNSUPPORTED, "a follower on the CUDA backend is not in this version");
+      default:
+        fail(EMBSTORE_INVALID_ARGUMENT, "unknown backend {}",
+             embstore::enum_value(config->backend));
+    }
+    embstore::serving::FollowerOptions o;
+    o.dir = config->dir;
+    if (config->tables_regex != nullptr) o.tables_regex = config->tables_regex;
+    o.rank = static_cast<uint32_t>(config->rank);
+    o.world_size = static_cast<uint32_t>(config->world_size);
+    o.initial_values = (config->flags & EMBSTORE_FOLLOWER_INITIAL_VALUES) != 0;
+    *out = new embstore_follower{embstore::serving::Follower(std::move(o))};
+  });
+}
+
+embstore_status_t embstore_follower_lookup(embstore_follower_t* follower, const char* table,
+                                           const int64_t* keys, size_t n, float* values_out,
+                                           void* /*stream*/) {
+  return guarded(__func__, [&] {
+    require(follower, "follower");
+    require(table, "table");
+    if (n == 0) return;
+    require(keys, "keys");
+    require(values_out, "values_out");
+    follower->impl.lookup(table, keys, n, values_out);
+  });
+}
+
+embstore_status_t embstore_follower_poll(embstore_follower_t* follower, uint64_t* version_out) {
+  return guarded(__func__, [&] {
+    require(follower, "follower");
+    const uint64_t v = follower->impl.poll();
+    if (version_out != nullptr) *version_out = v;
+  });
+}
+
+embstore_status_t embstore_follower_version(embstore_follower_t* follower, uint64_t* version_out) {
+  return guarded(__func__, [&] {
+    require(follower, "follower");
+    require(version_out, "version_out");
+    *version_out = follower->impl.version();
+  });
+}
+
+embstore_status_t embstore_follower_stats(embstore_follower_t* follower,
+                                          embstore_follower_stats_t* out) {
+  return guarded(__func__, [&] {
+    require(follower, "follower");
+    require(out, "out");
+    if (out->struct_size < sizeof(embstore_follower_stats_t)) {
+      fail(EMBSTORE_INVALID_ARGUMENT, "stats struct_size is {}, expected {}", out->struct_size,
+           sizeof(embstore_follower_stats_t));
+    }
+    const embstore::serving::FollowerStats s = follower->impl.stats();
+    out->version = s.version;
+    out->versions_applied = s.versions_applied;
+    out->full_loads = s.full_loads;
+    out->lookups = s.lookups;
+    out->last_apply_seconds = s.last_apply_seconds;
+  });
+}
+
+embstore_status_t embstore_follower_destroy(embstore_follower_t* follower) {
+  delete follower;
+  return EMBSTORE_OK;
 }
 
 }  // extern "C"

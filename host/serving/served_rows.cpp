@@ -193,6 +193,41 @@ bool ServedRows::lookup(const std::string& table, const int64_t* keys, size_t n,
 
 uint64_t ServedRows::version() const { return current()->version; }
 
+std::shared_ptr<ConcurrentIndex> ServedRows::merge_upserts(Base& b, const int64_t* keys,
+                                                           const float* values, size_t n) {
+  const uint32_t dim = b.arena.dim();
+  std::shared_ptr<ConcurrentIndex> index = b.index;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t r = index->find(keys[i]);
+    if (r == ConcurrentIndex::kNoRow) {
+      r = b.arena.take();
+      if (!index->insert(keys[i], r)) {
+        // A larger index, for the next view on: the old one stays with its readers.
+        auto larger = std::make_shared<ConcurrentIndex>(2 * index->capacity());
+        index->for_each([&](int64_t key, uint32_t row) { larger->insert(key, row); });
+        larger->insert(keys[i], r);
+        index = std::move(larger);
+      }
+    }
+    std::memcpy(b.arena.row(r), values + i * dim, dim * sizeof(float));
+  }
+  return index;
+}
+
+void ServedRows::load(const std::string& table, const int64_t* keys, const float* values,
+                      size_t n) {
+  Base& b = *bases_.at(table);
+  b.index = merge_upserts(b, keys, values, n);
+}
+
+void ServedRows::finish_load(uint64_t version) {
+  auto view = std::make_shared<View>(*current());
+  view->version = version;
+  for (auto& [name, tv] : view->tables) tv.index = bases_.at(name)->index;
+  publish(std::move(view));
+  wait_for_readers();
+}
+
 uint64_t ServedRows::rows(const std::string& table) const {
   return bases_.at(table)->index->size();
 }
@@ -218,29 +253,13 @@ void ServedRows::apply(uint64_t version, const std::map<std::string, TableChange
   auto merged = std::make_shared<View>(*with_overlays);
   for (const auto& [name, c] : changes) {
     Base& b = *bases_.at(name);
-    const uint32_t dim = b.arena.dim();
-    std::shared_ptr<ConcurrentIndex> index = b.index;
     for (int64_t k : c.tombstones) {
-      const uint32_t r = index->erase(k);
+      const uint32_t r = b.index->erase(k);
       if (r != ConcurrentIndex::kNoRow) b.arena.free(r);
     }
-    for (size_t i = 0; i < c.keys.size(); ++i) {
-      uint32_t r = index->find(c.keys[i]);
-      if (r == ConcurrentIndex::kNoRow) {
-        r = b.arena.take();
-        if (!index->insert(c.keys[i], r)) {
-          // A larger index, for this view on: the old one stays with its readers.
-          auto larger = std::make_shared<ConcurrentIndex>(2 * index->capacity());
-          index->for_each([&](int64_t key, uint32_t row) { larger->insert(key, row); });
-          larger->insert(c.keys[i], r);
-          index = std::move(larger);
-        }
-      }
-      std::memcpy(b.arena.row(r), c.values.data() + i * dim, dim * sizeof(float));
-    }
-    b.index = index;
+    b.index = merge_upserts(b, c.keys.data(), c.values.data(), c.keys.size());
     TableView& tv = merged->tables.at(name);
-    tv.index = index;
+    tv.index = b.index;
     tv.overlays.clear();
   }
   // Step 3: the bases alone.

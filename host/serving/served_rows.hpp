@@ -110,7 +110,12 @@ class ServedRows {
   // Writer (one thread): moves to version with these changes (tables absent from changes do
   // not change). Returns once the changes are in the base (step 3 above).
   void apply(uint64_t version, const std::map<std::string, TableChanges>& changes);
-  // Writer: rows of each table (memory as they are now) served after apply's step 3.
+  // Writer, before the first apply and before readers use it: rows put straight into the base
+  // of table (a version's whole rows, as a follower loads them); then finish_load publishes
+  // them as version.
+  void load(const std::string& table, const int64_t* keys, const float* values, size_t n);
+  void finish_load(uint64_t version);
+  // Writer: rows of table in its base (after apply, the rows served).
   uint64_t rows(const std::string& table) const;
 
  private:
@@ -120,6 +125,9 @@ class ServedRows {
   struct View;
 
   std::shared_ptr<const View> current() const;
+  // Upserts into a base in place (a new index where the old one is full); returns the index.
+  static std::shared_ptr<ConcurrentIndex> merge_upserts(Base& base, const int64_t* keys,
+                                                        const float* values, size_t n);
   void publish(std::shared_ptr<const View> view);
   // Step 2's wait: until no reader holds a view older than the current one.
   void wait_for_readers();

@@ -691,6 +691,79 @@ EMBSTORE_API embstore_status_t embstore_warm_start(embstore_store_t* store,
                                                    const embstore_warm_start_source_t* sources,
                                                    size_t n);
 
+/* ------------------------------------------------------------------------------ serving -- */
+
+/* A follower: a read-only store that serves the values of a training run's checkpoint
+   directory and moves to its newly committed versions, for serving replicas that keep up with
+   training. It loads the newest committed version at create (the chain applied, every checksum
+   verified, from a checkpoint of any world size) and keeps values and keys only: no optimizer
+   state, no admission counts (keys still pending admission have no row in any checkpoint, so
+   they are not served). embstore_follower_poll applies each delta committed since, in order,
+   or, when the chain was rebased or pruned, loads the newest version whole. A lookup batch
+   reads exactly one version, and a poll never blocks lookups longer than the swap of one
+   pointer: a delta's rows are served from beside the table until no lookup of an older version
+   is running, then merged into it (memory: the delta's rows, once). A whole version (at create
+   and after a rebase) is loaded beside the one served, then swapped in.
+   With world_size > 1 the follower is rank `rank` of a serving layout: it holds and serves only
+   the keys embstore_shard_of(key, world_size) gives it, whatever the world size of the
+   training job. The follower reads the directory without a lock; in this version the trainer's
+   retention does not know of followers, so a version may be deleted while a poll reads it (the
+   poll then fails, and the next one moves on). Host backend only in this version. */
+typedef struct embstore_follower embstore_follower_t;
+
+typedef struct embstore_follower_config {
+  size_t struct_size;         /* set by embstore_follower_config_init */
+  const char* dir;            /* the checkpoint directory; copied */
+  embstore_backend_t backend; /* AUTO (default) and HOST: the host; CUDA: UNSUPPORTED */
+  const char* tables_regex;   /* ECMAScript, matching whole names; NULL or ".*" (default): every
+                                 table of the version loaded at create */
+  int rank;                   /* the serving layout; default 0 */
+  int world_size;             /* default 1: every key */
+  uint32_t flags;             /* 0 (default): keys without a row read as zeros;
+                                 EMBSTORE_FOLLOWER_INITIAL_VALUES: as the table's initializer
+                                 gives them (what training would insert) */
+} embstore_follower_config_t;
+#define EMBSTORE_FOLLOWER_INITIAL_VALUES 1u
+
+typedef struct embstore_follower_stats {
+  size_t struct_size;         /* set by the caller to sizeof(embstore_follower_stats_t) */
+  uint64_t version;           /* the version served */
+  uint64_t versions_applied;  /* deltas applied by polls */
+  uint64_t full_loads;        /* whole versions loaded: at create, and after rebases */
+  uint64_t lookups;           /* lookup batches served */
+  double last_apply_seconds;  /* the last poll's (or load's) reading and applying */
+} embstore_follower_stats_t;
+
+/* Fills config with the defaults above. NULL is a no-op. */
+EMBSTORE_API void embstore_follower_config_init(embstore_follower_config_t* config);
+/* Returns OK; INVALID_ARGUMENT (NULL pointer, struct_size too small, empty dir, rank outside
+   world_size, unknown flags, a regex that does not compile); UNSUPPORTED (CUDA); NOT_FOUND (no
+   directory, no committed version, no table matching); CORRUPT; IO_ERROR; OUT_OF_MEMORY. */
+EMBSTORE_API embstore_status_t embstore_follower_create(const embstore_follower_config_t* config,
+                                                        embstore_follower_t** out);
+/* Reads the rows of keys (host memory, n x dim floats out) of one version. Any number of
+   threads, also while another polls. stream is unused on the host. Returns OK;
+   INVALID_ARGUMENT (NULL pointer with n > 0, a table not served, a key of another rank of the
+   serving layout). */
+EMBSTORE_API embstore_status_t embstore_follower_lookup(embstore_follower_t* follower,
+                                                        const char* table, const int64_t* keys,
+                                                        size_t n, float* values_out, void* stream);
+/* Moves to the newest committed version and sets *version_out (may be NULL) to the version
+   served. One poll at a time per follower (others wait). A delta that fails its checks is not
+   served: the poll returns CORRUPT and the follower stays on the last version it applied
+   (the deltas before the bad one are applied). Tables created after the version loaded at
+   create are not served until the next whole load. Returns OK; CORRUPT; IO_ERROR; NOT_FOUND
+   (the directory or its versions went); OUT_OF_MEMORY. */
+EMBSTORE_API embstore_status_t embstore_follower_poll(embstore_follower_t* follower,
+                                                      uint64_t* version_out);
+EMBSTORE_API embstore_status_t embstore_follower_version(embstore_follower_t* follower,
+                                                         uint64_t* version_out);
+/* Returns OK; INVALID_ARGUMENT (NULL pointer, struct_size too small). */
+EMBSTORE_API embstore_status_t embstore_follower_stats(embstore_follower_t* follower,
+                                                       embstore_follower_stats_t* out);
+/* NULL is a no-op. No lookup or poll may be running. */
+EMBSTORE_API embstore_status_t embstore_follower_destroy(embstore_follower_t* follower);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -1,0 +1,308 @@
+// Followers (embstore_follower_*) through the public API: after every poll a follower serves
+// what a restore of the same version holds (values; evicted keys gone, pending keys absent),
+// across deltas applied one or several at a time and a rebase to a new full checkpoint; a
+// serving layout of its own over a checkpoint of three ranks; a corrupt delta refused.
+#include <embstore/embstore.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "io/format/layout.hpp"
+#include "io/format/manifest.hpp"
+#include "shard/thread_group.hpp"
+#include "tests/io/io_fixtures.hpp"
+
+namespace {
+
+constexpr int64_t kKeys = 600;
+
+embstore_store_t* host_store() {
+  embstore_store_config_t c;
+  embstore_store_config_init(&c);
+  c.backend = EMBSTORE_BACKEND_HOST;
+  c.host_threads = 1;
+  embstore_store_t* s = nullptr;
+  REQUIRE(embstore_store_create(&c, &s) == EMBSTORE_OK);
+  return s;
+}
+
+struct Trainer {
+  embstore_store_t* store = host_store();
+  embstore_table_t* items = nullptr;    // Adagrad, rows idle for 2 steps evicted (tombstones)
+  embstore_table_t* counted = nullptr;  // admission after 3 sightings (pending keys)
+  std::mt19937_64 rng{11};
+
+  Trainer() {
+    embstore_table_config_t c;
+    embstore_table_config_init(&c);
+    c.name = "items";
+    c.dim = 4;
+    c.optimizer = EMBSTORE_OPT_ADAGRAD;
+    c.evict_idle_steps = 2;
+    REQUIRE(embstore_table_create(store, &c, &items) == EMBSTORE_OK);
+    c.name = "counted";
+    c.dim = 3;
+    c.evict_idle_steps = 0;
+    c.admit_after = 3;
+    REQUIRE(embstore_table_create(store, &c, &counted) == EMBSTORE_OK);
+    // Deltas stay deltas (these small tables change mostly between checkpoints).
+    embstore_checkpoint_policy_t policy;
+    embstore_checkpoint_policy_init(&policy);
+    policy.max_chain_length = 0;
+    policy.rebaseline_fraction = 0;
+    REQUIRE(embstore_checkpoint_set_policy(store, &policy) == EMBSTORE_OK);
+  }
+  ~Trainer() { embstore_store_destroy(store); }
+
+  void step(uint64_t s) {
+    REQUIRE(embstore_step(store, s) == EMBSTORE_OK);
+    for (embstore_table_t* t : {items, counted}) {
+      const uint32_t dim = embstore_table_dim(t);
+      std::vector<int64_t> keys(200);
+      // A moving window of keys: older keys go idle and are evicted.
+      for (int64_t& k : keys)
+        k = static_cast<int64_t>(rng() % 300) + static_cast<int64_t>(s) * 30 - 300;
+      std::vector<float> rows(keys.size() * dim), grads(keys.size() * dim);
+      for (float& g : grads) g = static_cast<float>(rng() % 100) / 100.0f - 0.5f;
+      REQUIRE(embstore_lookup(t, keys.data(), keys.size(), rows.data(), EMBSTORE_LOOKUP_INSERT,
+                              nullptr) == EMBSTORE_OK);
+      REQUIRE(embstore_apply_gradients(t, keys.data(), grads.data(), keys.size(), nullptr) ==
+              EMBSTORE_OK);
+    }
+  }
+
+  uint64_t checkpoint(const std::string& dir, embstore_ckpt_kind_t kind) {
+    uint64_t v = 0;
+    REQUIRE(embstore_checkpoint(store, dir.c_str(), kind, &v) == EMBSTORE_OK);
+    REQUIRE(embstore_checkpoint_wait(store, v) == EMBSTORE_OK);
+    return v;
+  }
+};
+
+embstore_follower_t* follow(const std::string& dir, int rank = 0, int world = 1,
+                            uint32_t flags = 0) {
+  embstore_follower_config_t c;
+  embstore_follower_config_init(&c);
+  c.dir = dir.c_str();
+  c.rank = rank;
+  c.world_size = world;
+  c.flags = flags;
+  embstore_follower_t* f = nullptr;
+  INFO(embstore_last_error());
+  REQUIRE(embstore_follower_create(&c, &f) == EMBSTORE_OK);
+  return f;
+}
+
+// The follower's rows of every key it serves (keys in [-kKeys, kKeys)) equal those of a store
+// that restored `version` of dir.
+void check_equals_restore(embstore_follower_t* f, const std::string& dir, uint64_t version,
+                          int rank = 0, int world = 1) {
+  uint64_t served = 0;
+  REQUIRE(embstore_follower_version(f, &served) == EMBSTORE_OK);
+  REQUIRE(served == version);
+  embstore_store_t* restored = host_store();
+  REQUIRE(embstore_restore(restored, dir.c_str(), version, nullptr) == EMBSTORE_OK);
+  std::vector<int64_t> keys;
+  for (int64_t k = -kKeys; k < kKeys; ++k) {
+    if (embstore_shard_of(k, static_cast<uint32_t>(world)) == static_cast<uint32_t>(rank)) {
+      keys.push_back(k);
+    }
+  }
+  for (const char* name : {"items", "counted"}) {
+    embstore_table_t* t = nullptr;
+    REQUIRE(embstore_table_get(restored, name, &t) == EMBSTORE_OK);
+    const uint32_t dim = embstore_table_dim(t);
+    std::vector<float> want(keys.size() * dim), got(keys.size() * dim, -7.0f);
+    REQUIRE(embstore_lookup(t, keys.data(), keys.size(), want.data(), 0, nullptr) == EMBSTORE_OK);
+    REQUIRE(embstore_follower_lookup(f, name, keys.data(), keys.size(), got.data(), nullptr) ==
+            EMBSTORE_OK);
+    INFO("table " << name << " at version " << version);
+    CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+  }
+  embstore_store_destroy(restored);
+}
+
+TEST_CASE("A follower serves what a restore of each version holds", "[serving][follower]") {
+  embstore_test::TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  Trainer trainer;
+  trainer.step(1);
+  trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  embstore_follower_t* f = follow(dir);
+  check_equals_restore(f, dir, 1);
+  uint64_t v = 0;
+  for (uint64_t s = 2; s <= 5; ++s) {  // deltas (with tombstones: keys leave the window)
+    trainer.step(s);
+    trainer.checkpoint(dir, EMBSTORE_CKPT_INCREMENTAL);
+    if (s == 3) continue;  // two deltas in one poll at step 4
+    REQUIRE(embstore_follower_poll(f, &v) == EMBSTORE_OK);
+    CHECK(v == s);
+    check_equals_restore(f, dir, s);
+  }
+  embstore_table_stats_t items{};
+  items.struct_size = sizeof items;
+  REQUIRE(embstore_table_stats(trainer.items, &items) == EMBSTORE_OK);
+  CHECK(items.evicted > 0);  // the deltas held tombstones
+  // A rebase: a full checkpoint, then deltas on it.
+  trainer.step(6);
+  trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  trainer.step(7);
+  trainer.checkpoint(dir, EMBSTORE_CKPT_INCREMENTAL);
+  REQUIRE(embstore_follower_poll(f, &v) == EMBSTORE_OK);
+  check_equals_restore(f, dir, 7);
+  REQUIRE(embstore_follower_poll(f, &v) == EMBSTORE_OK);  // nothing new
+  CHECK(v == 7);
+  embstore_follower_stats_t st{};
+  st.struct_size = sizeof st;
+  REQUIRE(embstore_follower_stats(f, &st) == EMBSTORE_OK);
+  CHECK(st.version == 7);
+  CHECK(st.versions_applied == 4);  // 2, 3 and 4, 5
+  CHECK(st.full_loads == 2);        // at create, and version 7's chain from the rebase at 6
+  CHECK(st.lookups > 0);
+  embstore_follower_destroy(f);
+}
+
+TEST_CASE("A corrupt delta is refused and never served", "[serving][follower]") {
+  embstore_test::TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  Trainer trainer;
+  trainer.step(1);
+  trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  trainer.step(2);
+  trainer.checkpoint(dir, EMBSTORE_CKPT_INCREMENTAL);
+  embstore_follower_t* f = follow(dir);
+  trainer.step(3);
+  trainer.checkpoint(dir, EMBSTORE_CKPT_INCREMENTAL);
+  {
+    const std::string file =
+        dir + "/00000000000000000003.delta/" +
+        embstore::io::row_file_path(embstore::io::kManifestFormatVersion, "items", 0, 1);
+    std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+    REQUIRE(io.good());
+    io.seekp(120);
+    io.put('\x42');
+  }
+  uint64_t v = 0;
+  CHECK(embstore_follower_poll(f, &v) == EMBSTORE_CORRUPT);
+  check_equals_restore(f, dir, 2);  // still version 2
+  // A new full checkpoint moves it on.
+  trainer.step(4);
+  trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  REQUIRE(embstore_follower_poll(f, &v) == EMBSTORE_OK);
+  check_equals_restore(f, dir, 4);
+  embstore_follower_destroy(f);
+}
+
+TEST_CASE("Followers serve a checkpoint of three ranks in layouts of their own",
+          "[serving][follower]") {
+  embstore_test::TempDir tmp;
+  const std::string dir = tmp.path() + "/ckpt";
+  REQUIRE(embstore_test::threads::write_checkpoint(3, dir) == "");
+  // One follower of every key, and rank 1 of a layout of 2.
+  for (const auto& [rank, world] : std::vector<std::pair<int, int>>{{0, 1}, {1, 2}}) {
+    embstore_follower_t* f = follow(dir, rank, world);
+    embstore_store_t* restored = host_store();
+    REQUIRE(embstore_restore(restored, dir.c_str(), EMBSTORE_LATEST, nullptr) == EMBSTORE_OK);
+    for (const auto& shape : embstore_test::sharded::kTables) {
+      std::vector<int64_t> keys;
+      for (int64_t k = -400; k < 500; ++k) {
+        if (embstore_shard_of(k, static_cast<uint32_t>(world)) == static_cast<uint32_t>(rank)) {
+          keys.push_back(k);
+        }
+      }
+      embstore_table_t* t = nullptr;
+      REQUIRE(embstore_table_get(restored, shape.name, &t) == EMBSTORE_OK);
+      std::vector<float> want(keys.size() * shape.dim), got(keys.size() * shape.dim);
+      REQUIRE(embstore_lookup(t, keys.data(), keys.size(), want.data(), 0, nullptr) == EMBSTORE_OK);
+      REQUIRE(embstore_follower_lookup(f, shape.name, keys.data(), keys.size(), got.data(),
+                                       nullptr) == EMBSTORE_OK);
+      INFO(shape.name << ", rank " << rank << " of " << world);
+      CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+    }
+    if (world > 1) {
+      int64_t other = 0;
+      while (embstore_shard_of(other, 2) == static_cast<uint32_t>(rank)) ++other;
+      float row[8];
+      CHECK(embstore_follower_lookup(f, "items", &other, 1, row, nullptr) ==
+            EMBSTORE_INVALID_ARGUMENT);
+    }
+    embstore_store_destroy(restored);
+    embstore_follower_destroy(f);
+  }
+}
+
+TEST_CASE("Keys without a row read as zeros, or as the initializer gives them",
+          "[serving][follower]") {
+  embstore_test::TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  Trainer trainer;
+  trainer.step(1);
+  trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  const int64_t absent = 1'000'000;  // never trained
+  float init[4], zeros[4], fresh[4];
+  embstore_follower_t* z = follow(dir);
+  embstore_follower_t* i = follow(dir, 0, 1, EMBSTORE_FOLLOWER_INITIAL_VALUES);
+  REQUIRE(embstore_follower_lookup(z, "items", &absent, 1, zeros, nullptr) == EMBSTORE_OK);
+  REQUIRE(embstore_follower_lookup(i, "items", &absent, 1, init, nullptr) == EMBSTORE_OK);
+  REQUIRE(embstore_lookup(trainer.items, &absent, 1, fresh, EMBSTORE_LOOKUP_INSERT, nullptr) ==
+          EMBSTORE_OK);
+  for (int d = 0; d < 4; ++d) {
+    CHECK(zeros[d] == 0.0f);
+    CHECK(init[d] == fresh[d]);
+  }
+  embstore_follower_destroy(z);
+  embstore_follower_destroy(i);
+}
+
+TEST_CASE("Follower arguments are checked", "[serving][follower]") {
+  embstore_test::TempDir tmp;
+  embstore_follower_config_t c;
+  embstore_follower_config_init(&c);
+  embstore_follower_t* f = nullptr;
+  CHECK(embstore_follower_create(&c, &f) == EMBSTORE_INVALID_ARGUMENT);  // dir NULL
+  const std::string missing = tmp.path() + "/missing";
+  c.dir = missing.c_str();
+  CHECK(embstore_follower_create(&c, &f) == EMBSTORE_NOT_FOUND);
+  c.rank = 2;
+  c.world_size = 2;
+  CHECK(embstore_follower_create(&c, &f) == EMBSTORE_INVALID_ARGUMENT);
+  c.rank = 0;
+  c.flags = 4;
+  CHECK(embstore_follower_create(&c, &f) == EMBSTORE_INVALID_ARGUMENT);
+  c.flags = 0;
+  c.backend = EMBSTORE_BACKEND_CUDA;
+  CHECK(embstore_follower_create(&c, &f) == EMBSTORE_UNSUPPORTED);
+  c.backend = EMBSTORE_BACKEND_AUTO;
+  c.struct_size = 8;
+  CHECK(embstore_follower_create(&c, &f) == EMBSTORE_INVALID_ARGUMENT);
+  CHECK(f == nullptr);
+  // A regex that selects nothing, or does not compile.
+  const std::string dir = tmp.path() + "/run";
+  {
+    Trainer trainer;
+    trainer.step(1);
+    trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  }
+  embstore_follower_config_init(&c);
+  c.dir = dir.c_str();
+  c.tables_regex = "users";
+  CHECK(embstore_follower_create(&c, &f) == EMBSTORE_NOT_FOUND);
+  c.tables_regex = "(";
+  CHECK(embstore_follower_create(&c, &f) == EMBSTORE_INVALID_ARGUMENT);
+  c.tables_regex = "items";
+  REQUIRE(embstore_follower_create(&c, &f) == EMBSTORE_OK);
+  float row[4];
+  const int64_t key = 1;
+  CHECK(embstore_follower_lookup(f, "counted", &key, 1, row, nullptr) ==
+        EMBSTORE_INVALID_ARGUMENT);  // not served
+  CHECK(embstore_follower_lookup(f, "items", &key, 1, row, nullptr) == EMBSTORE_OK);
+  CHECK(embstore_follower_poll(nullptr, nullptr) == EMBSTORE_INVALID_ARGUMENT);
+  CHECK(embstore_follower_destroy(nullptr) == EMBSTORE_OK);
+  embstore_follower_destroy(f);
+}
+
+}  // namespace
