@@ -131,7 +131,9 @@ uint64_t Follower::poll() {
   const io::Manifest* newest_manifest = nullptr;
   std::string detail;
   if (int r = dir.manifest(newest, &newest_manifest, &detail); r < 0) fail_io(r, detail);
-  if (newest_manifest->version == served && newest_manifest->xxh3 == xxh3_) return served;
+  if (!reload_ && newest_manifest->version == served && newest_manifest->xxh3 == xxh3_) {
+    return served;
+  }
 
   // The chain of the newest version: where the version served is a link of it, the deltas
   // after it; else (rebased or pruned) the newest version whole.
@@ -141,16 +143,22 @@ uint64_t Follower::poll() {
   for (size_t i = 0; i < chain.size(); ++i) {
     if (chain[i].manifest->version == served && chain[i].manifest->xxh3 == xxh3_) at = i;
   }
-  if (at == chain.size()) {
+  if (at == chain.size() || reload_) {
     serving_.store(load_whole(dir, newest));
+    reload_ = false;
     return serving_.load()->rows.version();
   }
   const auto started = std::chrono::steady_clock::now();
   for (size_t i = at; i-- > 0;) {  // oldest first
     const io::ChainLink& link = chain[i];
     // Read and checked whole before any of it is served.
-    const std::map<std::string, TableChanges> changes = read_changes(link, *serving);
-    serving->rows.apply(link.manifest->version, changes);
+    std::map<std::string, TableChanges> changes = read_changes(link, *serving);
+    try {
+      serving->rows.apply(link.manifest->version, std::move(changes));
+    } catch (...) {
+      reload_ = true;  // the rows may not be applied to again: the next poll loads anew
+      throw;
+    }
     xxh3_ = link.manifest->xxh3;
     ++versions_applied_;
   }

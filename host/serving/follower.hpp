@@ -75,6 +75,7 @@ class Follower {
   std::atomic<std::shared_ptr<Serving>> serving_;
   std::mutex poll_mutex_;  // poll, and what it keeps below
   uint64_t xxh3_ = 0;      // the manifest checksum of the version served
+  bool reload_ = false;    // an apply failed: the next poll loads the newest version whole
   std::atomic<uint64_t> versions_applied_{0}, full_loads_{0}, lookups_{0};
   std::atomic<double> last_apply_seconds_{0};
 };

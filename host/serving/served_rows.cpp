@@ -95,8 +95,8 @@ uint32_t RowArena::take() {
     free_.pop_back();
     return r;
   }
+  if (next_ == ConcurrentIndex::kNoRow) fail(EMBSTORE_CAPACITY_EXCEEDED, "a served table is full");
   const uint32_t chunk = next_ >> kChunkShift;
-  if (chunk >= kMaxChunks) fail(EMBSTORE_CAPACITY_EXCEEDED, "a served table is full");
   if ((next_ & ((1u << kChunkShift) - 1)) == 0) {
     owned_.push_back(std::make_unique<float[]>(size_t{dim_} << kChunkShift));
     chunks_[chunk].store(owned_.back().get(), std::memory_order_release);
@@ -155,6 +155,9 @@ void ServedRows::wait_for_readers() {
     while (!v.expired()) std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
   retired_.clear();
+  // expired() reads the count relaxed: the readers' last reads of rows happen before the writes
+  // that follow only through this fence (their release of the count is acq_rel).
+  std::atomic_thread_fence(std::memory_order_acquire);
 }
 
 bool ServedRows::lookup(const std::string& table, const int64_t* keys, size_t n, float* out,
@@ -202,8 +205,10 @@ std::shared_ptr<ConcurrentIndex> ServedRows::merge_upserts(Base& b, const int64_
     if (r == ConcurrentIndex::kNoRow) {
       r = b.arena.take();
       if (!index->insert(keys[i], r)) {
-        // A larger index, for the next view on: the old one stays with its readers.
-        auto larger = std::make_shared<ConcurrentIndex>(2 * index->capacity());
+        // A new index for the next view on (the old one stays with its readers), sized by the
+        // live keys: erased slots are not carried over, so churn does not grow it.
+        auto larger =
+            std::make_shared<ConcurrentIndex>(std::max<uint64_t>(2 * (index->size() + 1), 1024));
         index->for_each([&](int64_t key, uint32_t row) { larger->insert(key, row); });
         larger->insert(keys[i], r);
         index = std::move(larger);
@@ -232,18 +237,20 @@ uint64_t ServedRows::rows(const std::string& table) const {
   return bases_.at(table)->index->size();
 }
 
-void ServedRows::apply(uint64_t version, const std::map<std::string, TableChanges>& changes) {
+void ServedRows::apply(uint64_t version, std::map<std::string, TableChanges> changes) {
   // Step 1: the changes as overlays, in a view of their own.
   auto with_overlays = std::make_shared<View>(*current());
   with_overlays->version = version;
-  for (const auto& [name, c] : changes) {
+  std::map<std::string, std::shared_ptr<const Overlay>> overlays;
+  for (auto& [name, c] : changes) {
     auto t = with_overlays->tables.find(name);
     if (t == with_overlays->tables.end()) fail(EMBSTORE_INTERNAL, "no served table '{}'", name);
     auto overlay = std::make_shared<Overlay>();
-    overlay->values = c.values;
+    overlay->values = std::move(c.values);  // held once, by the overlay
     overlay->at.reserve(c.keys.size() + c.tombstones.size());
     for (int64_t k : c.tombstones) overlay->at[k] = -1;
     for (size_t i = 0; i < c.keys.size(); ++i) overlay->at[c.keys[i]] = static_cast<int64_t>(i);
+    overlays[name] = overlay;
     t->second.overlays.insert(t->second.overlays.begin(), std::move(overlay));
   }
   publish(with_overlays);
@@ -257,7 +264,7 @@ void ServedRows::apply(uint64_t version, const std::map<std::string, TableChange
       const uint32_t r = b.index->erase(k);
       if (r != ConcurrentIndex::kNoRow) b.arena.free(r);
     }
-    b.index = merge_upserts(b, c.keys.data(), c.values.data(), c.keys.size());
+    b.index = merge_upserts(b, c.keys.data(), overlays.at(name)->values.data(), c.keys.size());
     TableView& tv = merged->tables.at(name);
     tv.index = b.index;
     tv.overlays.clear();

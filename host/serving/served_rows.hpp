@@ -84,8 +84,8 @@ class RowArena {
   uint64_t rows_in_use() const { return next_ - free_.size(); }
 
  private:
-  static constexpr uint32_t kChunkShift = 14;  // 16384 rows a chunk
-  static constexpr uint32_t kMaxChunks = 1u << 18;
+  static constexpr uint32_t kChunkShift = 16;  // 65536 rows a chunk
+  static constexpr uint32_t kMaxChunks = 1u << 16;
   uint32_t dim_;
   uint32_t next_ = 0;
   std::vector<uint32_t> free_;
@@ -108,8 +108,10 @@ class ServedRows {
   uint64_t version() const;
 
   // Writer (one thread): moves to version with these changes (tables absent from changes do
-  // not change). Returns once the changes are in the base (step 3 above).
-  void apply(uint64_t version, const std::map<std::string, TableChanges>& changes);
+  // not change). Returns once the changes are in the base (step 3 above). After a throw (memory,
+  // CAPACITY_EXCEEDED) the rows may be served at the new version or the old, but must not be
+  // applied to again: the caller loads them anew.
+  void apply(uint64_t version, std::map<std::string, TableChanges> changes);
   // Writer, before the first apply and before readers use it: rows put straight into the base
   // of table (a version's whole rows, as a follower loads them); then finish_load publishes
   // them as version.

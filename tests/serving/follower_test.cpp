@@ -4,11 +4,13 @@
 // serving layout of its own over a checkpoint of three ranks; a corrupt delta refused.
 #include <embstore/embstore.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "io/format/layout.hpp"
@@ -163,6 +165,46 @@ TEST_CASE("A follower serves what a restore of each version holds", "[serving][f
   CHECK(st.versions_applied == 4);  // 2, 3 and 4, 5
   CHECK(st.full_loads == 2);        // at create, and version 7's chain from the rebase at 6
   CHECK(st.lookups > 0);
+  embstore_follower_destroy(f);
+}
+
+TEST_CASE("Lookups on other threads go on while polls apply deltas and a rebase",
+          "[serving][follower]") {
+  embstore_test::TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  Trainer trainer;
+  trainer.step(1);
+  trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  embstore_follower_t* f = follow(dir);
+  std::atomic<bool> done{false};
+  std::atomic<long> batches{0}, failures{0};
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 2; ++r) {
+    readers.emplace_back([&] {
+      std::vector<int64_t> keys;
+      for (int64_t k = -kKeys; k < kKeys; k += 3) keys.push_back(k);
+      std::vector<float> rows(keys.size() * 4);
+      while (!done.load()) {
+        if (embstore_follower_lookup(f, "items", keys.data(), keys.size(), rows.data(), nullptr) !=
+            EMBSTORE_OK) {
+          ++failures;
+        }
+        ++batches;
+      }
+    });
+  }
+  uint64_t v = 0;
+  for (uint64_t s = 2; s <= 8; ++s) {
+    trainer.step(s);
+    trainer.checkpoint(dir, s == 6 ? EMBSTORE_CKPT_FULL : EMBSTORE_CKPT_INCREMENTAL);
+    REQUIRE(embstore_follower_poll(f, &v) == EMBSTORE_OK);
+  }
+  const long seen = batches.load();
+  while (batches.load() < seen + 10) std::this_thread::yield();
+  done = true;
+  for (std::thread& t : readers) t.join();
+  CHECK(failures.load() == 0);
+  check_equals_restore(f, dir, 8);
   embstore_follower_destroy(f);
 }
 

@@ -4,6 +4,7 @@
 // applies versions as fast as it can.
 #include "host/serving/served_rows.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <map>
@@ -73,24 +74,38 @@ TEST_CASE("Served rows equal a plain map of each version", "[serving]") {
 }
 
 TEST_CASE("Readers never see two versions in one batch while versions are applied", "[serving]") {
-  // Version v: every key k of [0, 2000) has row (v, k) unless k % 5 == v % 5 (tombstoned then).
-  constexpr int64_t kKeys = 2000;
-  constexpr uint64_t kVersions = 60;
-  ServedRows served({{"t", 2}});
-  const auto changes_of = [&](uint64_t v) {
-    TableChanges c;
-    for (int64_t k = 0; k < kKeys; ++k) {
-      if (static_cast<uint64_t>(k % 5) == v % 5) {
+  // Version v changes a tenth of the old keys (each to (v, k), or a tombstone where (k + v) % 7
+  // is 0) and adds 300 new keys, so readers read the base while it is merged into and while its
+  // index grows. expected[v][k]: the version whose row key k has at v, 0 for none.
+  constexpr int64_t kOld = 3000, kNewPerVersion = 300;
+  constexpr uint64_t kVersions = 50;
+  constexpr int64_t kAll = kOld + kNewPerVersion * static_cast<int64_t>(kVersions);
+  const auto changes = [](uint64_t v, int64_t k) {
+    const bool fresh = k >= kOld + kNewPerVersion * static_cast<int64_t>(v - 1) &&
+                       k < kOld + kNewPerVersion * static_cast<int64_t>(v);
+    const bool old_changed = k < kOld && (static_cast<uint64_t>(k) * 2654435761u + v) % 10 == 0;
+    return v == 1 ? k < kOld || fresh : fresh || old_changed;
+  };
+  std::vector<std::vector<int32_t>> expected(kVersions + 1, std::vector<int32_t>(kAll, 0));
+  std::vector<TableChanges> per_version(kVersions + 1);
+  for (uint64_t v = 1; v <= kVersions; ++v) {
+    expected[v] = expected[v - 1];
+    TableChanges& c = per_version[v];
+    for (int64_t k = 0; k < kAll; ++k) {
+      if (!changes(v, k)) continue;
+      if (v > 1 && k < kOld && (k + static_cast<int64_t>(v)) % 7 == 0) {
         c.tombstones.push_back(k);
+        expected[v][k] = 0;
       } else {
         c.keys.push_back(k);
         c.values.push_back(static_cast<float>(v));
         c.values.push_back(static_cast<float>(k));
+        expected[v][k] = static_cast<int32_t>(v);
       }
     }
-    return c;
-  };
-  served.apply(1, {{"t", changes_of(1)}});
+  }
+  ServedRows served({{"t", 2}});
+  served.apply(1, {{"t", per_version[1]}});
   std::atomic<bool> done{false};
   std::atomic<long> batches{0}, mixed{0};
   std::vector<std::thread> readers;
@@ -100,13 +115,13 @@ TEST_CASE("Readers never see two versions in one batch while versions are applie
       std::vector<int64_t> keys(256);
       std::vector<float> out(keys.size() * 2);
       while (!done.load()) {
-        for (int64_t& k : keys) k = static_cast<int64_t>(rng() % kKeys);
+        for (int64_t& k : keys) k = static_cast<int64_t>(rng() % kAll);
         uint64_t v = 0;
         served.lookup("t", keys.data(), keys.size(), out.data(), {}, &v);
         for (size_t i = 0; i < keys.size(); ++i) {
-          const bool gone = static_cast<uint64_t>(keys[i] % 5) == v % 5;
-          const float want_v = gone ? 0.0f : static_cast<float>(v);
-          const float want_k = gone ? 0.0f : static_cast<float>(keys[i]);
+          const int32_t has = expected[v][static_cast<size_t>(keys[i])];
+          const float want_v = static_cast<float>(has);
+          const float want_k = has == 0 ? 0.0f : static_cast<float>(keys[i]);
           if (out[2 * i] != want_v || out[2 * i + 1] != want_k) {
             ++mixed;
             break;
@@ -116,7 +131,10 @@ TEST_CASE("Readers never see two versions in one batch while versions are applie
       }
     });
   }
-  for (uint64_t v = 2; v <= kVersions; ++v) served.apply(v, {{"t", changes_of(v)}});
+  for (uint64_t v = 2; v <= kVersions; ++v) {
+    served.apply(v, {{"t", per_version[v]}});
+    std::this_thread::yield();
+  }
   // Let the readers see the last version too.
   const long seen = batches.load();
   while (batches.load() < seen + 100) std::this_thread::yield();
@@ -126,6 +144,9 @@ TEST_CASE("Readers never see two versions in one batch while versions are applie
   CHECK(batches.load() > 0);
   CHECK(mixed.load() == 0);
   CHECK(served.version() == kVersions);
+  CHECK(served.rows("t") ==
+        static_cast<uint64_t>(std::count_if(expected[kVersions].begin(), expected[kVersions].end(),
+                                            [](int32_t x) { return x != 0; })));
 }
 
 }  // namespace
