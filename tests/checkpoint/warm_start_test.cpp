@@ -9,6 +9,7 @@ namespace {
 
 constexpr int64_t kKeys = 300;
 
+// s.dir points into dir: keep dir alive while s is used.
 embstore_warm_start_source_t source(const std::string& dir, const char* regex,
                                     uint64_t version = EMBSTORE_LATEST, uint32_t flags = 0) {
   embstore_warm_start_source_t s;
@@ -281,7 +282,8 @@ TEST_CASE("A failed warm start leaves the store as it was", "[warm_start]") {
     s.tables_regex = nullptr;
     require_status(embstore_warm_start(trainer.store, &s, 1), EMBSTORE_INVALID_ARGUMENT,
                    "tables_regex");
-    s = source("", ".*");
+    const std::string empty;  // source() keeps a pointer into it
+    s = source(empty, ".*");
     require_status(embstore_warm_start(trainer.store, &s, 1), EMBSTORE_INVALID_ARGUMENT, "dir");
     s = source(src.a, ".*");
     s.struct_size = 8;
