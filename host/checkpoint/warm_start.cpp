@@ -12,23 +12,12 @@
 #include "host/checkpoint/load_stages.hpp"
 #include "host/checkpoint/restore_plan.hpp"
 #include "host/error.hpp"
+#include "host/table/table_regex.hpp"
 #include "io/format/chain.hpp"
 #include "io/format/manifest.hpp"
 
 namespace embstore::checkpoint {
 namespace {
-
-// The whole-name ECMAScript regex of source i; INVALID_ARGUMENT when it does not compile.
-std::regex compile_regex(size_t i, const std::string& text) {
-  try {
-    return std::regex(text, std::regex::ECMAScript);
-  } catch (const std::regex_error& e) {
-    fail(EMBSTORE_INVALID_ARGUMENT,
-         "warm start source {}: tables_regex '{}' is not an "
-         "ECMAScript regular expression: {}",
-         i, text, e.what());
-  }
-}
 
 // The table names of a plan, for a message (the first few).
 std::string names_of(const RestorePlan& plan) {
@@ -59,7 +48,8 @@ void Checkpointer::warm_start(const std::vector<WarmSource>& sources) {
   stages.run([&] {
     std::vector<std::regex> regexes;
     for (size_t i = 0; i < sources.size(); ++i) {
-      regexes.push_back(compile_regex(i, sources[i].tables_regex));
+      regexes.push_back(
+          compile_table_regex(sources[i].tables_regex, fmt::format("warm start source {}", i)));
     }
     std::map<std::string, TableLoad> chosen;  // by name
     for (size_t i = 0; i < sources.size(); ++i) {

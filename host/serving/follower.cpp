@@ -8,6 +8,7 @@
 #include "cuda/row/shard.h"
 #include "host/checkpoint/restore_plan.hpp"
 #include "host/error.hpp"
+#include "host/table/table_regex.hpp"
 #include "io/format/chain.hpp"
 #include "io/format/manifest.hpp"
 #include "io/format/row_file.hpp"
@@ -26,12 +27,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }  // namespace
 
 Follower::Follower(FollowerOptions options) : options_(std::move(options)) {
-  try {
-    tables_ = std::regex(options_.tables_regex, std::regex::ECMAScript);
-  } catch (const std::regex_error& e) {
-    fail(EMBSTORE_INVALID_ARGUMENT, "tables_regex '{}' is not an ECMAScript regular expression: {}",
-         options_.tables_regex, e.what());
-  }
+  tables_ = compile_table_regex(options_.tables_regex, "follower");
   io::CheckpointDir dir;
   const size_t newest =
       checkpoint::choose_version(options_.dir, io::kLatestVersion, std::nullopt, &dir, nullptr);

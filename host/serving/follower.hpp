@@ -72,7 +72,7 @@ class Follower {
 
   FollowerOptions options_;
   std::regex tables_;
-  std::atomic<std::shared_ptr<Serving>> serving_;
+  SharedSlot<Serving> serving_;
   std::mutex poll_mutex_;  // poll, and what it keeps below
   uint64_t xxh3_ = 0;      // the manifest checksum of the version served
   bool reload_ = false;    // an apply failed: the next poll loads the newest version whole

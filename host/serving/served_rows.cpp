@@ -142,12 +142,10 @@ ServedRows::ServedRows(const std::map<std::string, uint32_t>& tables) {
 
 ServedRows::~ServedRows() = default;
 
-std::shared_ptr<const ServedRows::View> ServedRows::current() const {
-  return view_.load(std::memory_order_acquire);
-}
+std::shared_ptr<const ServedRows::View> ServedRows::current() const { return view_.load(); }
 
 void ServedRows::publish(std::shared_ptr<const View> view) {
-  retired_.push_back(view_.exchange(std::move(view), std::memory_order_acq_rel));
+  retired_.push_back(view_.exchange(std::move(view)));
 }
 
 void ServedRows::wait_for_readers() {

@@ -4,8 +4,8 @@
 // A version is a View: for each table its base (a concurrent index of keys to rows and the
 // rows' values) and the overlays of the versions applied since the base last absorbed them
 // (newest first; each an immutable map of a version's upserts and tombstones). A lookup takes
-// the current view (one atomic load of a shared pointer: the only moment it shares anything
-// with the writer), reads each key from the newest overlay that has it, else from the base, and
+// the current view (a copy of a shared pointer: the only moment it shares anything with the
+// writer), reads each key from the newest overlay that has it, else from the base, and
 // so sees exactly one version for the whole batch.
 //
 // apply() moves to the next version in three steps, none of which waits for a reader beyond
@@ -27,11 +27,35 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 namespace embstore::serving {
+
+// A shared pointer that one thread replaces while others copy it: the copy and the swap each
+// hold a mutex for the length of a pointer copy. (libstdc++ 12's std::atomic<std::shared_ptr>
+// reads the pointer outside what ThreadSanitizer sees as synchronized.) The value a swap
+// replaces is released by the caller, outside the lock.
+template <typename T>
+class SharedSlot {
+ public:
+  std::shared_ptr<T> load() const {
+    std::lock_guard lock(mutex_);
+    return value_;
+  }
+  std::shared_ptr<T> exchange(std::shared_ptr<T> v) {
+    std::lock_guard lock(mutex_);
+    value_.swap(v);
+    return v;
+  }
+  void store(std::shared_ptr<T> v) { exchange(std::move(v)); }
+
+ private:
+  mutable std::mutex mutex_;
+  std::shared_ptr<T> value_;
+};
 
 // One version's changes to one table: rows (keys and values, rows x dim) and tombstones.
 struct TableChanges {
@@ -135,7 +159,7 @@ class ServedRows {
   void wait_for_readers();
 
   std::map<std::string, std::unique_ptr<Base>> bases_;
-  std::atomic<std::shared_ptr<const View>> view_;
+  SharedSlot<const View> view_;
   std::vector<std::weak_ptr<const View>> retired_;  // views replaced since the last step 2
 };
 
