@@ -126,8 +126,16 @@ struct ServedRows::TableView {
 };
 
 struct ServedRows::View {
+  View() = default;
+  // A copy is a new view: its release is its own.
+  View(const View& o) : version(o.version), tables(o.tables) {}
+  // Run by whichever thread drops the last reference, after its reads (the reference counts'
+  // read-modify-writes order every reader's reads before it): the writer waits for this flag.
+  ~View() { released->store(true, std::memory_order_release); }
+
   uint64_t version = 0;
   std::map<std::string, TableView> tables;
+  std::shared_ptr<std::atomic<bool>> released = std::make_shared<std::atomic<bool>>(false);
 };
 
 ServedRows::ServedRows(const std::map<std::string, uint32_t>& tables) {
@@ -145,17 +153,19 @@ ServedRows::~ServedRows() = default;
 std::shared_ptr<const ServedRows::View> ServedRows::current() const { return view_.load(); }
 
 void ServedRows::publish(std::shared_ptr<const View> view) {
-  retired_.push_back(view_.exchange(std::move(view)));
+  const std::shared_ptr<const View> old = view_.exchange(std::move(view));
+  retired_.push_back(old->released);
 }
 
 void ServedRows::wait_for_readers() {
-  for (const std::weak_ptr<const View>& v : retired_) {
-    while (!v.expired()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  // Each retired view's flag is set (release) when its last reader let go of it; this acquire
+  // orders every read of those readers before the writes that follow.
+  for (const std::shared_ptr<std::atomic<bool>>& released : retired_) {
+    while (!released->load(std::memory_order_acquire)) {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
   }
   retired_.clear();
-  // expired() reads the count relaxed: the readers' last reads of rows happen before the writes
-  // that follow only through this fence (their release of the count is acq_rel).
-  std::atomic_thread_fence(std::memory_order_acquire);
 }
 
 bool ServedRows::lookup(const std::string& table, const int64_t* keys, size_t n, float* out,

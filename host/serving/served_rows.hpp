@@ -160,7 +160,8 @@ class ServedRows {
 
   std::map<std::string, std::unique_ptr<Base>> bases_;
   SharedSlot<const View> view_;
-  std::vector<std::weak_ptr<const View>> retired_;  // views replaced since the last step 2
+  // The release flags of the views replaced since the last step 2.
+  std::vector<std::shared_ptr<std::atomic<bool>>> retired_;
 };
 
 }  // namespace embstore::serving
