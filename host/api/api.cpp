@@ -92,7 +92,7 @@ std::unique_lock<std::mutex> collective_section(embstore_store* store) {
 }  // namespace
 
 struct embstore_follower {
-  embstore::serving::Follower impl;
+  std::unique_ptr<embstore::serving::Follower> impl;
 };
 
 extern "C" {
@@ -589,6 +589,7 @@ void embstore_follower_config_init(embstore_follower_config_t* config) {
   config->backend = EMBSTORE_BACKEND_AUTO;
   config->tables_regex = ".*";
   config->world_size = 1;
+  config->lease_seconds = 60;
 }
 
 embstore_status_t embstore_follower_create(const embstore_follower_config_t* config,
@@ -597,12 +598,15 @@ embstore_status_t embstore_follower_create(const embstore_follower_config_t* con
     require(out, "out");
     *out = nullptr;
     require(config, "config");
-    if (config->struct_size < sizeof(embstore_follower_config_t)) {
+    // The first version ended at flags: its callers get no background polling, a 60 s lease.
+    constexpr size_t kBaseSize = offsetof(embstore_follower_config_t, poll_interval_ms);
+    if (config->struct_size < kBaseSize) {
       fail(EMBSTORE_INVALID_ARGUMENT,
            "follower config struct_size is {}, expected {}: fill it with "
            "embstore_follower_config_init",
            config->struct_size, sizeof(embstore_follower_config_t));
     }
+    const bool extended = config->struct_size >= sizeof(embstore_follower_config_t);
     require(config->dir, "dir");
     if (*config->dir == '\0') fail(EMBSTORE_INVALID_ARGUMENT, "dir is empty");
     if (config->world_size < 1 || config->rank < 0 || config->rank >= config->world_size ||
@@ -629,7 +633,18 @@ embstore_status_t embstore_follower_create(const embstore_follower_config_t* con
     o.rank = static_cast<uint32_t>(config->rank);
     o.world_size = static_cast<uint32_t>(config->world_size);
     o.initial_values = (config->flags & EMBSTORE_FOLLOWER_INITIAL_VALUES) != 0;
-    *out = new embstore_follower{embstore::serving::Follower(std::move(o))};
+    if (extended) {
+      o.poll_interval_ms = config->poll_interval_ms;
+      o.lease_seconds = config->lease_seconds;
+    }
+    if (o.lease_seconds > 0 && o.poll_interval_ms > 500u * o.lease_seconds) {
+      fail(EMBSTORE_INVALID_ARGUMENT,
+           "poll_interval_ms {} is more than half of lease_seconds {}: the lease would expire "
+           "between polls",
+           o.poll_interval_ms, o.lease_seconds);
+    }
+    o.who = fmt::format("follower in {}", program_invocation_short_name);
+    *out = new embstore_follower{std::make_unique<embstore::serving::Follower>(std::move(o))};
   });
 }
 
@@ -642,14 +657,14 @@ embstore_status_t embstore_follower_lookup(embstore_follower_t* follower, const 
     if (n == 0) return;
     require(keys, "keys");
     require(values_out, "values_out");
-    follower->impl.lookup(table, keys, n, values_out);
+    follower->impl->lookup(table, keys, n, values_out);
   });
 }
 
 embstore_status_t embstore_follower_poll(embstore_follower_t* follower, uint64_t* version_out) {
   return guarded(__func__, [&] {
     require(follower, "follower");
-    const uint64_t v = follower->impl.poll();
+    const uint64_t v = follower->impl->poll();
     if (version_out != nullptr) *version_out = v;
   });
 }
@@ -658,7 +673,7 @@ embstore_status_t embstore_follower_version(embstore_follower_t* follower, uint6
   return guarded(__func__, [&] {
     require(follower, "follower");
     require(version_out, "version_out");
-    *version_out = follower->impl.version();
+    *version_out = follower->impl->version();
   });
 }
 
@@ -667,16 +682,24 @@ embstore_status_t embstore_follower_stats(embstore_follower_t* follower,
   return guarded(__func__, [&] {
     require(follower, "follower");
     require(out, "out");
-    if (out->struct_size < sizeof(embstore_follower_stats_t)) {
+    constexpr size_t kBaseSize = offsetof(embstore_follower_stats_t, polls);
+    if (out->struct_size < kBaseSize) {
       fail(EMBSTORE_INVALID_ARGUMENT, "stats struct_size is {}, expected {}", out->struct_size,
            sizeof(embstore_follower_stats_t));
     }
-    const embstore::serving::FollowerStats s = follower->impl.stats();
+    const embstore::serving::FollowerStats s = follower->impl->stats();
     out->version = s.version;
     out->versions_applied = s.versions_applied;
     out->full_loads = s.full_loads;
     out->lookups = s.lookups;
     out->last_apply_seconds = s.last_apply_seconds;
+    if (out->struct_size < sizeof(embstore_follower_stats_t)) return;
+    out->polls = s.polls;
+    out->chain_lost = s.chain_lost;
+    out->last_poll_status = s.last_poll_status;
+    out->last_lag_seconds = s.last_lag_seconds;
+    out->lag_p50_seconds = s.lag_p50_seconds;
+    out->lag_p99_seconds = s.lag_p99_seconds;
   });
 }
 

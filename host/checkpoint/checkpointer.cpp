@@ -12,6 +12,7 @@
 #include "io/engine/engine.hpp"
 #include "io/format/chain.hpp"
 #include "io/format/commit.hpp"
+#include "io/format/lease.hpp"
 #include "io/format/manifest.hpp"
 
 namespace embstore::checkpoint {
@@ -353,7 +354,12 @@ void Checkpointer::apply_retention(const Job& job) {
     }
   }
   if (fulls.size() <= keep) return;
-  const uint64_t oldest_kept = fulls[fulls.size() - keep];
+  // Followers' leases (io/format/lease.hpp): the chain of each live lease's version stays.
+  std::vector<std::string> bad_leases;
+  const uint64_t oldest_kept =
+      std::min(fulls[fulls.size() - keep],
+               io::oldest_leased_version(job.dir, io::wall_clock_ms(), &bad_leases));
+  for (const std::string& bad : bad_leases) log_line(fmt::format("ignored a lease: {}", bad));
   // Newest first: a delta goes before the versions it applies on, so that a crash half-way
   // leaves the older part of a chain, never a delta without its parent (the crash campaign
   // found that).

@@ -1,5 +1,9 @@
 #include "host/serving/follower.hpp"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -10,6 +14,8 @@
 #include "host/error.hpp"
 #include "host/table/table_regex.hpp"
 #include "io/format/chain.hpp"
+#include "io/format/dir_lock.hpp"
+#include "io/format/lease.hpp"
 #include "io/format/manifest.hpp"
 #include "io/format/row_file.hpp"
 
@@ -24,14 +30,88 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+bool exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
+
+// Whether dir still lists a version of this number (of either kind).
+bool listed(const io::CheckpointDir& dir, uint64_t version) {
+  return std::any_of(dir.versions().begin(), dir.versions().end(),
+                     [&](const io::VersionDir& v) { return v.version == version; });
+}
+
 }  // namespace
 
 Follower::Follower(FollowerOptions options) : options_(std::move(options)) {
   tables_ = compile_table_regex(options_.tables_regex, "follower");
-  io::CheckpointDir dir;
-  const size_t newest =
-      checkpoint::choose_version(options_.dir, io::kLatestVersion, std::nullopt, &dir, nullptr);
-  serving_.store(load_whole(dir, newest));
+  if (options_.lease_seconds > 0) lease_id_ = io::new_lease_id();
+  // The lease names the version before it is read; retention may have deleted it between the
+  // listing and the lease, so a version that went while it was read is chosen again.
+  for (int attempt = 0;; ++attempt) {
+    io::CheckpointDir dir;
+    const size_t newest =
+        checkpoint::choose_version(options_.dir, io::kLatestVersion, std::nullopt, &dir, nullptr);
+    try {
+      renew_lease(dir.versions()[newest].version, true);
+      serving_.store(load_whole(dir, newest));
+      made_visible(dir.version_path(newest));
+      break;
+    } catch (const Error&) {
+      if (attempt == 2 || exists(dir.version_path(newest))) {
+        if (!lease_id_.empty()) io::remove_lease(options_.dir, lease_id_);
+        throw;
+      }
+    }
+  }
+  if (options_.poll_interval_ms > 0) {
+    watch_ = std::make_unique<DirWatch>(options_.dir);
+    background_ = std::thread([this] { background(); });
+  }
+}
+
+Follower::~Follower() {
+  if (watch_ != nullptr) {
+    watch_->stop();
+    background_.join();
+  }
+  if (!lease_id_.empty()) io::remove_lease(options_.dir, lease_id_);
+}
+
+void Follower::background() {
+  while (watch_->wait(std::chrono::milliseconds(options_.poll_interval_ms))) {
+    try {
+      poll();
+    } catch (...) {  // poll() keeps it in the stats and logs it; the next interval tries again
+    }
+  }
+}
+
+void Follower::renew_lease(uint64_t version, bool force) {
+  if (lease_id_.empty()) return;
+  const int64_t now = io::wall_clock_ms();
+  const int64_t length_ms = int64_t{options_.lease_seconds} * 1000;
+  // Rewritten when the version changes and when half the lease has run, not at every poll.
+  if (!force && version == lease_version_ && now - lease_renewed_ms_ < length_ms / 2) return;
+  io::Lease lease;
+  lease.id = lease_id_;
+  lease.pid = ::getpid();
+  lease.host = io::host_name();
+  lease.version = version;
+  lease.expires_ms = now + length_ms;
+  lease.what = options_.who;
+  std::string detail;
+  if (int r = io::write_lease(options_.dir, lease, &detail); r < 0) fail_io(r, "lease: " + detail);
+  lease_version_ = version;
+  lease_renewed_ms_ = now;
+}
+
+void Follower::made_visible(const std::string& version_path) {
+  struct stat st {};
+  if (::stat(version_path.c_str(), &st) != 0) return;
+  const double committed = static_cast<double>(st.st_ctim.tv_sec) + st.st_ctim.tv_nsec * 1e-9;
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::lock_guard lock(stats_mutex_);
+  lags_.push_back(std::max(0.0, now - committed));
+  if (lags_.size() > kLagWindow) lags_.pop_front();
 }
 
 bool Follower::serves_key(int64_t key) const {
@@ -117,12 +197,43 @@ std::map<std::string, TableChanges> Follower::read_changes(const io::ChainLink& 
   return changes;
 }
 
+bool Follower::serves_same_tables(const io::Manifest& m, const Serving& serving) const {
+  size_t matching = 0;
+  for (const io::TableEntry& entry : m.tables) {
+    if (!std::regex_match(entry.name, tables_)) continue;
+    if (serving.specs.count(entry.name) == 0) return false;  // created since the load
+    ++matching;
+  }
+  return matching == serving.specs.size();  // else one was dropped
+}
+
 uint64_t Follower::poll() {
   std::lock_guard lock(poll_mutex_);
+  ++polls_;
+  try {
+    const uint64_t v = poll_locked();
+    std::lock_guard stats(stats_mutex_);
+    last_poll_status_ = EMBSTORE_OK;
+    last_poll_error_.clear();
+    return v;
+  } catch (const Error& e) {
+    std::lock_guard stats(stats_mutex_);
+    // Logged when it changes, so that a lasting failure of background polls is one line.
+    if (e.status() != last_poll_status_ || e.what() != last_poll_error_) {
+      std::fprintf(stderr, "embstore: follower of %s: %s\n", options_.dir.c_str(), e.what());
+    }
+    last_poll_status_ = e.status();
+    last_poll_error_ = e.what();
+    throw;
+  }
+}
+
+uint64_t Follower::poll_locked() {
   std::shared_ptr<Serving> serving = serving_.load();
   const uint64_t served = serving->rows.version();
+  renew_lease(served, false);
   io::CheckpointDir dir;
-  const size_t newest =
+  size_t newest =
       checkpoint::choose_version(options_.dir, io::kLatestVersion, std::nullopt, &dir, nullptr);
   const io::Manifest* newest_manifest = nullptr;
   std::string detail;
@@ -132,33 +243,56 @@ uint64_t Follower::poll() {
   }
 
   // The chain of the newest version: where the version served is a link of it, the deltas
-  // after it; else (rebased or pruned) the newest version whole.
+  // after it; else (rebased, pruned, or the version served deleted) the newest version whole.
   std::vector<io::ChainLink> chain;
   if (int r = dir.chain(newest, &chain, &detail); r < 0) fail_io(r, detail);
   size_t at = chain.size();
   for (size_t i = 0; i < chain.size(); ++i) {
     if (chain[i].manifest->version == served && chain[i].manifest->xxh3 == xxh3_) at = i;
   }
-  if (at == chain.size() || reload_) {
+  for (size_t i = 0; i < at; ++i) {
+    if (!serves_same_tables(*chain[i].manifest, *serving)) reload_ = true;
+  }
+  const auto load_newest = [&] {
     serving_.store(load_whole(dir, newest));
     reload_ = false;
-    return serving_.load()->rows.version();
+    made_visible(dir.version_path(newest));
+    const uint64_t v = serving_.load()->rows.version();
+    renew_lease(v, true);
+    return v;
+  };
+  if (at == chain.size() || reload_) {
+    if (at == chain.size() && !listed(dir, served)) ++chain_lost_;
+    return load_newest();
   }
   const auto started = std::chrono::steady_clock::now();
   for (size_t i = at; i-- > 0;) {  // oldest first
     const io::ChainLink& link = chain[i];
     // Read and checked whole before any of it is served.
-    std::map<std::string, TableChanges> changes = read_changes(link, *serving);
+    std::map<std::string, TableChanges> changes;
+    try {
+      changes = read_changes(link, *serving);
+    } catch (const Error&) {
+      if (exists(link.path)) throw;
+      // Deleted while read (an expired lease, by hand): the newest version, whole.
+      ++chain_lost_;
+      dir = io::CheckpointDir();
+      newest =
+          checkpoint::choose_version(options_.dir, io::kLatestVersion, std::nullopt, &dir, nullptr);
+      return load_newest();
+    }
     try {
       serving->rows.apply(link.manifest->version, std::move(changes));
     } catch (...) {
       reload_ = true;  // the rows may not be applied to again: the next poll loads anew
       throw;
     }
+    made_visible(link.path);
     xxh3_ = link.manifest->xxh3;
     ++versions_applied_;
   }
   last_apply_seconds_ = seconds_since(started);
+  renew_lease(serving->rows.version(), false);
   return serving->rows.version();
 }
 
@@ -194,6 +328,21 @@ FollowerStats Follower::stats() const {
   s.full_loads = full_loads_.load();
   s.lookups = lookups_.load();
   s.last_apply_seconds = last_apply_seconds_.load();
+  s.polls = polls_.load();
+  s.chain_lost = chain_lost_.load();
+  std::lock_guard lock(stats_mutex_);
+  s.last_poll_status = last_poll_status_;
+  s.last_poll_error = last_poll_error_;
+  if (!lags_.empty()) {
+    std::vector<double> sorted(lags_.begin(), lags_.end());
+    std::sort(sorted.begin(), sorted.end());
+    const auto at = [&](double q) {
+      return sorted[std::min(sorted.size() - 1, static_cast<size_t>(q * sorted.size()))];
+    };
+    s.last_lag_seconds = lags_.back();
+    s.lag_p50_seconds = at(0.5);
+    s.lag_p99_seconds = at(0.99);
+  }
   return s;
 }
 

@@ -7,21 +7,32 @@
 //             any of it is served (a corrupt delta is refused: the follower stays where it was)
 //   apply     ServedRows::apply, one version at a time (served_rows.hpp); a whole version goes
 //             into new ServedRows, swapped in for the old ones
+//   lease     the lease file (io/format/lease.hpp) names the version now served, so that the
+//             trainer's retention keeps its chain and everything newer
+// A poll loads the newest version whole when the chain was rebased, when the version served was
+// deleted (an expired lease, by hand: "chain lost" in the stats), and when the set of tables
+// served changes (a table created or dropped since the load).
+// With an interval, a background thread polls (host/serving/dir_watch.hpp: at once when a
+// version is committed, where inotify reports it) and keeps the lease renewed.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <regex>
 #include <string>
+#include <thread>
 
+#include "host/serving/dir_watch.hpp"
 #include "host/serving/served_rows.hpp"
 #include "host/table/table.hpp"
 
 namespace embstore::io {
 struct ChainLink;
+struct Manifest;
 class CheckpointDir;
 }  // namespace embstore::io
 
@@ -32,6 +43,9 @@ struct FollowerOptions {
   std::string tables_regex = ".*";    // ECMAScript, whole names
   uint32_t rank = 0, world_size = 1;  // the serving layout: keys embstore_shard_of gives rank
   bool initial_values = false;        // keys without a row read as the initializer's values
+  uint32_t poll_interval_ms = 0;      // 0: polls by poll() only; else a background thread polls
+  uint32_t lease_seconds = 60;        // 0: no lease
+  std::string who = "follower";       // the lease's "what"
 };
 
 struct FollowerStats {
@@ -40,20 +54,33 @@ struct FollowerStats {
   uint64_t full_loads = 0;        // whole versions loaded (the first, and after rebases)
   uint64_t lookups = 0;           // batches served
   double last_apply_seconds = 0;  // the last poll's read and apply of its versions
+  uint64_t polls = 0;             // polls done, by callers and the background thread
+  uint64_t chain_lost = 0;        // the version served was deleted: the newest loaded whole
+  embstore_status_t last_poll_status = EMBSTORE_OK;
+  std::string last_poll_error;  // its message ("" after a poll that succeeded)
+  // From a version's commit (its directory's ctime: the commit's rename) to the moment lookups
+  // read it; the last, and over the last kLagWindow versions made visible.
+  double last_lag_seconds = 0, lag_p50_seconds = 0, lag_p99_seconds = 0;
 };
 
 class Follower {
  public:
+  static constexpr size_t kLagWindow = 1024;
+
   // Loads the newest committed version of options.dir. Throws Error: NOT_FOUND (no directory,
   // no committed version, no table matching), INVALID_ARGUMENT (a bad regex), CORRUPT, IO_ERROR.
   explicit Follower(FollowerOptions options);
+  // Stops the background thread and removes the lease. No lookup or poll may be running.
+  ~Follower();
+  Follower(const Follower&) = delete;
+  Follower& operator=(const Follower&) = delete;
 
   // Any thread, any time (also during poll): the rows of keys in table at one version.
   // INVALID_ARGUMENT for a table not served or a key another rank of the layout serves.
   void lookup(const std::string& table, const int64_t* keys, size_t n, float* out);
-  // One thread at a time: moves to the newest committed version; returns the version served.
-  // On failure (CORRUPT, IO_ERROR, NOT_FOUND when the directory went) it throws and the version
-  // served stays the last one applied.
+  // Any thread (polls take turns): moves to the newest committed version; returns the version
+  // served. On failure (CORRUPT, IO_ERROR, NOT_FOUND when the directory went) it throws and the
+  // version served stays the last one applied.
   uint64_t poll();
   uint64_t version() const;
   FollowerStats stats() const;
@@ -65,9 +92,15 @@ class Follower {
     ServedRows rows;
     std::map<std::string, TableSpec> specs;
   };
+  // The stages of a poll (poll_mutex_ held).
+  uint64_t poll_locked();
   std::shared_ptr<Serving> load_whole(io::CheckpointDir& dir, size_t index);
   std::map<std::string, TableChanges> read_changes(const io::ChainLink& link,
                                                    const Serving& serving) const;
+  bool serves_same_tables(const io::Manifest& m, const Serving& serving) const;
+  void renew_lease(uint64_t version, bool force);
+  void made_visible(const std::string& version_path);  // records the lag
+  void background();
   bool serves_key(int64_t key) const;
 
   FollowerOptions options_;
@@ -76,8 +109,18 @@ class Follower {
   std::mutex poll_mutex_;  // poll, and what it keeps below
   uint64_t xxh3_ = 0;      // the manifest checksum of the version served
   bool reload_ = false;    // an apply failed: the next poll loads the newest version whole
-  std::atomic<uint64_t> versions_applied_{0}, full_loads_{0}, lookups_{0};
+  std::string lease_id_;   // "" without a lease
+  uint64_t lease_version_ = 0;
+  int64_t lease_renewed_ms_ = 0;
+  std::atomic<uint64_t> versions_applied_{0}, full_loads_{0}, lookups_{0}, polls_{0},
+      chain_lost_{0};
   std::atomic<double> last_apply_seconds_{0};
+  mutable std::mutex stats_mutex_;  // what follows
+  embstore_status_t last_poll_status_ = EMBSTORE_OK;
+  std::string last_poll_error_;
+  std::deque<double> lags_;  // the last kLagWindow, oldest first
+  std::unique_ptr<DirWatch> watch_;
+  std::thread background_;
 };
 
 }  // namespace embstore::serving

@@ -706,9 +706,19 @@ EMBSTORE_API embstore_status_t embstore_warm_start(embstore_store_t* store,
    and after a rebase) is loaded beside the one served, then swapped in.
    With world_size > 1 the follower is rank `rank` of a serving layout: it holds and serves only
    the keys embstore_shard_of(key, world_size) gives it, whatever the world size of the
-   training job. The follower reads the directory without a lock; in this version the trainer's
-   retention does not know of followers, so a version may be deleted while a poll reads it (the
-   poll then fails, and the next one moves on). Host backend only in this version. */
+   training job.
+   Leases: the follower reads the directory without a lock, and writes a lease file into it
+   (embstore.lease.<id>: pid, host, the version served, an expiry lease_seconds ahead, renewed
+   by polls). The trainer's retention (keep_full) keeps the chain of every live lease's version
+   and everything newer, ignores expired leases, and removes leases expired for an hour. A
+   follower whose version was deleted anyway (its lease expired, files removed by hand) loads
+   the newest version whole and counts it in chain_lost; it never serves a partial version.
+   Expiry compares wall clocks: followers on other hosts need clocks in sync (NTP).
+   Background polling: with poll_interval_ms, a thread polls at that interval, and at once when
+   a version is committed where inotify reports it (local file systems; not NFS); its failures
+   are in the stats (last_poll_status), and it keeps serving the last version applied. Without
+   it, poll at least every lease_seconds / 2 to keep the lease. Host backend only in this
+   version. */
 typedef struct embstore_follower embstore_follower_t;
 
 typedef struct embstore_follower_config {
@@ -722,6 +732,10 @@ typedef struct embstore_follower_config {
   uint32_t flags;             /* 0 (default): keys without a row read as zeros;
                                  EMBSTORE_FOLLOWER_INITIAL_VALUES: as the table's initializer
                                  gives them (what training would insert) */
+  uint32_t poll_interval_ms;  /* 0 (default): polls by embstore_follower_poll only; else a
+                                 background thread polls at this interval */
+  uint32_t lease_seconds;     /* the lease's length; default 60; 0: no lease (retention may then
+                                 delete what the follower reads) */
 } embstore_follower_config_t;
 #define EMBSTORE_FOLLOWER_INITIAL_VALUES 1u
 
@@ -732,6 +746,14 @@ typedef struct embstore_follower_stats {
   uint64_t full_loads;        /* whole versions loaded: at create, and after rebases */
   uint64_t lookups;           /* lookup batches served */
   double last_apply_seconds;  /* the last poll's (or load's) reading and applying */
+  uint64_t polls;             /* polls done, by the caller and the background thread */
+  uint64_t chain_lost;        /* the version served was deleted: the newest loaded whole */
+  embstore_status_t last_poll_status; /* OK, or why the last poll failed (then see
+                                         embstore_last_error of that poll, or the log line) */
+  double last_lag_seconds;    /* from the commit of the newest version made visible (its
+                                 directory's rename, as its ctime says) to lookups reading it */
+  double lag_p50_seconds;     /* the same over the last 1024 versions made visible */
+  double lag_p99_seconds;
 } embstore_follower_stats_t;
 
 /* Fills config with the defaults above. NULL is a no-op. */
@@ -758,10 +780,12 @@ EMBSTORE_API embstore_status_t embstore_follower_poll(embstore_follower_t* follo
                                                       uint64_t* version_out);
 EMBSTORE_API embstore_status_t embstore_follower_version(embstore_follower_t* follower,
                                                          uint64_t* version_out);
-/* Returns OK; INVALID_ARGUMENT (NULL pointer, struct_size too small). */
+/* Returns OK; INVALID_ARGUMENT (NULL pointer, struct_size too small). A struct_size of the
+   first version (up to last_apply_seconds) gets those fields only. */
 EMBSTORE_API embstore_status_t embstore_follower_stats(embstore_follower_t* follower,
                                                        embstore_follower_stats_t* out);
-/* NULL is a no-op. No lookup or poll may be running. */
+/* Stops the background thread and removes the lease. NULL is a no-op. No lookup or poll of the
+   caller's may be running. */
 EMBSTORE_API embstore_status_t embstore_follower_destroy(embstore_follower_t* follower);
 
 #ifdef __cplusplus

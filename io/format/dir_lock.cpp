@@ -50,12 +50,6 @@ std::string read_first_line(const char* path) {
   return s.substr(0, s.find('\n'));
 }
 
-std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
-  return buf;
-}
-
 std::string boot_id() { return read_first_line("/proc/sys/kernel/random/boot_id"); }
 
 // Field 22 of /proc/<pid>/stat: the start time in clock ticks since boot; 0 when unknown.
@@ -227,6 +221,12 @@ int acquire_held_file(const std::string& dir, const std::string& record, int* fd
 }
 
 }  // namespace
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
 
 std::string describe(const LockOwner& o) {
   char when[64] = "an unknown time";

@@ -48,6 +48,9 @@ struct LockOwner {
   std::string what;         // "store", "embstore-ckpt compact"
 };
 
+// This host's name (gethostname), "unknown" when it has none.
+std::string host_name();
+
 // "pid 1234 on host trainer-7 (store), since 2026-11-23 23:17:25 UTC".
 std::string describe(const LockOwner& owner);
 
