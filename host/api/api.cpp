@@ -637,7 +637,7 @@ embstore_status_t embstore_follower_create(const embstore_follower_config_t* con
       o.poll_interval_ms = config->poll_interval_ms;
       o.lease_seconds = config->lease_seconds;
     }
-    if (o.lease_seconds > 0 && o.poll_interval_ms > 500u * o.lease_seconds) {
+    if (o.lease_seconds > 0 && o.poll_interval_ms > uint64_t{500} * o.lease_seconds) {
       fail(EMBSTORE_INVALID_ARGUMENT,
            "poll_interval_ms {} is more than half of lease_seconds {}: the lease would expire "
            "between polls",

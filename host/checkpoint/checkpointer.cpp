@@ -358,7 +358,7 @@ void Checkpointer::apply_retention(const Job& job) {
   std::vector<std::string> bad_leases;
   const uint64_t oldest_kept =
       std::min(fulls[fulls.size() - keep],
-               io::oldest_leased_version(job.dir, io::wall_clock_ms(), &bad_leases));
+               io::oldest_leased_version(job.dir, versions, io::wall_clock_ms(), &bad_leases));
   for (const std::string& bad : bad_leases) log_line(fmt::format("ignored a lease: {}", bad));
   // Newest first: a delta goes before the versions it applies on, so that a crash half-way
   // leaves the older part of a chain, never a delta without its parent (the crash campaign

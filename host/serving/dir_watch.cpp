@@ -11,13 +11,14 @@
 #include <thread>
 
 #include "host/error.hpp"
+#include "io/engine/engine.hpp"
 #include "io/format/commit.hpp"
 
 namespace embstore::serving {
 
 DirWatch::DirWatch(const std::string& dir) {
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd_ < 0) fail(EMBSTORE_IO_ERROR, "eventfd: errno {}", errno);
+  if (wake_fd_ < 0) fail(EMBSTORE_IO_ERROR, "eventfd: {}", io::detail::errno_text(-errno));
   inotify_fd_ = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
   if (inotify_fd_ >= 0 &&
       ::inotify_add_watch(inotify_fd_, dir.c_str(), IN_MOVED_TO | IN_ONLYDIR) < 0) {

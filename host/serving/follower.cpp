@@ -43,6 +43,8 @@ bool listed(const io::CheckpointDir& dir, uint64_t version) {
 Follower::Follower(FollowerOptions options) : options_(std::move(options)) {
   tables_ = compile_table_regex(options_.tables_regex, "follower");
   if (options_.lease_seconds > 0) lease_id_ = io::new_lease_id();
+  // Made before the lease is written, so that nothing after it can fail and leave the lease.
+  if (options_.poll_interval_ms > 0) watch_ = std::make_unique<DirWatch>(options_.dir);
   // The lease names the version before it is read; retention may have deleted it between the
   // listing and the lease, so a version that went while it was read is chosen again.
   for (int attempt = 0;; ++attempt) {
@@ -61,10 +63,7 @@ Follower::Follower(FollowerOptions options) : options_(std::move(options)) {
       }
     }
   }
-  if (options_.poll_interval_ms > 0) {
-    watch_ = std::make_unique<DirWatch>(options_.dir);
-    background_ = std::thread([this] { background(); });
-  }
+  if (watch_ != nullptr) background_ = std::thread([this] { background(); });
 }
 
 Follower::~Follower() {
@@ -98,7 +97,10 @@ void Follower::renew_lease(uint64_t version, bool force) {
   lease.expires_ms = now + length_ms;
   lease.what = options_.who;
   std::string detail;
-  if (int r = io::write_lease(options_.dir, lease, &detail); r < 0) fail_io(r, "lease: " + detail);
+  if (int r = io::write_lease(options_.dir, lease, &detail); r < 0) {
+    fail_io(r, "the follower's lease: " + detail +
+                   " (a directory the follower may not write needs lease_seconds 0)");
+  }
   lease_version_ = version;
   lease_renewed_ms_ = now;
 }

@@ -216,22 +216,17 @@ int read_leases(const std::string& dir, std::vector<Lease>* out,
   return 0;
 }
 
-uint64_t oldest_leased_version(const std::string& dir, int64_t now_ms,
-                               std::vector<std::string>* skipped) {
+uint64_t oldest_leased_version(const std::string& dir, const std::vector<VersionDir>& versions,
+                               int64_t now_ms, std::vector<std::string>* skipped) {
   std::vector<Lease> leases;
   if (read_leases(dir, &leases, skipped) < 0) return UINT64_MAX;
   uint64_t oldest = UINT64_MAX;
-  CheckpointDir checkpoints;
-  bool opened = false;
+  CheckpointDir checkpoints(dir, versions);
   for (const Lease& lease : leases) {
     if (lease.expires_ms <= now_ms) {
-      if (now_ms - lease.expires_ms > kStaleLeaseMs) remove_lease(dir, lease.id);
+      // Compared without subtracting from expires_ms, which the file may set to anything.
+      if (lease.expires_ms < now_ms - kStaleLeaseMs) remove_lease(dir, lease.id);
       continue;
-    }
-    if (!opened) {
-      std::string detail;
-      if (checkpoints.open(dir, &detail) < 0) return UINT64_MAX;
-      opened = true;
     }
     for (size_t i = 0; i < checkpoints.versions().size(); ++i) {
       if (checkpoints.versions()[i].version != lease.version) continue;

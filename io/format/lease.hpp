@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "io/format/commit.hpp"
+
 namespace embstore::io {
 
 inline constexpr const char* kLeasePrefix = "embstore.lease.";
@@ -57,8 +59,9 @@ inline constexpr int64_t kStaleLeaseMs = 3600 * 1000;
 // chain does not read: a broken chain needs nothing older); UINT64_MAX when no live lease names
 // a version of dir. Leases that expired more than kStaleLeaseMs ago are removed. Lease files
 // that do not parse are no lease; their reasons go to *skipped (may be null).
-uint64_t oldest_leased_version(const std::string& dir, int64_t now_ms,
-                               std::vector<std::string>* skipped);
+// versions: dir's listing (list_versions), which the caller has already.
+uint64_t oldest_leased_version(const std::string& dir, const std::vector<VersionDir>& versions,
+                               int64_t now_ms, std::vector<std::string>* skipped);
 
 // The text of a lease file, and its reading back (0, or -EBADMSG with the reason in *why).
 std::string format_lease(const Lease& lease);

@@ -22,15 +22,10 @@ using Clock = std::chrono::steady_clock;
 
 embstore_follower_t* follow_in_background(const std::string& dir, uint32_t interval_ms,
                                           uint32_t lease_seconds) {
-  embstore_follower_config_t c;
-  embstore_follower_config_init(&c);
-  c.dir = dir.c_str();
+  embstore_follower_config_t c = follower_config(dir);
   c.poll_interval_ms = interval_ms;
   c.lease_seconds = lease_seconds;
-  embstore_follower_t* f = nullptr;
-  INFO(embstore_last_error());
-  REQUIRE(embstore_follower_create(&c, &f) == EMBSTORE_OK);
-  return f;
+  return follow_with(c);
 }
 
 // Waits (up to 30 s: a bound for a hung test, not a timing goal) for f to serve version.
@@ -43,13 +38,6 @@ bool reaches(embstore_follower_t* f, uint64_t version) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return false;
-}
-
-embstore_follower_stats_t stats_of(embstore_follower_t* f) {
-  embstore_follower_stats_t st{};
-  st.struct_size = sizeof st;
-  REQUIRE(embstore_follower_stats(f, &st) == EMBSTORE_OK);
-  return st;
 }
 
 TEST_CASE("A background follower reaches each version and reports its lag",

@@ -77,18 +77,35 @@ struct Trainer {
   }
 };
 
-inline embstore_follower_t* follow(const std::string& dir, int rank = 0, int world = 1,
-                                   uint32_t flags = 0) {
+// A follower configuration of dir with the defaults, to adjust before follow_with.
+inline embstore_follower_config_t follower_config(const std::string& dir) {
   embstore_follower_config_t c;
   embstore_follower_config_init(&c);
-  c.dir = dir.c_str();
-  c.rank = rank;
-  c.world_size = world;
-  c.flags = flags;
+  c.dir = dir.c_str();  // dir outlives the create
+  return c;
+}
+
+inline embstore_follower_t* follow_with(const embstore_follower_config_t& c) {
   embstore_follower_t* f = nullptr;
   INFO(embstore_last_error());
   REQUIRE(embstore_follower_create(&c, &f) == EMBSTORE_OK);
   return f;
+}
+
+inline embstore_follower_t* follow(const std::string& dir, int rank = 0, int world = 1,
+                                   uint32_t flags = 0) {
+  embstore_follower_config_t c = follower_config(dir);
+  c.rank = rank;
+  c.world_size = world;
+  c.flags = flags;
+  return follow_with(c);
+}
+
+inline embstore_follower_stats_t stats_of(embstore_follower_t* f) {
+  embstore_follower_stats_t st{};
+  st.struct_size = sizeof st;
+  REQUIRE(embstore_follower_stats(f, &st) == EMBSTORE_OK);
+  return st;
 }
 
 // The follower's rows of every key it serves (keys in [-kKeys, kKeys)) equal those of a store

@@ -41,21 +41,9 @@ void keep_newest_full(Trainer& trainer, const std::string& dir) {
 }
 
 embstore_follower_t* follow_with_lease(const std::string& dir, uint32_t lease_seconds) {
-  embstore_follower_config_t c;
-  embstore_follower_config_init(&c);
-  c.dir = dir.c_str();
+  embstore_follower_config_t c = follower_config(dir);
   c.lease_seconds = lease_seconds;
-  embstore_follower_t* f = nullptr;
-  INFO(embstore_last_error());
-  REQUIRE(embstore_follower_create(&c, &f) == EMBSTORE_OK);
-  return f;
-}
-
-embstore_follower_stats_t stats_of(embstore_follower_t* f) {
-  embstore_follower_stats_t st{};
-  st.struct_size = sizeof st;
-  REQUIRE(embstore_follower_stats(f, &st) == EMBSTORE_OK);
-  return st;
+  return follow_with(c);
 }
 
 std::vector<io::Lease> leases_in(const std::string& dir) {
@@ -168,7 +156,10 @@ TEST_CASE("Expired and unreadable leases keep nothing; stale ones are removed",
   elsewhere.id = "elsewhere";
   elsewhere.version = 999;
   elsewhere.expires_ms = now + 600'000;
-  for (const io::Lease& l : {expired, stale, elsewhere}) {
+  io::Lease hostile = expired;  // an expiry no subtraction may take
+  hostile.id = "hostile";
+  hostile.expires_ms = INT64_MIN;
+  for (const io::Lease& l : {expired, stale, elsewhere, hostile}) {
     REQUIRE(io::write_lease(dir, l, &why) == 0);
   }
   std::ofstream(dir + "/" + io::kLeasePrefix + "garbage") << "{\"version\": 1";
@@ -177,7 +168,8 @@ TEST_CASE("Expired and unreadable leases keep nothing; stale ones are removed",
   CHECK(versions_in(dir) == std::vector<uint64_t>{2});
   std::vector<std::string> ids;
   for (const io::Lease& l : leases_in(dir)) ids.push_back(l.id);
-  CHECK(ids == std::vector<std::string>{"elsewhere", "expired"});  // the stale one went
+  // The stale one went, and the one expired since INT64_MIN ms.
+  CHECK(ids == std::vector<std::string>{"elsewhere", "expired"});
 }
 
 TEST_CASE("A follower whose version was deleted loads the newest whole and says so",
