@@ -614,7 +614,8 @@ embstore_status_t embstore_follower_create(const embstore_follower_config_t* con
       fail(EMBSTORE_INVALID_ARGUMENT, "rank {} is not in a serving layout of {}", config->rank,
            config->world_size);
     }
-    if ((config->flags & ~EMBSTORE_FOLLOWER_INITIAL_VALUES) != 0) {
+    if ((config->flags & ~(EMBSTORE_FOLLOWER_INITIAL_VALUES | EMBSTORE_FOLLOWER_INTERVAL_ONLY)) !=
+        0) {
       fail(EMBSTORE_INVALID_ARGUMENT, "unknown flags {:#x}", config->flags);
     }
     switch (embstore::enum_value(config->backend)) {
@@ -633,6 +634,7 @@ embstore_status_t embstore_follower_create(const embstore_follower_config_t* con
     o.rank = static_cast<uint32_t>(config->rank);
     o.world_size = static_cast<uint32_t>(config->world_size);
     o.initial_values = (config->flags & EMBSTORE_FOLLOWER_INITIAL_VALUES) != 0;
+    o.watch_commits = (config->flags & EMBSTORE_FOLLOWER_INTERVAL_ONLY) == 0;
     if (extended) {
       o.poll_interval_ms = config->poll_interval_ms;
       o.lease_seconds = config->lease_seconds;

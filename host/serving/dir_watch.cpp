@@ -16,9 +16,10 @@
 
 namespace embstore::serving {
 
-DirWatch::DirWatch(const std::string& dir) {
+DirWatch::DirWatch(const std::string& dir, bool watch_commits) {
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) fail(EMBSTORE_IO_ERROR, "eventfd: {}", io::detail::errno_text(-errno));
+  if (!watch_commits) return;
   inotify_fd_ = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
   if (inotify_fd_ >= 0 &&
       ::inotify_add_watch(inotify_fd_, dir.c_str(), IN_MOVED_TO | IN_ONLYDIR) < 0) {

@@ -12,8 +12,9 @@ namespace embstore::serving {
 
 class DirWatch {
  public:
-  // Throws Error (IO_ERROR) when the wake-up descriptor cannot be made.
-  explicit DirWatch(const std::string& dir);
+  // Throws Error (IO_ERROR) when the wake-up descriptor cannot be made. Without watch_commits,
+  // only the interval and stop() wake it.
+  DirWatch(const std::string& dir, bool watch_commits);
   ~DirWatch();
   DirWatch(const DirWatch&) = delete;
   DirWatch& operator=(const DirWatch&) = delete;

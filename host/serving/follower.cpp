@@ -44,7 +44,9 @@ Follower::Follower(FollowerOptions options) : options_(std::move(options)) {
   tables_ = compile_table_regex(options_.tables_regex, "follower");
   if (options_.lease_seconds > 0) lease_id_ = io::new_lease_id();
   // Made before the lease is written, so that nothing after it can fail and leave the lease.
-  if (options_.poll_interval_ms > 0) watch_ = std::make_unique<DirWatch>(options_.dir);
+  if (options_.poll_interval_ms > 0) {
+    watch_ = std::make_unique<DirWatch>(options_.dir, options_.watch_commits);
+  }
   // The lease names the version before it is read; retention may have deleted it between the
   // listing and the lease, so a version that went while it was read is chosen again.
   for (int attempt = 0;; ++attempt) {
@@ -54,7 +56,6 @@ Follower::Follower(FollowerOptions options) : options_(std::move(options)) {
     try {
       renew_lease(dir.versions()[newest].version, true);
       serving_.store(load_whole(dir, newest));
-      made_visible(dir.version_path(newest));
       break;
     } catch (const Error&) {
       if (attempt == 2 || exists(dir.version_path(newest))) {

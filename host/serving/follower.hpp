@@ -44,6 +44,7 @@ struct FollowerOptions {
   uint32_t rank = 0, world_size = 1;  // the serving layout: keys embstore_shard_of gives rank
   bool initial_values = false;        // keys without a row read as the initializer's values
   uint32_t poll_interval_ms = 0;      // 0: polls by poll() only; else a background thread polls
+  bool watch_commits = true;          // the background thread also wakes at commits (inotify)
   uint32_t lease_seconds = 60;        // 0: no lease
   std::string who = "follower";       // the lease's "what"
 };
@@ -59,7 +60,8 @@ struct FollowerStats {
   embstore_status_t last_poll_status = EMBSTORE_OK;
   std::string last_poll_error;  // its message ("" after a poll that succeeded)
   // From a version's commit (its directory's ctime: the commit's rename) to the moment lookups
-  // read it; the last, and over the last kLagWindow versions made visible.
+  // read it; the last, and over the last kLagWindow versions that polls made visible (not the
+  // version loaded at create, which may be old).
   double last_lag_seconds = 0, lag_p50_seconds = 0, lag_p99_seconds = 0;
 };
 

@@ -731,13 +731,17 @@ typedef struct embstore_follower_config {
   int world_size;             /* default 1: every key */
   uint32_t flags;             /* 0 (default): keys without a row read as zeros;
                                  EMBSTORE_FOLLOWER_INITIAL_VALUES: as the table's initializer
-                                 gives them (what training would insert) */
+                                 gives them (what training would insert);
+                                 EMBSTORE_FOLLOWER_INTERVAL_ONLY: background polls at the
+                                 interval only, never woken by inotify (to measure or bound
+                                 what a directory without inotify, such as NFS, gives) */
   uint32_t poll_interval_ms;  /* 0 (default): polls by embstore_follower_poll only; else a
                                  background thread polls at this interval */
   uint32_t lease_seconds;     /* the lease's length; default 60; 0: no lease (retention may then
                                  delete what the follower reads) */
 } embstore_follower_config_t;
 #define EMBSTORE_FOLLOWER_INITIAL_VALUES 1u
+#define EMBSTORE_FOLLOWER_INTERVAL_ONLY 2u
 
 typedef struct embstore_follower_stats {
   size_t struct_size;         /* set by the caller to sizeof(embstore_follower_stats_t) */
@@ -750,9 +754,11 @@ typedef struct embstore_follower_stats {
   uint64_t chain_lost;        /* the version served was deleted: the newest loaded whole */
   embstore_status_t last_poll_status; /* OK, or why the last poll failed (then see
                                          embstore_last_error of that poll, or the log line) */
-  double last_lag_seconds;    /* from the commit of the newest version made visible (its
-                                 directory's rename, as its ctime says) to lookups reading it */
-  double lag_p50_seconds;     /* the same over the last 1024 versions made visible */
+  double last_lag_seconds;    /* from the commit of the newest version a poll made visible (its
+                                 directory's rename, as its ctime says) to lookups reading it;
+                                 0 before the first (the version loaded at create is not
+                                 counted: it may have been committed long before) */
+  double lag_p50_seconds;     /* the same over the last 1024 versions polls made visible */
   double lag_p99_seconds;
 } embstore_follower_stats_t;
 
