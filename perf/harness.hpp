@@ -24,6 +24,7 @@
 #endif
 
 #include "perf/report.hpp"
+#include "perf/zipf.hpp"
 
 namespace CLI {
 class App;
@@ -65,6 +66,7 @@ std::unique_ptr<Scenario> make_checkpoint_scenario();
 std::unique_ptr<Scenario> make_train_scenario();
 std::unique_ptr<Scenario> make_restore_scenario();
 std::unique_ptr<Scenario> make_sharded_scenario();
+std::unique_ptr<Scenario> make_follow_scenario();
 
 // A scenario's working directory, <parent>/embstore-perf-<scenario>-<pid>, removed with
 // everything in it at the end unless kept.
@@ -259,6 +261,23 @@ class BackendBuffer {
   std::vector<T> host_;
   T* device_ = nullptr;
 };
+
+// Inserts the rows of ranks 1..rows (key_of_rank) into table, at their initial values.
+inline void fill_table(embstore_table_t* table, embstore_backend_t backend, uint64_t rows,
+                       uint32_t dim) {
+  const size_t chunk = 1 << 16;
+  std::vector<int64_t> keys(chunk);
+  BackendBuffer<int64_t> d_keys(backend, chunk);
+  BackendBuffer<float> d_out(backend, chunk * dim);
+  for (uint64_t first = 0; first < rows; first += chunk) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, rows - first));
+    for (size_t i = 0; i < n; ++i) keys[i] = key_of_rank(first + i + 1);
+    d_keys.upload(keys.data(), n);
+    check(embstore_lookup(table, d_keys.data(), n, d_out.data(), EMBSTORE_LOOKUP_INSERT, nullptr),
+          "embstore_lookup");
+  }
+  backend_sync(backend);
+}
 
 // Drops every file under dir from the page cache; returns the files' bytes.
 inline uint64_t drop_from_page_cache(const std::string& dir) {

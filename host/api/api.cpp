@@ -606,7 +606,10 @@ embstore_status_t embstore_follower_create(const embstore_follower_config_t* con
            "embstore_follower_config_init",
            config->struct_size, sizeof(embstore_follower_config_t));
     }
-    const bool extended = config->struct_size >= sizeof(embstore_follower_config_t);
+    // The second version ended at lease_seconds: no pacing.
+    const bool has_polling =
+        config->struct_size >= offsetof(embstore_follower_config_t, apply_bytes_per_second);
+    const bool has_pacing = config->struct_size >= sizeof(embstore_follower_config_t);
     require(config->dir, "dir");
     if (*config->dir == '\0') fail(EMBSTORE_INVALID_ARGUMENT, "dir is empty");
     if (config->world_size < 1 || config->rank < 0 || config->rank >= config->world_size ||
@@ -635,10 +638,11 @@ embstore_status_t embstore_follower_create(const embstore_follower_config_t* con
     o.world_size = static_cast<uint32_t>(config->world_size);
     o.initial_values = (config->flags & EMBSTORE_FOLLOWER_INITIAL_VALUES) != 0;
     o.watch_commits = (config->flags & EMBSTORE_FOLLOWER_INTERVAL_ONLY) == 0;
-    if (extended) {
+    if (has_polling) {
       o.poll_interval_ms = config->poll_interval_ms;
       o.lease_seconds = config->lease_seconds;
     }
+    if (has_pacing) o.apply_bytes_per_second = config->apply_bytes_per_second;
     if (o.lease_seconds > 0 && o.poll_interval_ms > uint64_t{500} * o.lease_seconds) {
       fail(EMBSTORE_INVALID_ARGUMENT,
            "poll_interval_ms {} is more than half of lease_seconds {}: the lease would expire "

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 
 #include "cuda/row/init.h"
 #include "cuda/row/shard.h"
@@ -29,6 +30,12 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
+
+// How a poll reads a delta: 4 MiB in flight instead of restore's 64 MiB. A poll runs beside
+// lookups on a serving machine: its buffers, allocated for each file, stay below the size that
+// malloc maps and unmaps for each poll (page faults, zeroing, TLB shootdowns that interrupt the
+// lookup threads), and a delta is small beside the lag a poll may take.
+constexpr io::ReaderOptions kDeltaReads{4, size_t{1} << 20};
 
 bool exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
 
@@ -167,7 +174,8 @@ std::shared_ptr<Follower::Serving> Follower::load_whole(io::CheckpointDir& dir, 
 }
 
 std::map<std::string, TableChanges> Follower::read_changes(const io::ChainLink& link,
-                                                           const Serving& serving) const {
+                                                           const Serving& serving,
+                                                           Pacer& pacer) const {
   std::map<std::string, TableChanges> changes;
   for (const io::TableEntry& entry : link.manifest->tables) {
     const auto spec = serving.specs.find(entry.name);
@@ -177,7 +185,22 @@ std::map<std::string, TableChanges> Follower::read_changes(const io::ChainLink& 
            spec->second.dim, entry.config.dim);
     }
     TableChanges& c = changes[entry.name];
+    // Room for the rows at once (no copies as the vectors grow), as many as the manifest says
+    // but no more than the files on disk can hold: the manifest is not trusted yet.
+    uint64_t on_disk = 0;
+    for (const io::FileEntry& f : entry.files) {
+      std::error_code ec;
+      const uintmax_t bytes = std::filesystem::file_size(link.path + "/" + f.path, ec);
+      if (!ec) on_disk += bytes;
+    }
+    const uint64_t rows = std::min<uint64_t>(
+        entry.rows, on_disk / (sizeof(int64_t) + sizeof(float) * entry.config.dim));
+    c.keys.reserve(rows);
+    c.values.reserve(rows * entry.config.dim);
     const io::RowSink sink = [&](const io::RowBlock& b, std::string*) {
+      const bool upserts = b.kind != io::RowBlockKind::kTombstones;
+      pacer.add(uint64_t{b.rows} *
+                (sizeof(int64_t) + (upserts ? sizeof(float) * (b.dim + b.state_dim) : 0)));
       for (uint32_t i = 0; i < b.rows; ++i) {
         if (!serves_key(b.keys[i])) continue;
         if (b.kind == io::RowBlockKind::kTombstones) {
@@ -192,8 +215,8 @@ std::map<std::string, TableChanges> Follower::read_changes(const io::ChainLink& 
     };
     for (const io::FileEntry& f : entry.files) {
       std::string detail;
-      const int r =
-          io::read_row_file(link.path + "/" + f.path, f, entry, link.manifest->full, sink, &detail);
+      const int r = io::read_row_file(link.path + "/" + f.path, f, entry, link.manifest->full, sink,
+                                      &detail, false, kDeltaReads);
       if (r < 0) fail_io(r, detail);
     }
   }
@@ -269,12 +292,13 @@ uint64_t Follower::poll_locked() {
     return load_newest();
   }
   const auto started = std::chrono::steady_clock::now();
+  Pacer pacer(options_.apply_bytes_per_second);
   for (size_t i = at; i-- > 0;) {  // oldest first
     const io::ChainLink& link = chain[i];
     // Read and checked whole before any of it is served.
     std::map<std::string, TableChanges> changes;
     try {
-      changes = read_changes(link, *serving);
+      changes = read_changes(link, *serving, pacer);
     } catch (const Error&) {
       if (exists(link.path)) throw;
       // Deleted while read (an expired lease, by hand): the newest version, whole.
@@ -285,7 +309,7 @@ uint64_t Follower::poll_locked() {
       return load_newest();
     }
     try {
-      serving->rows.apply(link.manifest->version, std::move(changes));
+      serving->rows.apply(link.manifest->version, std::move(changes), &pacer);
     } catch (...) {
       reload_ = true;  // the rows may not be applied to again: the next poll loads anew
       throw;

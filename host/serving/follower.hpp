@@ -40,13 +40,14 @@ namespace embstore::serving {
 
 struct FollowerOptions {
   std::string dir;
-  std::string tables_regex = ".*";    // ECMAScript, whole names
-  uint32_t rank = 0, world_size = 1;  // the serving layout: keys embstore_shard_of gives rank
-  bool initial_values = false;        // keys without a row read as the initializer's values
-  uint32_t poll_interval_ms = 0;      // 0: polls by poll() only; else a background thread polls
-  bool watch_commits = true;          // the background thread also wakes at commits (inotify)
-  uint32_t lease_seconds = 60;        // 0: no lease
-  std::string who = "follower";       // the lease's "what"
+  std::string tables_regex = ".*";      // ECMAScript, whole names
+  uint32_t rank = 0, world_size = 1;    // the serving layout: keys embstore_shard_of gives rank
+  bool initial_values = false;          // keys without a row read as the initializer's values
+  uint32_t poll_interval_ms = 0;        // 0: polls by poll() only; else a background thread polls
+  bool watch_commits = true;            // the background thread also wakes at commits (inotify)
+  uint32_t lease_seconds = 60;          // 0: no lease
+  uint64_t apply_bytes_per_second = 0;  // a poll's reading and merging of deltas; 0: no limit
+  std::string who = "follower";         // the lease's "what"
 };
 
 struct FollowerStats {
@@ -98,7 +99,7 @@ class Follower {
   uint64_t poll_locked();
   std::shared_ptr<Serving> load_whole(io::CheckpointDir& dir, size_t index);
   std::map<std::string, TableChanges> read_changes(const io::ChainLink& link,
-                                                   const Serving& serving) const;
+                                                   const Serving& serving, Pacer& pacer) const;
   bool serves_same_tables(const io::Manifest& m, const Serving& serving) const;
   void renew_lease(uint64_t version, bool force);
   void made_visible(const std::string& version_path);  // records the lag

@@ -1,5 +1,6 @@
 #include "host/serving/served_rows.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cstring>
@@ -104,12 +105,56 @@ uint32_t RowArena::take() {
   return next_++;
 }
 
+// ---- Pacer ---------------------------------------------------------------------------------
+
+void Pacer::add(uint64_t bytes) {
+  bytes_ += bytes;
+  if (rate_ == 0) return;
+  const auto due =
+      start_ +
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(static_cast<double>(bytes_) / static_cast<double>(rate_)));
+  if (due > std::chrono::steady_clock::now()) std::this_thread::sleep_until(due);
+}
+
 // ---- ServedRows -----------------------------------------------------------------------------
 
 // One version's changes to a table, immutable once published: each key's row in values, or -1
-// for a tombstone.
+// for a tombstone. An open-addressing table (linear probing, at most half full): lookups of the
+// keys a version changed, which are the keys training touched and serving reads most, probe
+// one or two adjacent slots instead of chasing a node-based map's pointers.
 struct ServedRows::Overlay {
-  std::unordered_map<int64_t, int64_t> at;
+  static constexpr int64_t kEmpty = -2;
+  struct Slot {
+    int64_t key = 0;
+    int64_t at = kEmpty;
+  };
+
+  explicit Overlay(size_t keys) {
+    slots.resize(std::bit_ceil(std::max<size_t>(2 * keys, 16)));
+    mask = slots.size() - 1;
+  }
+  // The row of key in values, -1 for a tombstone, kEmpty when the version did not change it.
+  int64_t find(int64_t key) const {
+    for (size_t i = row::hash_key(key) & mask;; i = (i + 1) & mask) {
+      const Slot& s = slots[i];
+      if (s.at == kEmpty || s.key == key) return s.at;
+    }
+  }
+  // A later set of the same key wins (an upsert after a tombstone of the same version).
+  void set(int64_t key, int64_t at) {
+    for (size_t i = row::hash_key(key) & mask;; i = (i + 1) & mask) {
+      Slot& s = slots[i];
+      if (s.at == kEmpty || s.key == key) {
+        s.key = key;
+        s.at = at;
+        return;
+      }
+    }
+  }
+
+  std::vector<Slot> slots;
+  size_t mask = 0;
   std::vector<float> values;
 };
 
@@ -180,9 +225,9 @@ bool ServedRows::lookup(const std::string& table, const int64_t* keys, size_t n,
     const float* src = nullptr;
     bool decided = false;
     for (const std::shared_ptr<const Overlay>& o : tv.overlays) {
-      const auto it = o->at.find(keys[i]);
-      if (it == o->at.end()) continue;
-      if (it->second >= 0) src = o->values.data() + it->second * dim;
+      const int64_t at = o->find(keys[i]);
+      if (at == Overlay::kEmpty) continue;
+      if (at >= 0) src = o->values.data() + at * dim;
       decided = true;
       break;
     }
@@ -245,7 +290,8 @@ uint64_t ServedRows::rows(const std::string& table) const {
   return bases_.at(table)->index->size();
 }
 
-void ServedRows::apply(uint64_t version, std::map<std::string, TableChanges> changes) {
+void ServedRows::apply(uint64_t version, std::map<std::string, TableChanges> changes,
+                       Pacer* pacer) {
   // Step 1: the changes as overlays, in a view of their own.
   auto with_overlays = std::make_shared<View>(*current());
   with_overlays->version = version;
@@ -253,11 +299,10 @@ void ServedRows::apply(uint64_t version, std::map<std::string, TableChanges> cha
   for (auto& [name, c] : changes) {
     auto t = with_overlays->tables.find(name);
     if (t == with_overlays->tables.end()) fail(EMBSTORE_INTERNAL, "no served table '{}'", name);
-    auto overlay = std::make_shared<Overlay>();
+    auto overlay = std::make_shared<Overlay>(c.keys.size() + c.tombstones.size());
     overlay->values = std::move(c.values);  // held once, by the overlay
-    overlay->at.reserve(c.keys.size() + c.tombstones.size());
-    for (int64_t k : c.tombstones) overlay->at[k] = -1;
-    for (size_t i = 0; i < c.keys.size(); ++i) overlay->at[c.keys[i]] = static_cast<int64_t>(i);
+    for (int64_t k : c.tombstones) overlay->set(k, -1);
+    for (size_t i = 0; i < c.keys.size(); ++i) overlay->set(c.keys[i], static_cast<int64_t>(i));
     overlays[name] = overlay;
     t->second.overlays.insert(t->second.overlays.begin(), std::move(overlay));
   }
@@ -272,7 +317,14 @@ void ServedRows::apply(uint64_t version, std::map<std::string, TableChanges> cha
       const uint32_t r = b.index->erase(k);
       if (r != ConcurrentIndex::kNoRow) b.arena.free(r);
     }
-    b.index = merge_upserts(b, c.keys.data(), overlays.at(name)->values.data(), c.keys.size());
+    const float* values = overlays.at(name)->values.data();
+    const uint32_t dim = b.arena.dim();
+    constexpr size_t kSlice = 4096;  // rows merged between two calls of the pacer
+    for (size_t first = 0; first < c.keys.size(); first += kSlice) {
+      const size_t n = std::min(kSlice, c.keys.size() - first);
+      b.index = merge_upserts(b, c.keys.data() + first, values + first * dim, n);
+      if (pacer != nullptr) pacer->add(n * (sizeof(int64_t) + dim * sizeof(float)));
+    }
     TableView& tv = merged->tables.at(name);
     tv.index = b.index;
     tv.overlays.clear();

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -29,7 +30,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 namespace embstore::serving {
@@ -55,6 +55,21 @@ class SharedSlot {
  private:
   mutable std::mutex mutex_;
   std::shared_ptr<T> value_;
+};
+
+// Spreads a writer's work over time: add(bytes) after work on that many bytes sleeps until
+// bytes_per_second allows them (0: never sleeps). Lookups share the memory bandwidth and the
+// caches with the writer; spreading its bytes leaves them more of both, for a longer apply.
+class Pacer {
+ public:
+  explicit Pacer(uint64_t bytes_per_second)
+      : rate_(bytes_per_second), start_(std::chrono::steady_clock::now()) {}
+  void add(uint64_t bytes);
+
+ private:
+  uint64_t rate_;
+  std::chrono::steady_clock::time_point start_;
+  uint64_t bytes_ = 0;
 };
 
 // One version's changes to one table: rows (keys and values, rows x dim) and tombstones.
@@ -134,8 +149,8 @@ class ServedRows {
   // Writer (one thread): moves to version with these changes (tables absent from changes do
   // not change). Returns once the changes are in the base (step 3 above). After a throw (memory,
   // CAPACITY_EXCEEDED) the rows may be served at the new version or the old, but must not be
-  // applied to again: the caller loads them anew.
-  void apply(uint64_t version, std::map<std::string, TableChanges> changes);
+  // applied to again: the caller loads them anew. pacer (may be null) paces the merge of step 2.
+  void apply(uint64_t version, std::map<std::string, TableChanges> changes, Pacer* pacer = nullptr);
   // Writer, before the first apply and before readers use it: rows put straight into the base
   // of table (a version's whole rows, as a follower loads them); then finish_load publishes
   // them as version.

@@ -89,10 +89,11 @@ typedef enum {
 } embstore_spill_t;
 
 /* A process group other than MPI (PyTorch's gloo, a trainer's own transport) as C callbacks,
-   for sharded stores (the data path on the host backend; control messages on either). Each callback is collective: every rank of the store
-   calls it, in the same order, from the thread that made the embstore call. Each returns 0, or
-   nonzero on failure (the embstore call then fails with COMM_ERROR on that rank). Byte counts
-   and buffers are packed in rank order: rank q's part starts after the parts of ranks 0..q-1. */
+   for sharded stores (the data path on the host backend; control messages on either). Each callback
+   is collective: every rank of the store calls it, in the same order, from the thread that made the
+   embstore call. Each returns 0, or nonzero on failure (the embstore call then fails with
+   COMM_ERROR on that rank). Byte counts and buffers are packed in rank order: rank q's part starts
+   after the parts of ranks 0..q-1. */
 typedef struct embstore_comm_callbacks {
   size_t struct_size; /* set by embstore_comm_callbacks_init */
   void* context;      /* passed to every callback; must outlive the store */
@@ -739,26 +740,31 @@ typedef struct embstore_follower_config {
                                  background thread polls at this interval */
   uint32_t lease_seconds;     /* the lease's length; default 60; 0: no lease (retention may then
                                  delete what the follower reads) */
+  uint64_t apply_bytes_per_second; /* 0 (default): no limit; else a poll reads and merges its
+                                      deltas at most this fast (the delta files' bytes, then the
+                                      rows merged), leaving memory bandwidth and caches to the
+                                      lookups meanwhile at the cost of a longer lag. Whole loads
+                                      are not paced. */
 } embstore_follower_config_t;
 #define EMBSTORE_FOLLOWER_INITIAL_VALUES 1u
 #define EMBSTORE_FOLLOWER_INTERVAL_ONLY 2u
 
 typedef struct embstore_follower_stats {
-  size_t struct_size;         /* set by the caller to sizeof(embstore_follower_stats_t) */
-  uint64_t version;           /* the version served */
-  uint64_t versions_applied;  /* deltas applied by polls */
-  uint64_t full_loads;        /* whole versions loaded: at create, and after rebases */
-  uint64_t lookups;           /* lookup batches served */
-  double last_apply_seconds;  /* the last poll's (or load's) reading and applying */
-  uint64_t polls;             /* polls done, by the caller and the background thread */
-  uint64_t chain_lost;        /* the version served was deleted: the newest loaded whole */
+  size_t struct_size;                 /* set by the caller to sizeof(embstore_follower_stats_t) */
+  uint64_t version;                   /* the version served */
+  uint64_t versions_applied;          /* deltas applied by polls */
+  uint64_t full_loads;                /* whole versions loaded: at create, and after rebases */
+  uint64_t lookups;                   /* lookup batches served */
+  double last_apply_seconds;          /* the last poll's (or load's) reading and applying */
+  uint64_t polls;                     /* polls done, by the caller and the background thread */
+  uint64_t chain_lost;                /* the version served was deleted: the newest loaded whole */
   embstore_status_t last_poll_status; /* OK, or why the last poll failed (then see
                                          embstore_last_error of that poll, or the log line) */
-  double last_lag_seconds;    /* from the commit of the newest version a poll made visible (its
-                                 directory's rename, as its ctime says) to lookups reading it;
-                                 0 before the first (the version loaded at create is not
-                                 counted: it may have been committed long before) */
-  double lag_p50_seconds;     /* the same over the last 1024 versions polls made visible */
+  double last_lag_seconds; /* from the commit of the newest version a poll made visible (its
+                              directory's rename, as its ctime says) to lookups reading it;
+                              0 before the first (the version loaded at create is not
+                              counted: it may have been committed long before) */
+  double lag_p50_seconds;  /* the same over the last 1024 versions polls made visible */
   double lag_p99_seconds;
 } embstore_follower_stats_t;
 

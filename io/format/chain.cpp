@@ -227,10 +227,11 @@ int check_file_size(const std::string& path, const FileEntry& f, std::string* de
 }
 
 int read_row_file(const std::string& path, const FileEntry& f, const TableEntry& t, bool full,
-                  const RowSink& on_block, std::string* detail, bool check_behind) {
+                  const RowSink& on_block, std::string* detail, bool check_behind,
+                  const ReaderOptions& reads) {
   if (int r = check_file_size(path, f, detail); r < 0) return r;
   std::unique_ptr<RowFileReader> reader;
-  if (int r = RowFileReader::open(path, kRowFileReads, &reader, check_behind); r < 0) {
+  if (int r = RowFileReader::open(path, reads, &reader, check_behind); r < 0) {
     return path_error(path, r, detail);
   }
   RowBlock b;

@@ -141,9 +141,11 @@ inline constexpr ReaderOptions kRowFileReads{16, size_t{4} << 20};
 // checkpoint, the manifest's dim and state_dim), row count, and the whole file's XXH3 (hashed
 // as it is read). Hands each block to on_block (may be empty), in file order. 0; -EBADMSG with
 // *detail naming the file (and the block's offset); other -errno from reading. check_behind:
-// RowFileReader's, for a caller that drops everything on_block did when this fails.
+// RowFileReader's, for a caller that drops everything on_block did when this fails. reads: the
+// reads in flight and their size (their buffers are allocated for each file).
 int read_row_file(const std::string& path, const FileEntry& f, const TableEntry& t, bool full,
-                  const RowSink& on_block, std::string* detail, bool check_behind = false);
+                  const RowSink& on_block, std::string* detail, bool check_behind = false,
+                  const ReaderOptions& reads = kRowFileReads);
 
 // Hands sink the rows that chain (newest first, as CheckpointDir::chain gives it) holds for
 // table (an entry of chain.front()'s manifest): every file of the table in every version that

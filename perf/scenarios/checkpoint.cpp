@@ -71,21 +71,7 @@ class CheckpointScenario final : public Scenario {
 
     // Fill: every rank of the stream gets its row.
     const Stopwatch fill_watch;
-    {
-      const size_t chunk = 1 << 16;
-      std::vector<int64_t> keys(chunk);
-      BackendBuffer<int64_t> d_keys(backend, chunk);
-      BackendBuffer<float> d_out(backend, chunk * o.dim);
-      for (uint64_t first = 0; first < rows_; first += chunk) {
-        const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, rows_ - first));
-        for (size_t i = 0; i < n; ++i) keys[i] = key_of_rank(first + i + 1);
-        d_keys.upload(keys.data(), n);
-        check(
-            embstore_lookup(table, d_keys.data(), n, d_out.data(), EMBSTORE_LOOKUP_INSERT, nullptr),
-            "embstore_lookup");
-      }
-      backend_sync(backend);
-    }
+    fill_table(table, backend, rows_, o.dim);
     const double fill_seconds = fill_watch.seconds();
     const uint64_t rows = table_stats(table).rows;
 

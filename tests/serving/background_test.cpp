@@ -115,6 +115,32 @@ TEST_CASE("An interval-only follower is woken by its interval, not by commits",
   embstore_follower_destroy(fast);
 }
 
+TEST_CASE("A paced poll takes its bytes over the rate and serves what a restore holds",
+          "[serving][follower]") {
+  embstore_test::TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  Trainer trainer;
+  trainer.step(1);
+  trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  embstore_follower_config_t c = follower_config(dir);
+  c.apply_bytes_per_second = 20'000;
+  embstore_follower_t* f = follow_with(c);  // whole loads are not paced
+  trainer.step(2);
+  const uint64_t v = trainer.checkpoint(dir, EMBSTORE_CKPT_INCREMENTAL);
+  embstore_checkpoint_info_t info{};
+  info.struct_size = sizeof info;
+  REQUIRE(embstore_checkpoint_info(trainer.store, v, &info) == EMBSTORE_OK);
+  REQUIRE(info.rows_written > 100);
+  uint64_t served = 0;
+  REQUIRE(embstore_follower_poll(f, &served) == EMBSTORE_OK);
+  CHECK(served == 2);
+  // Every row of the delta is at least its 8-byte key (about 0.1 s of them at this rate).
+  const double least = static_cast<double>(info.rows_written) * 8 / 20'000;
+  CHECK(stats_of(f).last_apply_seconds >= 0.99 * least);
+  check_equals_restore(f, dir, 2);
+  embstore_follower_destroy(f);
+}
+
 TEST_CASE("A failing background poll keeps the version served and says why",
           "[serving][background]") {
   embstore_test::TempDir tmp;
@@ -195,6 +221,17 @@ TEST_CASE("Follower structs of the first API version still work", "[serving][fol
   st.struct_size = offsetof(embstore_follower_stats_t, polls) - 1;
   CHECK(embstore_follower_stats(f, &st) == EMBSTORE_INVALID_ARGUMENT);
   embstore_follower_destroy(f);
+  // The second version: polling and leases, no pacing.
+  c.struct_size = offsetof(embstore_follower_config_t, apply_bytes_per_second);
+  c.poll_interval_ms = 10;
+  c.apply_bytes_per_second = 1;  // past its struct_size: never read (it would take hours)
+  f = follow_with(c);
+  trainer.step(2);
+  trainer.checkpoint(dir, EMBSTORE_CKPT_INCREMENTAL);
+  CHECK(reaches(f, 2));
+  embstore_follower_destroy(f);
+  c.poll_interval_ms = 0;
+  c.apply_bytes_per_second = 0;
   // An interval the lease would not survive.
   c.struct_size = sizeof c;
   c.lease_seconds = 10;
