@@ -683,6 +683,16 @@ embstore_status_t embstore_follower_version(embstore_follower_t* follower, uint6
   });
 }
 
+embstore_status_t embstore_follower_table_dim(embstore_follower_t* follower, const char* table,
+                                              uint32_t* dim_out) {
+  return guarded(__func__, [&] {
+    require(follower, "follower");
+    require(table, "table");
+    require(dim_out, "dim_out");
+    *dim_out = follower->impl->table_dim(table);
+  });
+}
+
 embstore_status_t embstore_follower_stats(embstore_follower_t* follower,
                                           embstore_follower_stats_t* out) {
   return guarded(__func__, [&] {

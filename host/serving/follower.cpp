@@ -348,6 +348,14 @@ void Follower::lookup(const std::string& table, const int64_t* keys, size_t n, f
 
 uint64_t Follower::version() const { return serving_.load()->rows.version(); }
 
+uint32_t Follower::table_dim(const std::string& table) const {
+  const std::shared_ptr<Serving> serving = serving_.load();
+  const auto spec = serving->specs.find(table);
+  if (spec == serving->specs.end())
+    fail(EMBSTORE_NOT_FOUND, "the follower serves no table '{}'", table);
+  return spec->second.dim;
+}
+
 FollowerStats Follower::stats() const {
   FollowerStats s;
   s.version = version();

@@ -86,6 +86,8 @@ class Follower {
   // version served stays the last one applied.
   uint64_t poll();
   uint64_t version() const;
+  // The dim of a table served; NOT_FOUND for another.
+  uint32_t table_dim(const std::string& table) const;
   FollowerStats stats() const;
 
  private:

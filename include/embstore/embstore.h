@@ -792,6 +792,10 @@ EMBSTORE_API embstore_status_t embstore_follower_poll(embstore_follower_t* follo
                                                       uint64_t* version_out);
 EMBSTORE_API embstore_status_t embstore_follower_version(embstore_follower_t* follower,
                                                          uint64_t* version_out);
+/* Sets *dim_out to the dim of a table the follower serves. Returns OK; INVALID_ARGUMENT (NULL
+   pointer); NOT_FOUND (the follower serves no such table). */
+EMBSTORE_API embstore_status_t embstore_follower_table_dim(embstore_follower_t* follower,
+                                                           const char* table, uint32_t* dim_out);
 /* Returns OK; INVALID_ARGUMENT (NULL pointer, struct_size too small). A struct_size of the
    first version (up to last_apply_seconds) gets those fields only. */
 EMBSTORE_API embstore_status_t embstore_follower_stats(embstore_follower_t* follower,

@@ -237,6 +237,12 @@ TEST_CASE("Follower arguments are checked", "[serving][follower]") {
   CHECK(embstore_follower_lookup(f, "counted", &key, 1, row, nullptr) ==
         EMBSTORE_INVALID_ARGUMENT);  // not served
   CHECK(embstore_follower_lookup(f, "items", &key, 1, row, nullptr) == EMBSTORE_OK);
+  uint32_t dim = 0;
+  CHECK(embstore_follower_table_dim(f, "items", &dim) == EMBSTORE_OK);
+  CHECK(dim == 4);
+  CHECK(embstore_follower_table_dim(f, "counted", &dim) == EMBSTORE_NOT_FOUND);  // not served
+  CHECK(embstore_follower_table_dim(f, nullptr, &dim) == EMBSTORE_INVALID_ARGUMENT);
+  CHECK(embstore_follower_table_dim(f, "items", nullptr) == EMBSTORE_INVALID_ARGUMENT);
   CHECK(embstore_follower_poll(nullptr, nullptr) == EMBSTORE_INVALID_ARGUMENT);
   CHECK(embstore_follower_destroy(nullptr) == EMBSTORE_OK);
   embstore_follower_destroy(f);
