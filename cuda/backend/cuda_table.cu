@@ -434,6 +434,15 @@ std::vector<int64_t> copy_keys_to_host(const int64_t* keys, size_t n, int device
   return out;
 }
 
+void copy_floats_to_device(const float* src, float* dst, size_t n, int device, void* stream) {
+  if (n == 0) return;
+  const cuda_backend::DeviceGuard guard(device);
+  const auto s = static_cast<cudaStream_t>(stream);
+  cuda_backend::check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, s),
+                      "copying rows to the device");
+  cuda_backend::check(cudaStreamSynchronize(s), "copying rows to the device");
+}
+
 void unpin_host_memory(void* p, int device) {
   if (p == nullptr) return;
   const cuda_backend::DeviceGuard guard(device, std::nothrow);

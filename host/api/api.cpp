@@ -93,6 +93,9 @@ std::unique_lock<std::mutex> collective_section(embstore_store* store) {
 
 struct embstore_follower {
   std::unique_ptr<embstore::serving::Follower> impl;
+  // CUDA: lookups take device pointers of `device` (the rows stay in host memory).
+  bool cuda = false;
+  int device = 0;
 };
 
 extern "C" {
@@ -621,12 +624,19 @@ embstore_status_t embstore_follower_create(const embstore_follower_config_t* con
         0) {
       fail(EMBSTORE_INVALID_ARGUMENT, "unknown flags {:#x}", config->flags);
     }
+    const int device = has_pacing ? config->device : 0;
+    if (device < 0) fail(EMBSTORE_INVALID_ARGUMENT, "device must be >= 0, is {}", device);
     switch (embstore::enum_value(config->backend)) {
-      case EMBSTORE_BACKEND_AUTO:
+      case EMBSTORE_BACKEND_AUTO:  // host pointers, as in the first version
       case EMBSTORE_BACKEND_HOST:
         break;
-      case EMBSTORE_BACKEND_CUDA:
-        fail(EMBSTORE_UNSUPPORTED, "a follower on the CUDA backend is not in this version");
+      case EMBSTORE_BACKEND_CUDA: {
+        std::string why;
+        if (!embstore::cuda_device_usable(device, &why)) {
+          fail(EMBSTORE_UNSUPPORTED, "CUDA backend unavailable: {}", why);
+        }
+        break;
+      }
       default:
         fail(EMBSTORE_INVALID_ARGUMENT, "unknown backend {}",
              embstore::enum_value(config->backend));
@@ -650,20 +660,36 @@ embstore_status_t embstore_follower_create(const embstore_follower_config_t* con
            o.poll_interval_ms, o.lease_seconds);
     }
     o.who = fmt::format("follower in {}", program_invocation_short_name);
-    *out = new embstore_follower{std::make_unique<embstore::serving::Follower>(std::move(o))};
+    *out = new embstore_follower{std::make_unique<embstore::serving::Follower>(std::move(o)),
+                                 config->backend == EMBSTORE_BACKEND_CUDA, device};
   });
 }
 
 embstore_status_t embstore_follower_lookup(embstore_follower_t* follower, const char* table,
                                            const int64_t* keys, size_t n, float* values_out,
-                                           void* /*stream*/) {
+                                           void* stream) {
   return guarded(__func__, [&] {
     require(follower, "follower");
     require(table, "table");
     if (n == 0) return;
     require(keys, "keys");
     require(values_out, "values_out");
-    follower->impl->lookup(table, keys, n, values_out);
+    if (!follower->cuda) {
+      follower->impl->lookup(table, keys, n, values_out);
+      return;
+    }
+    // The rows are host memory: the keys come over, the rows go back.
+    uint32_t dim = 0;
+    try {
+      dim = follower->impl->table_dim(table);
+    } catch (const embstore::Error& e) {
+      fail(EMBSTORE_INVALID_ARGUMENT, "{}", e.what());
+    }
+    const std::vector<int64_t> host_keys =
+        embstore::copy_keys_to_host(keys, n, follower->device, stream);
+    std::vector<float> rows(n * dim);
+    follower->impl->lookup(table, host_keys.data(), n, rows.data());
+    embstore::copy_floats_to_device(rows.data(), values_out, rows.size(), follower->device, stream);
   });
 }
 

@@ -33,6 +33,9 @@ void unpin_host_memory(void* p, int device);
 // keys[0..n) of the device's memory, copied to the host (enqueued on stream, then waited for):
 // the plain calls of a sharded CUDA store check ownership on the host. Error(DEVICE_ERROR).
 std::vector<int64_t> copy_keys_to_host(const int64_t* keys, size_t n, int device, void* stream);
+// n floats of host memory copied to the device's memory at dst (enqueued on stream, then waited
+// for, so that src may go): a follower's rows for device callers. Error(DEVICE_ERROR).
+void copy_floats_to_device(const float* src, float* dst, size_t n, int device, void* stream);
 
 // The data path of a sharded store on CUDA (cuda/backend/nccl_exchange.cu): the sharded calls
 // with device pointers, their keys, rows and gradients carried between the ranks' devices by a

@@ -22,4 +22,8 @@ std::vector<int64_t> copy_keys_to_host(const int64_t*, size_t, int, void*) {
   fail(EMBSTORE_UNSUPPORTED, "this embstore was built without CUDA (-DEMBSTORE_CUDA=OFF)");
 }
 
+void copy_floats_to_device(const float*, float*, size_t, int, void*) {
+  fail(EMBSTORE_UNSUPPORTED, "this embstore was built without CUDA (-DEMBSTORE_CUDA=OFF)");
+}
+
 }  // namespace embstore

@@ -725,7 +725,9 @@ typedef struct embstore_follower embstore_follower_t;
 typedef struct embstore_follower_config {
   size_t struct_size;         /* set by embstore_follower_config_init */
   const char* dir;            /* the checkpoint directory; copied */
-  embstore_backend_t backend; /* AUTO (default) and HOST: the host; CUDA: UNSUPPORTED */
+  embstore_backend_t backend; /* AUTO (default) and HOST: lookups take host pointers; CUDA:
+                                 device pointers of `device` (the rows stay in host memory:
+                                 each lookup copies its keys to the host and its rows back) */
   const char* tables_regex;   /* ECMAScript, matching whole names; NULL or ".*" (default): every
                                  table of the version loaded at create */
   int rank;                   /* the serving layout; default 0 */
@@ -745,6 +747,7 @@ typedef struct embstore_follower_config {
                                       rows merged), leaving memory bandwidth and caches to the
                                       lookups meanwhile at the cost of a longer lag. Whole loads
                                       are not paced. */
+  int device;                      /* CUDA: the device of the lookups' pointers; default 0 */
 } embstore_follower_config_t;
 #define EMBSTORE_FOLLOWER_INITIAL_VALUES 1u
 #define EMBSTORE_FOLLOWER_INTERVAL_ONLY 2u
@@ -771,14 +774,16 @@ typedef struct embstore_follower_stats {
 /* Fills config with the defaults above. NULL is a no-op. */
 EMBSTORE_API void embstore_follower_config_init(embstore_follower_config_t* config);
 /* Returns OK; INVALID_ARGUMENT (NULL pointer, struct_size too small, empty dir, rank outside
-   world_size, unknown flags, a regex that does not compile); UNSUPPORTED (CUDA); NOT_FOUND (no
-   directory, no committed version, no table matching); CORRUPT; IO_ERROR; OUT_OF_MEMORY. */
+   world_size, unknown flags, a regex that does not compile, device < 0); UNSUPPORTED (CUDA
+   without a usable device or a CUDA build); NOT_FOUND (no directory, no committed version, no
+   table matching); CORRUPT; IO_ERROR; OUT_OF_MEMORY. */
 EMBSTORE_API embstore_status_t embstore_follower_create(const embstore_follower_config_t* config,
                                                         embstore_follower_t** out);
-/* Reads the rows of keys (host memory, n x dim floats out) of one version. Any number of
-   threads, also while another polls. stream is unused on the host. Returns OK;
-   INVALID_ARGUMENT (NULL pointer with n > 0, a table not served, a key of another rank of the
-   serving layout). */
+/* Reads the rows of keys (n x dim floats out) of one version: host memory, or on CUDA device
+   memory, with the copies enqueued on stream (a cudaStream_t; NULL: the legacy default stream)
+   and waited for before the call returns. Any number of threads, also while another polls.
+   Returns OK; INVALID_ARGUMENT (NULL pointer with n > 0, a table not served, a key of another
+   rank of the serving layout); DEVICE_ERROR (a copy failed). */
 EMBSTORE_API embstore_status_t embstore_follower_lookup(embstore_follower_t* follower,
                                                         const char* table, const int64_t* keys,
                                                         size_t n, float* values_out, void* stream);

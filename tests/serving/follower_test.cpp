@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "host/backend/backends.hpp"
 #include "io/format/layout.hpp"
 #include "io/format/manifest.hpp"
 #include "shard/thread_group.hpp"
@@ -212,7 +213,12 @@ TEST_CASE("Follower arguments are checked", "[serving][follower]") {
   CHECK(embstore_follower_create(&c, &f) == EMBSTORE_INVALID_ARGUMENT);
   c.flags = 0;
   c.backend = EMBSTORE_BACKEND_CUDA;
-  CHECK(embstore_follower_create(&c, &f) == EMBSTORE_UNSUPPORTED);
+  c.device = -1;
+  CHECK(embstore_follower_create(&c, &f) == EMBSTORE_INVALID_ARGUMENT);
+  c.device = 0;
+  if (!embstore::cuda_device_usable(0, nullptr)) {
+    CHECK(embstore_follower_create(&c, &f) == EMBSTORE_UNSUPPORTED);
+  }
   c.backend = EMBSTORE_BACKEND_AUTO;
   c.struct_size = 8;
   CHECK(embstore_follower_create(&c, &f) == EMBSTORE_INVALID_ARGUMENT);

@@ -107,6 +107,23 @@ embstore_status_t apply_gradients(embstore_table_t* table, const std::vector<int
   return embstore_apply_gradients(table, keys.data(), grads.data(), keys.size(), nullptr);
 }
 
+embstore_status_t follower_lookup(embstore_follower_t* follower, const char* table,
+                                  const std::vector<int64_t>& keys, uint32_t dim,
+                                  std::vector<float>* out) {
+  out->assign(keys.size() * dim, -1.0f);
+#if defined(EMBSTORE_HAVE_CUDA)
+  if (g_backend == EMBSTORE_BACKEND_CUDA) {
+    DeviceCopy<int64_t> d_keys(keys);
+    DeviceCopy<float> d_out(*out);
+    const embstore_status_t st =
+        embstore_follower_lookup(follower, table, d_keys.get(), keys.size(), d_out.get(), nullptr);
+    if (st == EMBSTORE_OK) d_out.copy_to(out);
+    return st;
+  }
+#endif
+  return embstore_follower_lookup(follower, table, keys.data(), keys.size(), out->data(), nullptr);
+}
+
 std::vector<float> lookup_ok(embstore_table_t* table, const std::vector<int64_t>& keys,
                              uint32_t flags) {
   std::vector<float> out;

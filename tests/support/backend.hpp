@@ -39,6 +39,12 @@ embstore_status_t lookup(embstore_table_t* table, const std::vector<int64_t>& ke
 embstore_status_t apply_gradients(embstore_table_t* table, const std::vector<int64_t>& keys,
                                   const std::vector<float>& grads);
 
+// A follower's lookup of keys (dim floats a row) with host vectors, through device copies on
+// the CUDA backend (a follower created with the tested backend).
+embstore_status_t follower_lookup(embstore_follower_t* follower, const char* table,
+                                  const std::vector<int64_t>& keys, uint32_t dim,
+                                  std::vector<float>* out);
+
 // Shorthands that require OK.
 std::vector<float> lookup_ok(embstore_table_t* table, const std::vector<int64_t>& keys,
                              uint32_t flags = EMBSTORE_LOOKUP_INSERT);
