@@ -1,5 +1,5 @@
 // Scenario `follow` (issue 17): a trainer process and a follower process. The trainer, forked
-// before this process starts any thread, fills a table of --rows rows, commits a full
+// before this process starts any thread, fills a table of --key-space rows, commits a full
 // checkpoint, then trains Zipf batches (a lookup with insert and the gradients) and commits an
 // incremental checkpoint every --steps-per-version steps, as the follower process asks over a
 // pipe. The follower process runs --lookup-threads threads of lookups (Zipf batches of
@@ -10,6 +10,7 @@
 //               commit to its visibility (p50, p99);
 //   interval    the same with EMBSTORE_FOLLOWER_INTERVAL_ONLY: woken by the interval alone, as
 //               on a file system without inotify (NFS);
+//   interval_paced  the same with apply_bytes_per_second at --paced-bytes-per-second (below);
 //   apply       --rounds rounds in which the trainer trains and commits one delta, then waits;
 //               the lookups are counted for --idle-ms with nothing to apply, then during a
 //               poll that applies the delta. Lookups/s of each, and the lookup latency.
@@ -82,15 +83,14 @@ bool read_all(int fd, void* p, size_t n) {
 
 struct Params {
   std::string dir;
-  uint64_t rows = 1'000'000;
-  size_t steps_per_version = 10;
-  size_t versions = 30;
+  size_t steps_per_version = 50;
+  size_t versions = 20;
   size_t rounds = 20;
   uint32_t poll_interval_ms = 100;
   unsigned lookup_threads = 0;
   size_t lookup_batch = 1024;
   unsigned idle_ms = 200;
-  double paced_bytes_per_second = 1e9;
+  double paced_bytes_per_second = 5e8;
 };
 
 // The trainer process: answers each command until the pipe closes. Returns its exit code.
@@ -104,7 +104,7 @@ int trainer_main(const CommonOptions& o, const Params& p, int commands, int repl
   policy.max_chain_length = 0;
   policy.rebaseline_fraction = 0;
   check(embstore_checkpoint_set_policy(store.get(), &policy), "embstore_checkpoint_set_policy");
-  fill_table(table, backend, p.rows, o.dim);
+  fill_table(table, backend, o.key_space, o.dim);
 
   uint64_t step = 1;
   check(embstore_step(store.get(), step), "embstore_step");
@@ -115,7 +115,7 @@ int trainer_main(const CommonOptions& o, const Params& p, int commands, int repl
   TrainerReply reply{version, checkpoint_stats(store.get()).rows_written};
   write_all(replies, &reply, sizeof(reply));
 
-  const ZipfSampler zipf(p.rows, o.zipf);
+  const ZipfSampler zipf(o.key_space, o.zipf);
   SplitMix64 rng(o.seed);
   std::vector<int64_t> keys(o.batch);
   std::vector<float> grads(o.batch * o.dim);
@@ -221,7 +221,7 @@ class Lookups {
     for (unsigned t = 0; t < threads; ++t) {
       threads_.emplace_back([this, follower, &o, &p, t, seed] {
         const std::vector<int64_t> keys =
-            zipf_key_stream(p.lookup_batch * 256, p.rows, o.zipf, seed + 131 * t);
+            zipf_key_stream(p.lookup_batch * 256, o.key_space, o.zipf, seed + 131 * t);
         std::vector<float> out(p.lookup_batch * o.dim);
         for (size_t b = 0; !stop_.load(std::memory_order_relaxed); b = (b + 1) % 256) {
           const int64_t start = now_ns();
@@ -337,13 +337,11 @@ class FollowScenario final : public Scenario {
     o.backend = "host";
     o.dim = 64;
     o.batch = 16384;
+    o.key_space = 1'000'000;  // the table's rows: every rank of the Zipf streams has one
   }
 
   void add_options(CLI::App& app) override {
     app.add_option("--dir", p_.dir, "directory the checkpoints are written under")->required();
-    app.add_option("--rows", p_.rows, "rows in the table (the key space of both streams)")
-        ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 31))
-        ->capture_default_str();
     app.add_option("--steps-per-version", p_.steps_per_version, "training steps per delta")
         ->check(CLI::Range(size_t{1}, size_t{1} << 20))
         ->capture_default_str();
@@ -380,12 +378,12 @@ class FollowScenario final : public Scenario {
                                  ? p.lookup_threads
                                  : std::max(1u, std::thread::hardware_concurrency() - 1);
     int code = 0;
+    size_t deltas = 0;  // asked of the trainer
     const auto mismatch = [&](const std::string& what) {
       report.say("MISMATCH: {}", what);
       code = kExitMismatch;
     };
     report_common(report, o, backend_from_name(o.backend));
-    report.set("rows", p.rows);
     report.set("steps_per_version", p.steps_per_version);
     report.set("versions", p.versions);
     report.set("rounds", p.rounds);
@@ -407,11 +405,12 @@ class FollowScenario final : public Scenario {
         full.rows, o.dim, full.version, p.steps_per_version, o.batch, o.zipf);
 
     // The live phases: a background follower beside training.
-    const auto live = [&](const char* phase, uint32_t flags) {
-      FollowerHandle follower(p.dir, p.poll_interval_ms, flags);
+    const auto live = [&](const char* phase, uint32_t flags, uint64_t bytes_per_second) {
+      FollowerHandle follower(p.dir, p.poll_interval_ms, flags, bytes_per_second);
       Lookups lookups(follower.get(), o, p, threads, o.seed + 1);
       const Stopwatch watch;
       trainer.ask(kTrainVersions);
+      deltas += p.versions;
       const TrainerReply r = trainer.reply();
       if (!follower.reaches(r.version)) {
         mismatch(fmt::format("{}: the follower stayed at version {}, the trainer committed {}",
@@ -442,14 +441,18 @@ class FollowScenario final : public Scenario {
       report.set(key + "_seconds", seconds);
       report.set(key + "_lookups_per_second", all.batches * p.lookup_batch / seconds);
       report.say(
-          "{:>8}: {} deltas ({:.0f} rows each) in {:.1f} s; lag from commit to visibility "
+          "{:>14}: {} deltas ({:.0f} rows each) in {:.1f} s; lag from commit to visibility "
           "p50 {:.1f} ms, p99 {:.1f} ms ({} polls); {}keys/s looked up meanwhile",
           phase, s.versions_applied, static_cast<double>(r.rows) / p.versions, seconds,
           s.lag_p50_seconds * 1e3, s.lag_p99_seconds * 1e3, s.polls,
           si(all.batches * p.lookup_batch / seconds));
     };
-    live("live", 0);
-    live("interval", EMBSTORE_FOLLOWER_INTERVAL_ONLY);
+    live("live", 0, 0);
+    live("interval", EMBSTORE_FOLLOWER_INTERVAL_ONLY, 0);
+    if (p.paced_bytes_per_second > 0) {
+      live("interval_paced", EMBSTORE_FOLLOWER_INTERVAL_ONLY,
+           static_cast<uint64_t>(p.paced_bytes_per_second));
+    }
 
     // Apply against idle: the trainer waits while the follower is measured. Then the same with
     // the follower's polls paced.
@@ -461,6 +464,7 @@ class FollowScenario final : public Scenario {
       uint64_t delta_rows = 0;
       for (size_t round = 0; round < p.rounds; ++round) {
         trainer.ask(kTrainOne);
+        ++deltas;
         const TrainerReply r = trainer.reply();
         delta_rows += r.rows;
         const int64_t idle_start = now_ns();
@@ -497,12 +501,13 @@ class FollowScenario final : public Scenario {
       report.set(key + "_batch_seconds_p99_applying", percentile(a.latencies, 0.99));
       report.set(key + "_batch_seconds_max_applying", percentile(a.latencies, 1.0));
       report.say(
-          "{:>8}: {} rounds, deltas of {:.0f} rows applied in {:.1f} ms (median), {:.1f} ms "
+          "{:>14}: {} rounds, deltas of {:.0f} rows applied in {:.1f} ms (median), {:.1f} ms "
           "(max){}",
           phase, p.rounds, rows, median(apply_seconds) * 1e3, longest * 1e3,
           bytes_per_second > 0 ? fmt::format(", paced at {}B/s", si(bytes_per_second)) : "");
       report.say(
-          "          lookups ({} threads, {} keys a batch): {}keys/s while applying, {}keys/s "
+          "                lookups ({} threads, {} keys a batch): {}keys/s while applying, "
+          "{}keys/s "
           "idle: {:.1f}%; batch p50/p99 {:.0f}/{:.0f} us applying, {:.0f}/{:.0f} us idle",
           threads, p.lookup_batch, si(apply_rate), si(idle_rate), 100 * ratio,
           percentile(a.latencies, 0.5) * 1e6, percentile(a.latencies, 0.99) * 1e6,
@@ -510,6 +515,7 @@ class FollowScenario final : public Scenario {
     };
     rounds("apply", 0);
     if (p.paced_bytes_per_second > 0) rounds("paced", p.paced_bytes_per_second);
+    report.set("steps", deltas * p.steps_per_version);  // the trainer's, after the fill
     return code;
   }
 
