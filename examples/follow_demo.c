@@ -95,7 +95,6 @@ static int equals_restore(embstore_follower_t* f, const char* dir, uint64_t vers
            !failed(embstore_table_get(store, kTables[t], &table), "embstore_table_get") &&
            !failed(embstore_lookup(table, keys, HOT_IDS, restored, 0, NULL), "embstore_lookup") &&
            memcmp(served, restored, sizeof(float) * HOT_IDS * dim) == 0;
-    if (!same) fprintf(stderr, "embstore-follow: table %s differs from the restore\n", kTables[t]);
     free(served);
     free(restored);
   }
@@ -112,14 +111,15 @@ int main(int argc, char** argv) {
   unsigned long interval_ms = 100, wait_seconds = 60;
   for (int i = 2; i < argc; i += 2) {
     char* end = NULL;
-    const unsigned long value = i + 1 < argc ? strtoul(argv[i + 1], &end, 10) : 0;
+    const unsigned long value =
+        i + 1 < argc && argv[i + 1][0] != '-' ? strtoul(argv[i + 1], &end, 10) : 0;
     if (end == NULL || end == argv[i + 1] || *end != '\0') {
       fprintf(stderr, "embstore-follow: '%s' needs a number\n", argv[i]);
       return 2;
     }
     if (strcmp(argv[i], "--interval-ms") == 0 && value > 0 && value <= 30000) {
       interval_ms = value;
-    } else if (strcmp(argv[i], "--wait-seconds") == 0) {
+    } else if (strcmp(argv[i], "--wait-seconds") == 0 && value <= 86400) {
       wait_seconds = value;
     } else {
       fprintf(stderr, "embstore-follow: unknown or out-of-range option '%s %s'\n", argv[i],
@@ -175,12 +175,20 @@ int main(int argc, char** argv) {
     sleep_ms(100);
   }
 
-  uint64_t version = 0;
-  int ok = !failed(embstore_follower_poll(f, &version), "embstore_follower_poll") &&
-           equals_restore(f, dir, version, keys);
-  if (ok) {
-    printf("stopped at version %llu: the rows served equal a restore of it\n",
+  /* Versions only move forward: when the version served is the same after the comparison, no
+     background poll moved on while the rows were read. */
+  int ok = 0;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    uint64_t version = 0, after = 0;
+    if (failed(embstore_follower_poll(f, &version), "embstore_follower_poll")) break;
+    const int same = equals_restore(f, dir, version, keys);
+    if (failed(embstore_follower_version(f, &after), "embstore_follower_version")) break;
+    if (after != version) continue;
+    ok = same;
+    printf(ok ? "stopped at version %llu: the rows served equal a restore of it\n"
+              : "stopped at version %llu: the rows served DIFFER from a restore of it\n",
            (unsigned long long)version);
+    break;
   }
   embstore_follower_destroy(f);
   return ok ? 0 : 1;

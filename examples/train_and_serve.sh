@@ -19,7 +19,8 @@ cleanup() {
 trap cleanup EXIT
 
 echo "== a follower waits for $dir/ckpt; the trainer writes it"
-"$follow" "$dir/ckpt" --interval-ms 100 --wait-seconds 120 &
+# (timeout passes the TERM below on to the follower.)
+timeout 600 "$follow" "$dir/ckpt" --interval-ms 100 --wait-seconds 120 >"$dir/follower.log" 2>&1 &
 follower=$!
 "$demo" train "$dir/ckpt" --steps "$steps" --incremental-every 10 --full-every 100
 echo
@@ -30,4 +31,13 @@ wait "$follower"
 rc=$?
 set -e
 follower=
-exit "$rc"
+echo "== what the follower printed"
+cat "$dir/follower.log"
+if [ "$rc" -ne 0 ]; then exit "$rc"; fi
+# It followed while training went on: it moved to newer versions before it was stopped.
+moves=$(grep -c '^serving version' "$dir/follower.log" || true)
+if [ "$moves" -lt 2 ]; then
+  echo "the follower served $moves version(s) while training went on, expected several" >&2
+  exit 1
+fi
+grep -q 'the rows served equal a restore' "$dir/follower.log"

@@ -610,8 +610,8 @@ embstore_status_t embstore_follower_create(const embstore_follower_config_t* con
            config->struct_size, sizeof(embstore_follower_config_t));
     }
     // The second version ended at lease_seconds: no pacing.
-    const bool has_polling =
-        config->struct_size >= offsetof(embstore_follower_config_t, apply_bytes_per_second);
+    const bool has_polling = config->struct_size >=
+                             offsetof(embstore_follower_config_t, lease_seconds) + sizeof(uint32_t);
     const bool has_pacing = config->struct_size >= sizeof(embstore_follower_config_t);
     require(config->dir, "dir");
     if (*config->dir == '\0') fail(EMBSTORE_INVALID_ARGUMENT, "dir is empty");
@@ -625,12 +625,12 @@ embstore_status_t embstore_follower_create(const embstore_follower_config_t* con
       fail(EMBSTORE_INVALID_ARGUMENT, "unknown flags {:#x}", config->flags);
     }
     const int device = has_pacing ? config->device : 0;
-    if (device < 0) fail(EMBSTORE_INVALID_ARGUMENT, "device must be >= 0, is {}", device);
     switch (embstore::enum_value(config->backend)) {
       case EMBSTORE_BACKEND_AUTO:  // host pointers, as in the first version
       case EMBSTORE_BACKEND_HOST:
         break;
       case EMBSTORE_BACKEND_CUDA: {
+        if (device < 0) fail(EMBSTORE_INVALID_ARGUMENT, "device must be >= 0, is {}", device);
         std::string why;
         if (!embstore::cuda_device_usable(device, &why)) {
           fail(EMBSTORE_UNSUPPORTED, "CUDA backend unavailable: {}", why);

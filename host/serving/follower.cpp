@@ -75,6 +75,7 @@ Follower::Follower(FollowerOptions options) : options_(std::move(options)) {
 }
 
 Follower::~Follower() {
+  stopping_ = true;
   if (watch_ != nullptr) {
     watch_->stop();
     background_.join();
@@ -128,12 +129,22 @@ bool Follower::serves_key(int64_t key) const {
   return options_.world_size <= 1 || row::shard_of(key, options_.world_size) == options_.rank;
 }
 
-std::shared_ptr<Follower::Serving> Follower::load_whole(io::CheckpointDir& dir, size_t index) {
+std::shared_ptr<Follower::Serving> Follower::load_whole(io::CheckpointDir& dir, size_t index,
+                                                        const Serving* dims_of) {
   const auto started = std::chrono::steady_clock::now();
   const checkpoint::RestorePlan plan = checkpoint::plan_version(dir, index);
   std::map<std::string, uint32_t> dims;
   for (const checkpoint::TablePlan& t : plan.tables) {
-    if (std::regex_match(t.entry->name, tables_)) dims[t.entry->name] = t.spec.dim;
+    if (!std::regex_match(t.entry->name, tables_)) continue;
+    dims[t.entry->name] = t.spec.dim;
+    const auto served = dims_of != nullptr ? dims_of->specs.find(t.entry->name)
+                                           : std::map<std::string, TableSpec>::const_iterator();
+    if (dims_of != nullptr && served != dims_of->specs.end() && served->second.dim != t.spec.dim) {
+      fail(EMBSTORE_INVALID_ARGUMENT,
+           "{}: table '{}' has dim {}, the follower serves it with dim {}: a follower keeps its "
+           "tables' dims (its callers size their buffers by them); create a new follower",
+           plan.path(), t.entry->name, t.spec.dim, served->second.dim);
+    }
   }
   if (dims.empty()) {
     fail(EMBSTORE_NOT_FOUND, "{}: no table matches tables_regex '{}'", plan.path(),
@@ -186,15 +197,20 @@ std::map<std::string, TableChanges> Follower::read_changes(const io::ChainLink& 
     }
     TableChanges& c = changes[entry.name];
     // Room for the rows at once (no copies as the vectors grow), as many as the manifest says
-    // but no more than the files on disk can hold: the manifest is not trusted yet.
+    // but no more than the regular files on disk can hold (the manifest is not trusted yet),
+    // and this rank's share of them.
     uint64_t on_disk = 0;
     for (const io::FileEntry& f : entry.files) {
       std::error_code ec;
-      const uintmax_t bytes = std::filesystem::file_size(link.path + "/" + f.path, ec);
-      if (!ec) on_disk += bytes;
+      const std::filesystem::path path = link.path + "/" + f.path;
+      if (!std::filesystem::is_regular_file(std::filesystem::symlink_status(path, ec))) continue;
+      const uintmax_t bytes = std::filesystem::file_size(path, ec);
+      if (!ec) on_disk += std::min<uint64_t>(bytes, f.bytes);
     }
-    const uint64_t rows = std::min<uint64_t>(
-        entry.rows, on_disk / (sizeof(int64_t) + sizeof(float) * entry.config.dim));
+    const uint64_t rows =
+        std::min<uint64_t>(entry.rows,
+                           on_disk / (sizeof(int64_t) + sizeof(float) * entry.config.dim)) /
+        std::max<uint32_t>(options_.world_size, 1);
     c.keys.reserve(rows);
     c.values.reserve(rows * entry.config.dim);
     const io::RowSink sink = [&](const io::RowBlock& b, std::string*) {
@@ -245,7 +261,7 @@ uint64_t Follower::poll() {
   } catch (const Error& e) {
     std::lock_guard stats(stats_mutex_);
     // Logged when it changes, so that a lasting failure of background polls is one line.
-    if (e.status() != last_poll_status_ || e.what() != last_poll_error_) {
+    if (!stopping_ && (e.status() != last_poll_status_ || e.what() != last_poll_error_)) {
       std::fprintf(stderr, "embstore: follower of %s: %s\n", options_.dir.c_str(), e.what());
     }
     last_poll_status_ = e.status();
@@ -280,7 +296,7 @@ uint64_t Follower::poll_locked() {
     if (!serves_same_tables(*chain[i].manifest, *serving)) reload_ = true;
   }
   const auto load_newest = [&] {
-    serving_.store(load_whole(dir, newest));
+    serving_.store(load_whole(dir, newest, serving.get()));
     reload_ = false;
     made_visible(dir.version_path(newest));
     const uint64_t v = serving_.load()->rows.version();
@@ -292,9 +308,10 @@ uint64_t Follower::poll_locked() {
     return load_newest();
   }
   const auto started = std::chrono::steady_clock::now();
-  Pacer pacer(options_.apply_bytes_per_second);
+  Pacer pacer(options_.apply_bytes_per_second, &stopping_);
   for (size_t i = at; i-- > 0;) {  // oldest first
     const io::ChainLink& link = chain[i];
+    renew_lease(serving->rows.version(), false);  // a paced poll of many deltas may take long
     // Read and checked whole before any of it is served.
     std::map<std::string, TableChanges> changes;
     try {

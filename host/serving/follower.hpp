@@ -79,7 +79,8 @@ class Follower {
   Follower& operator=(const Follower&) = delete;
 
   // Any thread, any time (also during poll): the rows of keys in table at one version.
-  // INVALID_ARGUMENT for a table not served or a key another rank of the layout serves.
+  // INVALID_ARGUMENT for a table not served or a key another rank of the layout serves. A
+  // table's dim never changes for the life of a follower (a poll refuses a version that would).
   void lookup(const std::string& table, const int64_t* keys, size_t n, float* out);
   // Any thread (polls take turns): moves to the newest committed version; returns the version
   // served. On failure (CORRUPT, IO_ERROR, NOT_FOUND when the directory went) it throws and the
@@ -99,7 +100,9 @@ class Follower {
   };
   // The stages of a poll (poll_mutex_ held).
   uint64_t poll_locked();
-  std::shared_ptr<Serving> load_whole(io::CheckpointDir& dir, size_t index);
+  // dims_of: where given, a table both serve must keep its dim (lookup buffers are sized by it).
+  std::shared_ptr<Serving> load_whole(io::CheckpointDir& dir, size_t index,
+                                      const Serving* dims_of = nullptr);
   std::map<std::string, TableChanges> read_changes(const io::ChainLink& link,
                                                    const Serving& serving, Pacer& pacer) const;
   bool serves_same_tables(const io::Manifest& m, const Serving& serving) const;
@@ -120,7 +123,8 @@ class Follower {
   std::atomic<uint64_t> versions_applied_{0}, full_loads_{0}, lookups_{0}, polls_{0},
       chain_lost_{0};
   std::atomic<double> last_apply_seconds_{0};
-  mutable std::mutex stats_mutex_;  // what follows
+  std::atomic<bool> stopping_{false};  // set by the destructor: a paced poll gives up
+  mutable std::mutex stats_mutex_;     // what follows
   embstore_status_t last_poll_status_ = EMBSTORE_OK;
   std::string last_poll_error_;
   std::deque<double> lags_;  // the last kLagWindow, oldest first

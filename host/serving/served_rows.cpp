@@ -108,13 +108,20 @@ uint32_t RowArena::take() {
 // ---- Pacer ---------------------------------------------------------------------------------
 
 void Pacer::add(uint64_t bytes) {
-  bytes_ += bytes;
+  bytes_ += static_cast<double>(bytes);
   if (rate_ == 0) return;
-  const auto due =
-      start_ +
-      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-          std::chrono::duration<double>(static_cast<double>(bytes_) / static_cast<double>(rate_)));
-  if (due > std::chrono::steady_clock::now()) std::this_thread::sleep_until(due);
+  // In seconds as doubles: a small rate makes the due time far off, past what a clock's
+  // 64-bit nanoseconds hold.
+  const double due = bytes_ / static_cast<double>(rate_);
+  for (;;) {
+    if (cancel_ != nullptr && cancel_->load(std::memory_order_relaxed)) {
+      fail(EMBSTORE_INTERNAL, "a paced poll was cancelled: the follower is being destroyed");
+    }
+    const double left =
+        due - std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    if (left <= 0) return;
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::min(left, 0.005)));
+  }
 }
 
 // ---- ServedRows -----------------------------------------------------------------------------

@@ -60,16 +60,19 @@ class SharedSlot {
 // Spreads a writer's work over time: add(bytes) after work on that many bytes sleeps until
 // bytes_per_second allows them (0: never sleeps). Lookups share the memory bandwidth and the
 // caches with the writer; spreading its bytes leaves them more of both, for a longer apply.
+// The sleep checks *cancel every few milliseconds and throws Error(INTERNAL) once it is set
+// (a follower being destroyed does not wait out a slow pace).
 class Pacer {
  public:
-  explicit Pacer(uint64_t bytes_per_second)
-      : rate_(bytes_per_second), start_(std::chrono::steady_clock::now()) {}
+  explicit Pacer(uint64_t bytes_per_second, const std::atomic<bool>* cancel = nullptr)
+      : rate_(bytes_per_second), cancel_(cancel), start_(std::chrono::steady_clock::now()) {}
   void add(uint64_t bytes);
 
  private:
   uint64_t rate_;
+  const std::atomic<bool>* cancel_;
   std::chrono::steady_clock::time_point start_;
-  uint64_t bytes_ = 0;
+  double bytes_ = 0;
 };
 
 // One version's changes to one table: rows (keys and values, rows x dim) and tombstones.

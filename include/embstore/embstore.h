@@ -743,10 +743,12 @@ typedef struct embstore_follower_config {
   uint32_t lease_seconds;     /* the lease's length; default 60; 0: no lease (retention may then
                                  delete what the follower reads) */
   uint64_t apply_bytes_per_second; /* 0 (default): no limit; else a poll reads and merges its
-                                      deltas at most this fast (the delta files' bytes, then the
-                                      rows merged), leaving memory bandwidth and caches to the
-                                      lookups meanwhile at the cost of a longer lag. Whole loads
-                                      are not paced. */
+                                      deltas at most this fast (the rows read: keys, values and
+                                      optimizer state; then the rows merged), leaving memory
+                                      bandwidth and caches to the lookups meanwhile at the cost
+                                      of a longer lag. Whole loads are not paced. Keep it above
+                                      the rate the trainer writes deltas at, and a delta's time
+                                      well under half of lease_seconds. */
   int device;                      /* CUDA: the device of the lookups' pointers; default 0 */
 } embstore_follower_config_t;
 #define EMBSTORE_FOLLOWER_INITIAL_VALUES 1u
@@ -791,8 +793,10 @@ EMBSTORE_API embstore_status_t embstore_follower_lookup(embstore_follower_t* fol
    served. One poll at a time per follower (others wait). A delta that fails its checks is not
    served: the poll returns CORRUPT and the follower stays on the last version it applied
    (the deltas before the bad one are applied). Tables created after the version loaded at
-   create are not served until the next whole load. Returns OK; CORRUPT; IO_ERROR; NOT_FOUND
-   (the directory or its versions went); OUT_OF_MEMORY. */
+   create are not served until the next whole load. A table served keeps its dim: a newer
+   full checkpoint that changes it is refused with INVALID_ARGUMENT (create a new follower).
+   Returns OK; CORRUPT; IO_ERROR; NOT_FOUND (the directory or its versions went);
+   INVALID_ARGUMENT (a dim changed); OUT_OF_MEMORY. */
 EMBSTORE_API embstore_status_t embstore_follower_poll(embstore_follower_t* follower,
                                                       uint64_t* version_out);
 EMBSTORE_API embstore_status_t embstore_follower_version(embstore_follower_t* follower,

@@ -4,7 +4,7 @@
 // incremental checkpoint every --steps-per-version steps, as the follower process asks over a
 // pipe. The follower process runs --lookup-threads threads of lookups (Zipf batches of
 // --lookup-batch keys: the rows the trainer updates most are the rows served most) through
-// three phases:
+// these phases:
 //   live        a background follower polling every --poll-interval-ms follows --versions
 //               deltas committed while training goes on; its stats give the lag from each
 //               commit to its visibility (p50, p99);
@@ -174,6 +174,8 @@ class TrainerProcess {
         code = trainer_main(o, p, commands[0], replies[1]);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "embstore-perf follow: the trainer process: %s\n", e.what());
+      } catch (...) {  // nothing may unwind into the parent's frames (its directory, its report)
+        std::fprintf(stderr, "embstore-perf follow: the trainer process failed\n");
       }
       std::fflush(nullptr);
       ::_exit(code);
@@ -184,11 +186,17 @@ class TrainerProcess {
     replies_ = replies[0];
   }
   ~TrainerProcess() {
+    if (pid_ > 0) finish();
+  }
+  // Ends the trainer (its command pipe closes) and returns its wait status.
+  int finish() {
     ::close(commands_);
     ::close(replies_);
     int status = 0;
     while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
     }
+    pid_ = -1;
+    return status;
   }
   TrainerProcess(const TrainerProcess&) = delete;
   TrainerProcess& operator=(const TrainerProcess&) = delete;
@@ -237,20 +245,24 @@ class Lookups {
       });
     }
   }
-  ~Lookups() { stop(); }
+  ~Lookups() { join(); }
   Lookups(const Lookups&) = delete;
   Lookups& operator=(const Lookups&) = delete;
 
   // Joins the threads; throws when a lookup failed.
   void stop() {
-    stop_ = true;
-    for (std::thread& t : threads_) t.join();
-    threads_.clear();
+    join();
     if (failed_) throw std::runtime_error("a follower lookup failed");
   }
   const std::vector<std::vector<Batch>>& batches() const { return batches_; }
 
  private:
+  void join() {
+    stop_ = true;
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+  }
+
   std::atomic<bool> stop_{false}, failed_{false};
   std::vector<std::vector<Batch>> batches_;
   std::vector<std::thread> threads_;
@@ -376,7 +388,7 @@ class FollowScenario final : public Scenario {
     p.dir = scenario_dir.path();
     const unsigned threads = p.lookup_threads > 0
                                  ? p.lookup_threads
-                                 : std::max(1u, std::thread::hardware_concurrency() - 1);
+                                 : std::max(2u, std::thread::hardware_concurrency()) - 1;
     int code = 0;
     size_t deltas = 0;  // asked of the trainer
     const auto mismatch = [&](const std::string& what) {
@@ -409,6 +421,7 @@ class FollowScenario final : public Scenario {
       FollowerHandle follower(p.dir, p.poll_interval_ms, flags, bytes_per_second);
       Lookups lookups(follower.get(), o, p, threads, o.seed + 1);
       const Stopwatch watch;
+      const int64_t start = now_ns();
       trainer.ask(kTrainVersions);
       deltas += p.versions;
       const TrainerReply r = trainer.reply();
@@ -417,6 +430,7 @@ class FollowScenario final : public Scenario {
                              phase, follower.version(), r.version));
       }
       const double seconds = watch.seconds();
+      const int64_t end = now_ns();
       lookups.stop();
       // The version is readable before its poll has finished counting it; a poll of ours
       // waits for the background one to end (polls take turns), and finds nothing new.
@@ -431,7 +445,7 @@ class FollowScenario final : public Scenario {
                         phase, s.versions_applied, p.versions, s.full_loads, s.chain_lost,
                         embstore_status_name(s.last_poll_status)));
       }
-      const WindowFigures all = in_windows(lookups, {{0, INT64_MAX}});
+      const WindowFigures all = in_windows(lookups, {{start, end}});
       const std::string key(phase);
       report.set(key + "_lag_p50_seconds", s.lag_p50_seconds);
       report.set(key + "_lag_p99_seconds", s.lag_p99_seconds);
@@ -516,6 +530,10 @@ class FollowScenario final : public Scenario {
     rounds("apply", 0);
     if (p.paced_bytes_per_second > 0) rounds("paced", p.paced_bytes_per_second);
     report.set("steps", deltas * p.steps_per_version);  // the trainer's, after the fill
+    if (const int status = trainer.finish(); !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      throw std::runtime_error(
+          fmt::format("the trainer process ended with wait status {}", status));
+    }
     return code;
   }
 

@@ -141,6 +141,27 @@ TEST_CASE("A paced poll takes its bytes over the rate and serves what a restore 
   embstore_follower_destroy(f);
 }
 
+TEST_CASE("Destroy cancels a paced background poll", "[serving][background]") {
+  embstore_test::TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  Trainer trainer;
+  trainer.step(1);
+  trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  embstore_follower_config_t c = follower_config(dir);
+  c.poll_interval_ms = 10;
+  c.apply_bytes_per_second = 1;  // a delta would take hours
+  embstore_follower_t* f = follow_with(c);
+  trainer.step(2);
+  trainer.checkpoint(dir, EMBSTORE_CKPT_INCREMENTAL);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the poll is reading it
+  uint64_t v = 0;
+  REQUIRE(embstore_follower_version(f, &v) == EMBSTORE_OK);
+  CHECK(v == 1);
+  const auto started = Clock::now();
+  embstore_follower_destroy(f);
+  CHECK(Clock::now() - started < std::chrono::seconds(30));  // not hours
+}
+
 TEST_CASE("A failing background poll keeps the version served and says why",
           "[serving][background]") {
   embstore_test::TempDir tmp;

@@ -196,6 +196,45 @@ TEST_CASE("Keys without a row read as zeros, or as the initializer gives them",
   embstore_follower_destroy(i);
 }
 
+TEST_CASE("A rebase that changes a served table's dim is refused", "[serving][follower]") {
+  embstore_test::TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  {
+    Trainer trainer;  // items: dim 4
+    trainer.step(1);
+    trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  }
+  embstore_follower_t* f = follow(dir);
+  {
+    // Another run writes "items" with dim 8 into the same directory.
+    embstore_store_t* store = host_store();
+    embstore_table_config_t c;
+    embstore_table_config_init(&c);
+    c.name = "items";
+    c.dim = 8;
+    embstore_table_t* t = nullptr;
+    REQUIRE(embstore_table_create(store, &c, &t) == EMBSTORE_OK);
+    c.name = "counted";
+    c.dim = 3;
+    REQUIRE(embstore_table_create(store, &c, &t) == EMBSTORE_OK);
+    REQUIRE(embstore_step(store, 2) == EMBSTORE_OK);
+    uint64_t v = 0;
+    REQUIRE(embstore_checkpoint(store, dir.c_str(), EMBSTORE_CKPT_FULL, &v) == EMBSTORE_OK);
+    REQUIRE(embstore_checkpoint_wait(store, v) == EMBSTORE_OK);
+    embstore_store_destroy(store);
+  }
+  uint64_t v = 0;
+  CHECK(embstore_follower_poll(f, &v) == EMBSTORE_INVALID_ARGUMENT);
+  CHECK(std::string(embstore_last_error()).find("dim 8") != std::string::npos);
+  REQUIRE(embstore_follower_version(f, &v) == EMBSTORE_OK);
+  CHECK(v == 1);  // still serving version 1, with dim 4
+  uint32_t dim = 0;
+  REQUIRE(embstore_follower_table_dim(f, "items", &dim) == EMBSTORE_OK);
+  CHECK(dim == 4);
+  check_equals_restore(f, dir, 1);
+  embstore_follower_destroy(f);
+}
+
 TEST_CASE("Follower arguments are checked", "[serving][follower]") {
   embstore_test::TempDir tmp;
   embstore_follower_config_t c;
