@@ -308,6 +308,8 @@ uint64_t Follower::poll_locked() {
     return load_newest();
   }
   const auto started = std::chrono::steady_clock::now();
+  // The reading is paced, the merge is not: while a version merges, lookups of the keys it
+  // changed go through its overlay, and spreading the merge would keep them there for longer.
   Pacer pacer(options_.apply_bytes_per_second, &stopping_);
   for (size_t i = at; i-- > 0;) {  // oldest first
     const io::ChainLink& link = chain[i];
@@ -326,7 +328,7 @@ uint64_t Follower::poll_locked() {
       return load_newest();
     }
     try {
-      serving->rows.apply(link.manifest->version, std::move(changes), &pacer);
+      serving->rows.apply(link.manifest->version, std::move(changes));
     } catch (...) {
       reload_ = true;  // the rows may not be applied to again: the next poll loads anew
       throw;

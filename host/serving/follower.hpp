@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "host/serving/dir_watch.hpp"
+#include "host/serving/pacer.hpp"
 #include "host/serving/served_rows.hpp"
 #include "host/table/table.hpp"
 
@@ -46,7 +47,7 @@ struct FollowerOptions {
   uint32_t poll_interval_ms = 0;        // 0: polls by poll() only; else a background thread polls
   bool watch_commits = true;            // the background thread also wakes at commits (inotify)
   uint32_t lease_seconds = 60;          // 0: no lease
-  uint64_t apply_bytes_per_second = 0;  // a poll's reading and merging of deltas; 0: no limit
+  uint64_t apply_bytes_per_second = 0;  // a poll's reading of deltas (pacer.hpp); 0: no limit
   std::string who = "follower";         // the lease's "what"
 };
 

@@ -105,25 +105,6 @@ uint32_t RowArena::take() {
   return next_++;
 }
 
-// ---- Pacer ---------------------------------------------------------------------------------
-
-void Pacer::add(uint64_t bytes) {
-  bytes_ += static_cast<double>(bytes);
-  if (rate_ == 0) return;
-  // In seconds as doubles: a small rate makes the due time far off, past what a clock's
-  // 64-bit nanoseconds hold.
-  const double due = bytes_ / static_cast<double>(rate_);
-  for (;;) {
-    if (cancel_ != nullptr && cancel_->load(std::memory_order_relaxed)) {
-      fail(EMBSTORE_INTERNAL, "a paced poll was cancelled: the follower is being destroyed");
-    }
-    const double left =
-        due - std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    if (left <= 0) return;
-    std::this_thread::sleep_for(std::chrono::duration<double>(std::min(left, 0.005)));
-  }
-}
-
 // ---- ServedRows -----------------------------------------------------------------------------
 
 // One version's changes to a table, immutable once published: each key's row in values, or -1
@@ -297,8 +278,7 @@ uint64_t ServedRows::rows(const std::string& table) const {
   return bases_.at(table)->index->size();
 }
 
-void ServedRows::apply(uint64_t version, std::map<std::string, TableChanges> changes,
-                       Pacer* pacer) {
+void ServedRows::apply(uint64_t version, std::map<std::string, TableChanges> changes) {
   // Step 1: the changes as overlays, in a view of their own.
   auto with_overlays = std::make_shared<View>(*current());
   with_overlays->version = version;
@@ -324,14 +304,7 @@ void ServedRows::apply(uint64_t version, std::map<std::string, TableChanges> cha
       const uint32_t r = b.index->erase(k);
       if (r != ConcurrentIndex::kNoRow) b.arena.free(r);
     }
-    const float* values = overlays.at(name)->values.data();
-    const uint32_t dim = b.arena.dim();
-    constexpr size_t kSlice = 4096;  // rows merged between two calls of the pacer
-    for (size_t first = 0; first < c.keys.size(); first += kSlice) {
-      const size_t n = std::min(kSlice, c.keys.size() - first);
-      b.index = merge_upserts(b, c.keys.data() + first, values + first * dim, n);
-      if (pacer != nullptr) pacer->add(n * (sizeof(int64_t) + dim * sizeof(float)));
-    }
+    b.index = merge_upserts(b, c.keys.data(), overlays.at(name)->values.data(), c.keys.size());
     TableView& tv = merged->tables.at(name);
     tv.index = b.index;
     tv.overlays.clear();

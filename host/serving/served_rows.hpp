@@ -22,7 +22,6 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -55,24 +54,6 @@ class SharedSlot {
  private:
   mutable std::mutex mutex_;
   std::shared_ptr<T> value_;
-};
-
-// Spreads a writer's work over time: add(bytes) after work on that many bytes sleeps until
-// bytes_per_second allows them (0: never sleeps). Lookups share the memory bandwidth and the
-// caches with the writer; spreading its bytes leaves them more of both, for a longer apply.
-// The sleep checks *cancel every few milliseconds and throws Error(INTERNAL) once it is set
-// (a follower being destroyed does not wait out a slow pace).
-class Pacer {
- public:
-  explicit Pacer(uint64_t bytes_per_second, const std::atomic<bool>* cancel = nullptr)
-      : rate_(bytes_per_second), cancel_(cancel), start_(std::chrono::steady_clock::now()) {}
-  void add(uint64_t bytes);
-
- private:
-  uint64_t rate_;
-  const std::atomic<bool>* cancel_;
-  std::chrono::steady_clock::time_point start_;
-  double bytes_ = 0;
 };
 
 // One version's changes to one table: rows (keys and values, rows x dim) and tombstones.
@@ -152,8 +133,8 @@ class ServedRows {
   // Writer (one thread): moves to version with these changes (tables absent from changes do
   // not change). Returns once the changes are in the base (step 3 above). After a throw (memory,
   // CAPACITY_EXCEEDED) the rows may be served at the new version or the old, but must not be
-  // applied to again: the caller loads them anew. pacer (may be null) paces the merge of step 2.
-  void apply(uint64_t version, std::map<std::string, TableChanges> changes, Pacer* pacer = nullptr);
+  // applied to again: the caller loads them anew.
+  void apply(uint64_t version, std::map<std::string, TableChanges> changes);
   // Writer, before the first apply and before readers use it: rows put straight into the base
   // of table (a version's whole rows, as a follower loads them); then finish_load publishes
   // them as version.

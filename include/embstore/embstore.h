@@ -742,13 +742,13 @@ typedef struct embstore_follower_config {
                                  background thread polls at this interval */
   uint32_t lease_seconds;     /* the lease's length; default 60; 0: no lease (retention may then
                                  delete what the follower reads) */
-  uint64_t apply_bytes_per_second; /* 0 (default): no limit; else a poll reads and merges its
-                                      deltas at most this fast (the rows read: keys, values and
-                                      optimizer state; then the rows merged), leaving memory
-                                      bandwidth and caches to the lookups meanwhile at the cost
-                                      of a longer lag. Whole loads are not paced. Keep it above
-                                      the rate the trainer writes deltas at, and a delta's time
-                                      well under half of lease_seconds. */
+  uint64_t apply_bytes_per_second; /* 0 (default): no limit; else a poll reads its deltas at
+                                      most this fast (the rows read: keys, values and optimizer
+                                      state), leaving memory bandwidth and caches to the lookups
+                                      meanwhile at the cost of a longer lag. The merge that
+                                      makes a delta visible, and whole loads, are not paced.
+                                      Keep it above the rate the trainer writes deltas at, and a
+                                      delta's time well under half of lease_seconds. */
   int device;                      /* CUDA: the device of the lookups' pointers; default 0 */
 } embstore_follower_config_t;
 #define EMBSTORE_FOLLOWER_INITIAL_VALUES 1u
