@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "cuda/row/hash.h"
+#include "cuda/row/index.h"
 #include "host/error.hpp"
 
 namespace embstore::serving {
@@ -107,42 +108,34 @@ uint32_t RowArena::take() {
 
 // ---- ServedRows -----------------------------------------------------------------------------
 
-// One version's changes to a table, immutable once published: each key's row in values, or -1
-// for a tombstone. An open-addressing table (linear probing, at most half full): lookups of the
-// keys a version changed, which are the keys training touched and serving reads most, probe
-// one or two adjacent slots instead of chasing a node-based map's pointers.
+// One version's changes to a table, immutable once published: each key's row in values, or
+// kTombstone. Indexed by the tables' own open-addressing index (cuda/row/index.h: linear
+// probing, at most half full), so that lookups of the keys a version changed, which are the
+// keys training touched and serving reads most, probe adjacent slots instead of chasing a
+// node-based map's pointers.
 struct ServedRows::Overlay {
-  static constexpr int64_t kEmpty = -2;
-  struct Slot {
-    int64_t key = 0;
-    int64_t at = kEmpty;
-  };
+  static constexpr uint32_t kTombstone = static_cast<uint32_t>(row::kMaxRows);
 
-  explicit Overlay(size_t keys) {
-    slots.resize(std::bit_ceil(std::max<size_t>(2 * keys, 16)));
-    mask = slots.size() - 1;
-  }
-  // The row of key in values, -1 for a tombstone, kEmpty when the version did not change it.
-  int64_t find(int64_t key) const {
-    for (size_t i = row::hash_key(key) & mask;; i = (i + 1) & mask) {
-      const Slot& s = slots[i];
-      if (s.at == kEmpty || s.key == key) return s.at;
+  // Upserts win over tombstones of the same key, and a later upsert over an earlier one: each
+  // key keeps the first row it is given, so upserts go in from the last, then tombstones.
+  Overlay(const TableChanges& c, std::vector<float> rows)
+      : slots(row::index_slots_for(c.keys.size() + c.tombstones.size()),
+              row::Slot{0, row::kEmptyRow, 0}),
+        index{slots.data(), slots.size() - 1},
+        values(std::move(rows)) {
+    if (c.keys.size() >= row::kMaxRows)
+      fail(EMBSTORE_CAPACITY_EXCEEDED, "a delta of {} rows", c.keys.size());
+    bool inserted = false;
+    for (size_t i = c.keys.size(); i-- > 0;) {
+      index.find_or_insert_serial(c.keys[i], static_cast<uint32_t>(i), &inserted);
     }
+    for (int64_t k : c.tombstones) index.find_or_insert_serial(k, kTombstone, &inserted);
   }
-  // A later set of the same key wins (an upsert after a tombstone of the same version).
-  void set(int64_t key, int64_t at) {
-    for (size_t i = row::hash_key(key) & mask;; i = (i + 1) & mask) {
-      Slot& s = slots[i];
-      if (s.at == kEmpty || s.key == key) {
-        s.key = key;
-        s.at = at;
-        return;
-      }
-    }
-  }
+  Overlay(const Overlay&) = delete;
+  Overlay& operator=(const Overlay&) = delete;
 
-  std::vector<Slot> slots;
-  size_t mask = 0;
+  std::vector<row::Slot> slots;
+  row::IndexRef index;  // over slots
   std::vector<float> values;
 };
 
@@ -213,9 +206,9 @@ bool ServedRows::lookup(const std::string& table, const int64_t* keys, size_t n,
     const float* src = nullptr;
     bool decided = false;
     for (const std::shared_ptr<const Overlay>& o : tv.overlays) {
-      const int64_t at = o->find(keys[i]);
-      if (at == Overlay::kEmpty) continue;
-      if (at >= 0) src = o->values.data() + at * dim;
+      const uint32_t at = o->index.find(keys[i]);
+      if (at == row::kNoRow) continue;
+      if (at != Overlay::kTombstone) src = o->values.data() + size_t{at} * dim;
       decided = true;
       break;
     }
@@ -286,10 +279,8 @@ void ServedRows::apply(uint64_t version, std::map<std::string, TableChanges> cha
   for (auto& [name, c] : changes) {
     auto t = with_overlays->tables.find(name);
     if (t == with_overlays->tables.end()) fail(EMBSTORE_INTERNAL, "no served table '{}'", name);
-    auto overlay = std::make_shared<Overlay>(c.keys.size() + c.tombstones.size());
-    overlay->values = std::move(c.values);  // held once, by the overlay
-    for (int64_t k : c.tombstones) overlay->set(k, -1);
-    for (size_t i = 0; i < c.keys.size(); ++i) overlay->set(c.keys[i], static_cast<int64_t>(i));
+    // The values are held once, by the overlay.
+    auto overlay = std::make_shared<const Overlay>(c, std::move(c.values));
     overlays[name] = overlay;
     t->second.overlays.insert(t->second.overlays.begin(), std::move(overlay));
   }

@@ -42,11 +42,9 @@ bool reaches(embstore_follower_t* f, uint64_t version) {
 
 TEST_CASE("A background follower reaches each version and reports its lag",
           "[serving][background]") {
-  embstore_test::TempDir tmp;
-  const std::string dir = tmp.path() + "/run";
-  Trainer trainer;
-  trainer.step(1);
-  trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  Run run;
+  const std::string& dir = run.dir;
+  Trainer& trainer = run.trainer;
   trainer.step(2);
   trainer.checkpoint(dir, EMBSTORE_CKPT_INCREMENTAL);
   embstore_follower_t* f = follow_in_background(dir, 20, 60);
@@ -72,11 +70,9 @@ TEST_CASE("A background follower reaches each version and reports its lag",
 
 TEST_CASE("A commit wakes a background follower; destroy stops it at once",
           "[serving][background]") {
-  embstore_test::TempDir tmp;
-  const std::string dir = tmp.path() + "/run";
-  Trainer trainer;
-  trainer.step(1);
-  trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  Run run;
+  const std::string& dir = run.dir;
+  Trainer& trainer = run.trainer;
   // An interval of an hour (no lease to renew): only the directory's change can wake it.
   embstore_follower_t* f = follow_in_background(dir, 3'600'000, 0);
   trainer.step(2);
@@ -90,11 +86,9 @@ TEST_CASE("A commit wakes a background follower; destroy stops it at once",
 
 TEST_CASE("An interval-only follower is woken by its interval, not by commits",
           "[serving][background]") {
-  embstore_test::TempDir tmp;
-  const std::string dir = tmp.path() + "/run";
-  Trainer trainer;
-  trainer.step(1);
-  trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  Run run;
+  const std::string& dir = run.dir;
+  Trainer& trainer = run.trainer;
   embstore_follower_config_t c = follower_config(dir);
   c.flags = EMBSTORE_FOLLOWER_INTERVAL_ONLY;
   c.poll_interval_ms = 3'600'000;
@@ -117,11 +111,9 @@ TEST_CASE("An interval-only follower is woken by its interval, not by commits",
 
 TEST_CASE("A paced poll takes its bytes over the rate and serves what a restore holds",
           "[serving][follower]") {
-  embstore_test::TempDir tmp;
-  const std::string dir = tmp.path() + "/run";
-  Trainer trainer;
-  trainer.step(1);
-  trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  Run run;
+  const std::string& dir = run.dir;
+  Trainer& trainer = run.trainer;
   embstore_follower_config_t c = follower_config(dir);
   c.apply_bytes_per_second = 20'000;
   embstore_follower_t* f = follow_with(c);  // whole loads are not paced
@@ -142,11 +134,9 @@ TEST_CASE("A paced poll takes its bytes over the rate and serves what a restore 
 }
 
 TEST_CASE("Destroy cancels a paced background poll", "[serving][background]") {
-  embstore_test::TempDir tmp;
-  const std::string dir = tmp.path() + "/run";
-  Trainer trainer;
-  trainer.step(1);
-  trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  Run run;
+  const std::string& dir = run.dir;
+  Trainer& trainer = run.trainer;
   embstore_follower_config_t c = follower_config(dir);
   c.poll_interval_ms = 10;
   c.apply_bytes_per_second = 1;  // a delta would take hours
@@ -164,11 +154,10 @@ TEST_CASE("Destroy cancels a paced background poll", "[serving][background]") {
 
 TEST_CASE("A failing background poll keeps the version served and says why",
           "[serving][background]") {
-  embstore_test::TempDir tmp;
-  const std::string dir = tmp.path() + "/run";
-  Trainer trainer;
-  trainer.step(1);
-  trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  Run run;
+  embstore_test::TempDir& tmp = run.tmp;
+  const std::string& dir = run.dir;
+  Trainer& trainer = run.trainer;
   // A delta whose manifest does not parse, committed (renamed in) after the follower started.
   trainer.step(2);
   trainer.checkpoint(dir, EMBSTORE_CKPT_INCREMENTAL);
@@ -194,11 +183,9 @@ TEST_CASE("A failing background poll keeps the version served and says why",
 }
 
 TEST_CASE("A table created after the load is served after the next poll", "[serving][follower]") {
-  embstore_test::TempDir tmp;
-  const std::string dir = tmp.path() + "/run";
-  Trainer trainer;
-  trainer.step(1);
-  trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  Run run;
+  const std::string& dir = run.dir;
+  Trainer& trainer = run.trainer;
   embstore_follower_t* f = follow(dir);
   embstore_table_config_t c;
   embstore_table_config_init(&c);
@@ -222,11 +209,9 @@ TEST_CASE("A table created after the load is served after the next poll", "[serv
 }
 
 TEST_CASE("Follower structs of the first API version still work", "[serving][follower]") {
-  embstore_test::TempDir tmp;
-  const std::string dir = tmp.path() + "/run";
-  Trainer trainer;
-  trainer.step(1);
-  trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  Run run;
+  const std::string& dir = run.dir;
+  Trainer& trainer = run.trainer;
   embstore_follower_config_t c;
   embstore_follower_config_init(&c);
   c.dir = dir.c_str();

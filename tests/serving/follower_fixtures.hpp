@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/io/io_fixtures.hpp"
+
 namespace embstore_test::serving {
 
 inline constexpr int64_t kKeys = 600;
@@ -74,6 +76,17 @@ struct Trainer {
     REQUIRE(embstore_checkpoint(store, dir.c_str(), kind, &v) == EMBSTORE_OK);
     REQUIRE(embstore_checkpoint_wait(store, v) == EMBSTORE_OK);
     return v;
+  }
+};
+
+// A run's directory holding version 1: a full checkpoint of the trainer's step 1.
+struct Run {
+  embstore_test::TempDir tmp;
+  std::string dir = tmp.path() + "/run";
+  Trainer trainer;
+  Run() {
+    trainer.step(1);
+    trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
   }
 };
 

@@ -25,11 +25,9 @@ namespace {
 using namespace embstore_test::serving;
 
 TEST_CASE("A follower serves what a restore of each version holds", "[serving][follower]") {
-  embstore_test::TempDir tmp;
-  const std::string dir = tmp.path() + "/run";
-  Trainer trainer;
-  trainer.step(1);
-  trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  Run run;
+  const std::string& dir = run.dir;
+  Trainer& trainer = run.trainer;
   embstore_follower_t* f = follow(dir);
   check_equals_restore(f, dir, 1);
   uint64_t v = 0;
@@ -66,11 +64,9 @@ TEST_CASE("A follower serves what a restore of each version holds", "[serving][f
 
 TEST_CASE("Lookups on other threads go on while polls apply deltas and a rebase",
           "[serving][follower]") {
-  embstore_test::TempDir tmp;
-  const std::string dir = tmp.path() + "/run";
-  Trainer trainer;
-  trainer.step(1);
-  trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  Run run;
+  const std::string& dir = run.dir;
+  Trainer& trainer = run.trainer;
   embstore_follower_t* f = follow(dir);
   std::atomic<bool> done{false};
   std::atomic<long> batches{0}, failures{0};
@@ -105,11 +101,9 @@ TEST_CASE("Lookups on other threads go on while polls apply deltas and a rebase"
 }
 
 TEST_CASE("A corrupt delta is refused and never served", "[serving][follower]") {
-  embstore_test::TempDir tmp;
-  const std::string dir = tmp.path() + "/run";
-  Trainer trainer;
-  trainer.step(1);
-  trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  Run run;
+  const std::string& dir = run.dir;
+  Trainer& trainer = run.trainer;
   trainer.step(2);
   trainer.checkpoint(dir, EMBSTORE_CKPT_INCREMENTAL);
   embstore_follower_t* f = follow(dir);
@@ -175,11 +169,9 @@ TEST_CASE("Followers serve a checkpoint of three ranks in layouts of their own",
 
 TEST_CASE("Keys without a row read as zeros, or as the initializer gives them",
           "[serving][follower]") {
-  embstore_test::TempDir tmp;
-  const std::string dir = tmp.path() + "/run";
-  Trainer trainer;
-  trainer.step(1);
-  trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+  Run run;
+  const std::string& dir = run.dir;
+  Trainer& trainer = run.trainer;
   const int64_t absent = 1'000'000;  // never trained
   float init[4], zeros[4], fresh[4];
   embstore_follower_t* z = follow(dir);
