@@ -3,6 +3,8 @@
 #   scripts/test.sh                    default build (CUDA backend compiled where nvcc exists)
 #   scripts/test.sh --sanitize         host-only build with AddressSanitizer + UBSan
 #   scripts/test.sh --sanitize thread  host-only build with ThreadSanitizer
+# The default also runs the Python package's tests (scripts/test-python.sh: a clean virtual
+# environment, `pip install .[torch]`, tests/python).
 # CUDA tests carry the ctest label "cuda" and report as skipped where no device is usable;
 # multi-process tests (label "mpi") run under mpirun where MPI was found.
 set -euo pipefail
@@ -53,3 +55,6 @@ cmake --build "$build" -j"$jobs"
 exclude=()
 if [ -n "$sanitize" ]; then exclude=(-LE mpi); fi
 ctest --test-dir "$build" --output-on-failure -j"$jobs" "${exclude[@]}"
+if [ -z "$sanitize" ]; then
+  bash scripts/test-python.sh
+fi

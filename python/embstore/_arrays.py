@@ -1,0 +1,117 @@
+"""Arrays in and out of the C calls without copies: numpy arrays and torch tensors (CPU, or CUDA
+by pointer with the current CUDA stream). A copy is made only to convert an input that is not
+already contiguous of the right dtype (int64 keys, float32 values); outputs are allocated once
+and written by the library in place."""
+
+import numpy as np
+
+
+def is_torch(x):
+    return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "data_ptr")
+
+
+class Buffer:
+    """A pointer the library may read or write, with what keeps its memory alive."""
+
+    __slots__ = ("ptr", "shape", "owner", "cuda_device")
+
+    def __init__(self, ptr, shape, owner, cuda_device):
+        self.ptr = ptr
+        self.shape = tuple(shape)
+        self.owner = owner
+        self.cuda_device = cuda_device  # None: host memory
+
+    @property
+    def size(self):
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def _torch_buffer(t, torch_dtype, name):
+    import torch  # noqa: F401  (the caller passed a tensor, so torch is imported)
+
+    t = t.detach()
+    if t.dtype != torch_dtype:
+        if t.is_floating_point() != torch_dtype.is_floating_point:
+            raise TypeError(f"{name}: a tensor of {t.dtype} where {torch_dtype} is expected")
+        t = t.to(torch_dtype)
+    t = t.contiguous()
+    cuda_device = t.device.index if t.device.type == "cuda" else None
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name}: tensors on {t.device.type} are not supported (cpu or cuda)")
+    return Buffer(t.data_ptr(), t.shape, t, cuda_device)
+
+
+def _numpy_buffer(x, dtype, name):
+    a = np.asarray(x)
+    if a.dtype != dtype:
+        integer_expected = np.issubdtype(dtype, np.integer)
+        if integer_expected and not np.issubdtype(a.dtype, np.integer):
+            if a.size == 0:
+                a = a.astype(dtype)
+            else:
+                raise TypeError(f"{name}: integers expected, got an array of {a.dtype}")
+        elif not integer_expected and not (np.issubdtype(a.dtype, np.floating) or
+                                           np.issubdtype(a.dtype, np.integer)):
+            raise TypeError(f"{name}: numbers expected, got an array of {a.dtype}")
+        a = a.astype(dtype)
+    a = np.ascontiguousarray(a)
+    return Buffer(a.ctypes.data, a.shape, a, None)
+
+
+def keys_buffer(keys):
+    if is_torch(keys):
+        import torch
+        return _torch_buffer(keys, torch.int64, "keys")
+    return _numpy_buffer(keys, np.int64, "keys")
+
+
+def floats_buffer(x, name):
+    if is_torch(x):
+        import torch
+        return _torch_buffer(x, torch.float32, name)
+    return _numpy_buffer(x, np.float32, name)
+
+
+def output_buffer(like, shape, out):
+    """The float32 output of a lookup: `out` when given (checked: contiguous, writable, of that
+    shape and kind of memory), else a new array of the kind of `like` (a torch tensor for a
+    tensor, on its device; numpy otherwise)."""
+    if out is not None:
+        if is_torch(out):
+            import torch
+            if out.dtype != torch.float32 or not out.is_contiguous():
+                raise ValueError("out: a contiguous float32 tensor is expected")
+            if tuple(out.shape) != tuple(shape):
+                raise ValueError(f"out: shape {tuple(out.shape)}, expected {tuple(shape)}")
+            cuda_device = out.device.index if out.device.type == "cuda" else None
+            return Buffer(out.data_ptr(), out.shape, out, cuda_device)
+        if not isinstance(out, np.ndarray):
+            raise TypeError("out: a numpy array or a torch tensor is expected")
+        if out.dtype != np.float32 or not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError("out: a writable C-contiguous float32 array is expected")
+        if out.shape != tuple(shape):
+            raise ValueError(f"out: shape {out.shape}, expected {tuple(shape)}")
+        return Buffer(out.ctypes.data, out.shape, out, None)
+    if like.cuda_device is not None or is_torch(like.owner):
+        import torch
+        device = like.owner.device
+        t = torch.empty(tuple(shape), dtype=torch.float32, device=device)
+        return Buffer(t.data_ptr(), t.shape, t, like.cuda_device)
+    a = np.empty(tuple(shape), dtype=np.float32)
+    return Buffer(a.ctypes.data, a.shape, a, None)
+
+
+def stream_handle(stream, buffers):
+    """The cudaStream_t to pass: `stream` when given (an int, or an object with .cuda_stream
+    such as torch.cuda.Stream), else torch's current stream on the device of a CUDA tensor among
+    buffers, else NULL."""
+    if stream is not None:
+        return int(getattr(stream, "cuda_stream", stream))
+    for b in buffers:
+        if b.cuda_device is not None and is_torch(b.owner):
+            import torch
+            return torch.cuda.current_stream(b.owner.device).cuda_stream
+    return None

@@ -1,0 +1,29 @@
+"""embstore-ckpt, the checkpoint directory tool, as shipped inside the package: `embstore-ckpt`
+on the PATH of the environment (a console script), or embstore.ckpt.run([...]) from Python."""
+
+import os
+import subprocess
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def binary():
+    """The path of the bundled embstore-ckpt (EMBSTORE_CKPT overrides it)."""
+    return os.environ.get("EMBSTORE_CKPT") or os.path.join(_HERE, "bin", "embstore-ckpt")
+
+
+def run(args, **kwargs):
+    """Runs embstore-ckpt with args (ls, verify, inspect, compact, reshard, export ...) and
+    returns the subprocess.CompletedProcess; check=True raises on a nonzero exit."""
+    return subprocess.run([binary(), *map(os.fspath, args)], **kwargs)
+
+
+def verify(dir, version=None):
+    """True exactly when embstore.Store.restore would load that version (the newest: None)."""
+    args = ["verify", dir] + ([] if version is None else ["--version", str(version)])
+    return run(args, capture_output=True).returncode == 0
+
+
+def main():
+    os.execv(binary(), [binary(), *sys.argv[1:]])

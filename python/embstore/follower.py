@@ -1,0 +1,135 @@
+"""Follower: a read-only replica of a training run's checkpoint directory for serving
+(embstore_follower_t): the newest version, deltas applied live."""
+
+import ctypes
+import dataclasses
+import threading
+import weakref
+
+from . import _arrays, _lib
+from .errors import InvalidArgumentError, check, status_name
+from .store import _BACKENDS, _int_arg, _name_bytes, _path_bytes, _struct_dict
+
+INITIAL_VALUES = 1  # EMBSTORE_FOLLOWER_INITIAL_VALUES
+INTERVAL_ONLY = 2  # EMBSTORE_FOLLOWER_INTERVAL_ONLY
+
+
+@dataclasses.dataclass(frozen=True)
+class FollowerStats:
+    version: int
+    versions_applied: int
+    full_loads: int
+    lookups: int
+    last_apply_seconds: float
+    polls: int
+    chain_lost: int
+    last_poll_status: str
+    last_lag_seconds: float
+    lag_p50_seconds: float
+    lag_p99_seconds: float
+
+
+class Follower:
+    """Follower(dir, tables=".*", backend="auto", rank=0, world_size=1, initial_values=False,
+    interval_only=False, poll_interval_ms=0, lease_seconds=60, apply_bytes_per_second=0,
+    device=0). Lookups from any number of threads; close() (or a with block) stops it."""
+
+    def __init__(self, dir, *, tables=".*", backend="auto", rank=0, world_size=1,
+                 initial_values=False, interval_only=False, poll_interval_ms=0, lease_seconds=60,
+                 apply_bytes_per_second=0, device=0):
+        cfg = _lib.FollowerConfig()
+        _lib.follower_config_init(ctypes.byref(cfg))
+        self._dir = _path_bytes(dir, "dir")
+        self._regex = _name_bytes(tables, "tables")
+        cfg.dir = self._dir
+        cfg.tables_regex = self._regex
+        try:
+            cfg.backend = _BACKENDS[str(backend).lower()]
+        except KeyError:
+            raise InvalidArgumentError(1, f"unknown backend {backend!r}") from None
+        cfg.rank = _int_arg(rank, "rank")
+        cfg.world_size = _int_arg(world_size, "world_size")
+        cfg.flags = (INITIAL_VALUES if initial_values else 0) | (
+            INTERVAL_ONLY if interval_only else 0)
+        cfg.poll_interval_ms = _int_arg(poll_interval_ms, "poll_interval_ms", minimum=0,
+                                        maximum=2**32 - 1)
+        cfg.lease_seconds = _int_arg(lease_seconds, "lease_seconds", minimum=0,
+                                     maximum=2**32 - 1)
+        cfg.apply_bytes_per_second = _int_arg(apply_bytes_per_second, "apply_bytes_per_second",
+                                              minimum=0)
+        cfg.device = _int_arg(device, "device")
+        handle = ctypes.c_void_p()
+        check(_lib.follower_create(ctypes.byref(cfg), ctypes.byref(handle)),
+              "embstore_follower_create")
+        self._handle = handle.value
+        self._cuda = cfg.backend == _BACKENDS["cuda"]
+        self._device = device
+        self._lock = threading.Lock()
+        self._dims = {}
+        self._finalizer = weakref.finalize(self, _lib.follower_destroy, self._handle)
+
+    def close(self):
+        """Stops background polling and removes the lease. No lookup may be running."""
+        with self._lock:
+            if self._handle is None:
+                return
+            handle, self._handle = self._handle, None
+            self._finalizer.detach()
+        check(_lib.follower_destroy(handle), "embstore_follower_destroy")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def _h(self):
+        h = self._handle
+        if h is None:
+            raise InvalidArgumentError(1, "the follower is closed")
+        return h
+
+    def table_dim(self, table):
+        name = _name_bytes(table, "table")
+        d = ctypes.c_uint32()
+        check(_lib.follower_table_dim(self._h(), name, ctypes.byref(d)),
+              "embstore_follower_table_dim")
+        return d.value
+
+    def lookup(self, table, keys, *, out=None, stream=None):
+        """The rows of keys in table, of one version, shaped keys.shape + (dim,)."""
+        dim = self._dims.get(table)
+        if dim is None:
+            dim = self._dims[table] = self.table_dim(table)
+        k = _arrays.keys_buffer(keys)
+        o = _arrays.output_buffer(k, k.shape + (dim,), out)
+        for b in (k, o):
+            if self._cuda and b.cuda_device is None and b.size:
+                raise InvalidArgumentError(1, "a CUDA follower takes CUDA tensors")
+            if not self._cuda and b.cuda_device is not None:
+                raise InvalidArgumentError(1, "a host follower takes host memory, not CUDA "
+                                           "tensors")
+        check(_lib.follower_lookup(self._h(), _name_bytes(table, "table"), k.ptr, k.size, o.ptr,
+                                   _arrays.stream_handle(stream, (k, o))),
+              "embstore_follower_lookup")
+        return o.owner
+
+    def poll(self):
+        """Moves to the newest committed version; returns the version served."""
+        v = ctypes.c_uint64()
+        check(_lib.follower_poll(self._h(), ctypes.byref(v)), "embstore_follower_poll")
+        return v.value
+
+    @property
+    def version(self):
+        v = ctypes.c_uint64()
+        check(_lib.follower_version(self._h(), ctypes.byref(v)), "embstore_follower_version")
+        return v.value
+
+    def stats(self):
+        s = _lib.FollowerStats(struct_size=ctypes.sizeof(_lib.FollowerStats))
+        check(_lib.follower_stats(self._h(), ctypes.byref(s)), "embstore_follower_stats")
+        d = _struct_dict(s)
+        d["last_poll_status"] = status_name(s.last_poll_status)
+        return FollowerStats(**d)

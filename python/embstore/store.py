@@ -1,0 +1,432 @@
+"""Store and Table: the C API's store, tables, data path and checkpoints, one to one."""
+
+import ctypes
+import dataclasses
+import os
+import threading
+import weakref
+
+from . import _arrays, _lib
+from .errors import InvalidArgumentError, check
+
+LATEST = 2**64 - 1  # EMBSTORE_LATEST
+
+_BACKENDS = {"auto": 0, "host": 1, "cuda": 2}
+_BACKEND_NAMES = {v: k for k, v in _BACKENDS.items()}
+_SPILL = {"auto": 0, "never": 1, "always": 2}
+_OPTIMIZERS = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 2, "adam": 3}
+_INITS = {"zeros": 0, "constant": 1, "uniform": 2, "normal": 3}
+_KINDS = {"full": 1, "incremental": 2}
+_KIND_NAMES = {v: k for k, v in _KINDS.items()}
+LOOKUP_INSERT = 1
+
+
+def _choice(table, value, what):
+    try:
+        return table[str(value).lower()]
+    except KeyError:
+        raise InvalidArgumentError(1, f"unknown {what} {value!r} (one of "
+                                   f"{', '.join(sorted(table))})") from None
+
+
+def _path_bytes(path, what):
+    if path is None:
+        raise InvalidArgumentError(1, f"{what} is None")
+    b = os.fsencode(path)
+    if not b or b"\0" in b:
+        raise InvalidArgumentError(1, f"{what} is empty or holds a NUL byte")
+    return b
+
+
+def _name_bytes(name, what="name"):
+    if not isinstance(name, str):
+        raise TypeError(f"{what}: a str is expected, got {type(name).__name__}")
+    b = name.encode()
+    if b"\0" in b:
+        raise InvalidArgumentError(1, f"{what} holds a NUL byte")
+    return b
+
+
+def _struct_dict(s, skip=("struct_size",)):
+    return {name: getattr(s, name) for name, _ in s._fields_ if name not in skip}
+
+
+@dataclasses.dataclass(frozen=True)
+class TableStats:
+    rows: int
+    capacity: int
+    dirty_rows: int
+    inserted: int
+    evicted: int
+    pending_admission: int
+    skipped_keys: int
+    admitted: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointStats:
+    committed: int
+    failed: int
+    last_version: int  # LATEST when none
+    in_flight: int
+    rows_written: int
+    bytes_written: int
+    copy_on_write_rows: int
+    stall_seconds_total: float
+    stall_seconds_max: float
+    capture_seconds_last: float
+    deltas_committed: int
+    deferred: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointInfo:
+    status: str  # "EMBSTORE_OK" while in flight and once committed, else its failure
+    in_flight: bool
+    kind: str  # "full" or "incremental", as written
+    from_policy: bool
+    version: int
+    parent: int  # LATEST for a full checkpoint
+    rows_captured: int
+    rows_written: int
+    bytes_written: int
+    capture_seconds: float
+    write_seconds: float
+    stall_seconds: float
+    copy_on_write_rows: int
+
+
+@dataclasses.dataclass
+class WarmStartSource:
+    """One source of Store.warm_start: tables of `dir` (at `version`, LATEST: the newest) whose
+    whole names match the ECMAScript regex `tables`; values_only: no optimizer state."""
+    dir: str
+    tables: str = ".*"
+    version: int = LATEST
+    values_only: bool = False
+
+
+class Store:
+    """A store of embedding tables (embstore_store_t). Close it (or use it as a context
+    manager): closing waits for checkpoints in flight and raises the failure of one nobody was
+    told of.
+
+    Store(backend="auto"|"host"|"cuda", device=0, host_threads=0, staging_bytes=None,
+          io_queue_depth=None, restore_spill="auto", spill_dir=None)
+    Sharded stores (world_size > 1 over MPI or callbacks) are not exposed in Python yet.
+    """
+
+    def __init__(self, backend="auto", *, device=0, host_threads=0, staging_bytes=None,
+                 io_queue_depth=None, restore_spill="auto", spill_dir=None):
+        cfg = _lib.StoreConfig()
+        _lib.store_config_init(ctypes.byref(cfg))
+        cfg.backend = _choice(_BACKENDS, backend, "backend")
+        cfg.device = _int_arg(device, "device")
+        cfg.host_threads = _int_arg(host_threads, "host_threads")
+        if staging_bytes is not None:
+            cfg.staging_bytes = _int_arg(staging_bytes, "staging_bytes", minimum=0)
+        if io_queue_depth is not None:
+            cfg.io_queue_depth = _int_arg(io_queue_depth, "io_queue_depth")
+        cfg.restore_spill = _choice(_SPILL, restore_spill, "restore_spill")
+        self._spill_dir = _path_bytes(spill_dir, "spill_dir") if spill_dir is not None else None
+        cfg.spill_dir = self._spill_dir
+        handle = ctypes.c_void_p()
+        check(_lib.store_create(ctypes.byref(cfg), ctypes.byref(handle)), "embstore_store_create")
+        self._handle = handle.value
+        self._lock = threading.Lock()
+        self._tables = {}
+        self.backend = _BACKEND_NAMES[_lib.store_backend(self._handle)]
+        self.device = device
+        # Destroyed at garbage collection or exit when not closed (its outcome then unreported).
+        self._finalizer = weakref.finalize(self, _lib.store_destroy, self._handle)
+
+    # -- lifetime --
+    def close(self):
+        """Waits for checkpoints in flight and frees the store; raises the failure of a
+        checkpoint nobody was told of (the store is freed all the same). Idempotent."""
+        with self._lock:
+            if self._handle is None:
+                return
+            handle, self._handle = self._handle, None
+            self._finalizer.detach()
+        check(_lib.store_destroy(handle), "embstore_store_destroy")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    @property
+    def closed(self):
+        return self._handle is None
+
+    def _h(self):
+        h = self._handle
+        if h is None:
+            raise InvalidArgumentError(1, "the store is closed")
+        return h
+
+    # -- tables --
+    def create_table(self, name, dim, *, optimizer="adagrad", learning_rate=0.01, epsilon=1e-8,
+                     beta1=0.9, beta2=0.999, weight_decay=0.0, initial_accumulator=0.0,
+                     init="uniform", init_a=-0.01, init_b=0.01, seed=0, initial_capacity=1024,
+                     max_capacity=0, admit_after=0, evict_idle_steps=0, evict_idle_seconds=0.0,
+                     evict_when_full=False, admit_bloom_bytes=0):
+        """Creates a table (embstore_table_create); the defaults are the C API's."""
+        cfg = _lib.TableConfig()
+        _lib.table_config_init(ctypes.byref(cfg))
+        name_b = _name_bytes(name)
+        cfg.name = name_b
+        cfg.dim = _int_arg(dim, "dim", minimum=0, maximum=2**32 - 1)
+        cfg.initial_capacity = _int_arg(initial_capacity, "initial_capacity", minimum=0)
+        cfg.max_capacity = _int_arg(max_capacity, "max_capacity", minimum=0)
+        cfg.optimizer = _choice(_OPTIMIZERS, optimizer, "optimizer")
+        cfg.learning_rate = float(learning_rate)
+        cfg.epsilon = float(epsilon)
+        cfg.beta1 = float(beta1)
+        cfg.beta2 = float(beta2)
+        cfg.weight_decay = float(weight_decay)
+        cfg.initial_accumulator = float(initial_accumulator)
+        cfg.init = _choice(_INITS, init, "init")
+        cfg.init_a = float(init_a)
+        cfg.init_b = float(init_b)
+        cfg.seed = _int_arg(seed, "seed", minimum=0)
+        cfg.admit_after = _int_arg(admit_after, "admit_after", minimum=0, maximum=2**32 - 1)
+        cfg.evict_idle_steps = _int_arg(evict_idle_steps, "evict_idle_steps", minimum=0)
+        cfg.evict_idle_seconds = float(evict_idle_seconds)
+        cfg.evict_when_full = 1 if evict_when_full else 0
+        cfg.admit_bloom_bytes = _int_arg(admit_bloom_bytes, "admit_bloom_bytes", minimum=0)
+        handle = ctypes.c_void_p()
+        check(_lib.table_create(self._h(), ctypes.byref(cfg), ctypes.byref(handle)),
+              "embstore_table_create")
+        return self._table(name, handle.value)
+
+    def table(self, name):
+        """The table of that name (NotFoundError if none): also those a restore created."""
+        handle = ctypes.c_void_p()
+        check(_lib.table_get(self._h(), _name_bytes(name), ctypes.byref(handle)),
+              "embstore_table_get")
+        return self._table(name, handle.value)
+
+    def __getitem__(self, name):
+        return self.table(name)
+
+    def _table(self, name, handle):
+        t = self._tables.get(name)
+        if t is None or t._handle != handle:
+            t = Table(self, name, handle)
+            self._tables[name] = t
+        return t
+
+    # -- steps and checkpoints --
+    def step(self, global_step):
+        """A step boundary (embstore_step): raises once the failure of a policy checkpoint."""
+        check(_lib.step(self._h(), _int_arg(global_step, "global_step", minimum=0)),
+              "embstore_step")
+
+    def checkpoint(self, dir, kind="full", *, wait=False):
+        """Captures every table and writes the checkpoint in the background; returns its
+        version. kind: "full" or "incremental". wait=True: also waits for it to commit."""
+        v = ctypes.c_uint64()
+        check(_lib.checkpoint(self._h(), _path_bytes(dir, "dir"), _choice(_KINDS, kind, "kind"),
+                              ctypes.byref(v)), "embstore_checkpoint")
+        if wait:
+            self.wait(v.value)
+        return v.value
+
+    def wait(self, version):
+        """Blocks until that checkpoint commits (returns) or fails (raises)."""
+        check(_lib.checkpoint_wait(self._h(), _int_arg(version, "version", minimum=0)),
+              "embstore_checkpoint_wait")
+
+    def attach(self, name, data):
+        """Saves bytes (bytes, bytearray, memoryview, numpy array) with the next checkpoint as
+        the attachment `name`; attaching a name again replaces it."""
+        if isinstance(data, bytes):
+            buf, n = data, len(data)
+        else:
+            mv = memoryview(data)
+            if not mv.c_contiguous:
+                raise InvalidArgumentError(1, f"attachment {name!r}: contiguous bytes expected")
+            mv = mv.cast("B")
+            n = len(mv)
+            # The library copies the bytes: a read-only buffer is copied here first only
+            # because ctypes takes no pointer into one.
+            buf = bytes(mv) if mv.readonly else (ctypes.c_char * n).from_buffer(mv)
+        check(_lib.checkpoint_attach(self._h(), _name_bytes(name), buf if n else None, n),
+              "embstore_checkpoint_attach")
+
+    def set_policy(self, dir=None, *, full_every_steps=0, incremental_every_steps=0,
+                   full_every_seconds=0.0, incremental_every_seconds=0.0, keep_full=0,
+                   max_chain_length=32, rebaseline_fraction=0.5):
+        """Replaces the checkpoint policy (embstore_checkpoint_set_policy); set_policy() with no
+        dir and nothing scheduled turns it off."""
+        p = _lib.CheckpointPolicy()
+        _lib.checkpoint_policy_init(ctypes.byref(p))
+        self._policy_dir = _path_bytes(dir, "dir") if dir is not None else None
+        p.dir = self._policy_dir
+        p.full_every_steps = _int_arg(full_every_steps, "full_every_steps", minimum=0)
+        p.incremental_every_steps = _int_arg(incremental_every_steps, "incremental_every_steps",
+                                             minimum=0)
+        p.full_every_seconds = float(full_every_seconds)
+        p.incremental_every_seconds = float(incremental_every_seconds)
+        p.keep_full = _int_arg(keep_full, "keep_full", minimum=0, maximum=2**32 - 1)
+        p.max_chain_length = _int_arg(max_chain_length, "max_chain_length", minimum=0,
+                                      maximum=2**32 - 1)
+        p.rebaseline_fraction = float(rebaseline_fraction)
+        check(_lib.checkpoint_set_policy(self._h(), ctypes.byref(p)),
+              "embstore_checkpoint_set_policy")
+
+    def checkpoint_stats(self):
+        s = _lib.CheckpointStats(struct_size=ctypes.sizeof(_lib.CheckpointStats))
+        check(_lib.checkpoint_stats(self._h(), ctypes.byref(s)), "embstore_checkpoint_stats")
+        return CheckpointStats(**_struct_dict(s))
+
+    def checkpoint_info(self, version):
+        """What was written for that version and what training paid for it (does not wait)."""
+        s = _lib.CheckpointInfo(struct_size=ctypes.sizeof(_lib.CheckpointInfo))
+        check(_lib.checkpoint_info(self._h(), _int_arg(version, "version", minimum=0),
+                                   ctypes.byref(s)), "embstore_checkpoint_info")
+        d = _struct_dict(s)
+        from .errors import status_name
+        d["status"] = status_name(s.status)
+        d["kind"] = _KIND_NAMES.get(s.kind, str(s.kind))
+        d["in_flight"] = bool(s.in_flight)
+        d["from_policy"] = bool(s.from_policy)
+        return CheckpointInfo(**d)
+
+    def restore(self, dir, version=LATEST):
+        """Loads that version (LATEST: the newest committed) and its chain; returns the version
+        restored. On any error the store is left as it was."""
+        v = ctypes.c_uint64()
+        check(_lib.restore(self._h(), _path_bytes(dir, "dir"),
+                           _int_arg(version, "version", minimum=0), ctypes.byref(v)),
+              "embstore_restore")
+        return v.value
+
+    def restore_attachment(self, name):
+        """The bytes of the attachment `name` of the last restored checkpoint."""
+        name_b = _name_bytes(name)
+        size = ctypes.c_size_t()
+        check(_lib.restore_attachment(self._h(), name_b, None, 0, ctypes.byref(size)),
+              "embstore_restore_attachment")
+        buf = ctypes.create_string_buffer(max(size.value, 1))
+        check(_lib.restore_attachment(self._h(), name_b, buf, size.value, ctypes.byref(size)),
+              "embstore_restore_attachment")
+        return buf.raw[:size.value]
+
+    def warm_start(self, sources):
+        """Loads chosen tables of other checkpoints (embstore_warm_start); sources: a list of
+        WarmStartSource (a later one overrides an earlier one, table by table)."""
+        sources = list(sources)
+        if not sources:
+            raise InvalidArgumentError(1, "warm_start: no sources")
+        arr = (_lib.WarmStartSource * len(sources))()
+        keep = []
+        for i, src in enumerate(sources):
+            _lib.warm_start_source_init(ctypes.byref(arr[i]))
+            d = _path_bytes(src.dir, "dir")
+            r = _name_bytes(src.tables, "tables")
+            keep += [d, r]
+            arr[i].dir = d
+            arr[i].tables_regex = r
+            arr[i].version = _int_arg(src.version, "version", minimum=0)
+            arr[i].flags = 1 if src.values_only else 0
+        check(_lib.warm_start(self._h(), arr, len(sources)), "embstore_warm_start")
+
+
+class Table:
+    """A table of a store (embstore_table_t). Arrays in and out: numpy arrays, or torch tensors
+    (CPU on the host backend, CUDA on the CUDA backend, with torch's current stream)."""
+
+    def __init__(self, store, name, handle):
+        self.store = store
+        self.name = name
+        self._handle = handle
+        self.dim = _lib.table_dim(handle)
+
+    def _h(self):
+        self.store._h()  # a closed store's tables are gone
+        return self._handle
+
+    def __repr__(self):
+        return f"embstore.Table({self.name!r}, dim={self.dim}, backend={self.store.backend!r})"
+
+    def _check_memory(self, buffers):
+        cuda = self.store.backend == "cuda"
+        for b in buffers:
+            if cuda and b.cuda_device is None and b.size > 0:
+                raise InvalidArgumentError(
+                    1, f"table {self.name!r} is on the CUDA backend: pass CUDA tensors")
+            if not cuda and b.cuda_device is not None:
+                raise InvalidArgumentError(
+                    1, f"table {self.name!r} is on the host backend: pass host memory "
+                    "(numpy arrays or CPU tensors), not CUDA tensors")
+            if cuda and b.cuda_device is not None and b.cuda_device != self.store.device:
+                raise InvalidArgumentError(
+                    1, f"a tensor on cuda:{b.cuda_device} for a store on cuda:{self.store.device}")
+
+    def lookup(self, keys, *, insert=False, out=None, stream=None):
+        """The rows of keys, shaped keys.shape + (dim,). insert=True (training): keys without a
+        row get one from the initializer; else they read as zeros and nothing is stored."""
+        k = _arrays.keys_buffer(keys)
+        o = _arrays.output_buffer(k, k.shape + (self.dim,), out)
+        self._check_memory((k, o))
+        check(_lib.lookup(self._h(), k.ptr, k.size, o.ptr, LOOKUP_INSERT if insert else 0,
+                          _arrays.stream_handle(stream, (k, o))), "embstore_lookup")
+        return o.owner
+
+    def apply_gradients(self, keys, grads, *, stream=None):
+        """Gradients of the rows of keys (shaped keys.shape + (dim,), or (n, dim)): duplicates
+        summed, then one fused optimizer update per row."""
+        k = _arrays.keys_buffer(keys)
+        g = _arrays.floats_buffer(grads, "grads")
+        if g.size != k.size * self.dim:
+            raise InvalidArgumentError(
+                1, f"grads: {g.size} values for {k.size} keys of dim {self.dim}")
+        self._check_memory((k, g))
+        check(_lib.apply_gradients(self._h(), k.ptr, g.ptr, k.size,
+                                   _arrays.stream_handle(stream, (k, g))),
+              "embstore_apply_gradients")
+
+    def stats(self):
+        s = _lib.TableStats(struct_size=ctypes.sizeof(_lib.TableStats))
+        check(_lib.table_stats(self._h(), ctypes.byref(s)), "embstore_table_stats")
+        return TableStats(**_struct_dict(s))
+
+    def __len__(self):
+        return self.stats().rows
+
+    def evict(self):
+        """Runs the table's idle rules now; returns the rows evicted."""
+        n = ctypes.c_uint64()
+        check(_lib.table_evict(self._h(), ctypes.byref(n)), "embstore_table_evict")
+        return n.value
+
+
+def _int_arg(value, what, minimum=None, maximum=None):
+    import operator
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what}: an integer is expected, got {type(value).__name__}") from None
+    lo = -(2**31) if minimum is None else minimum
+    hi = (2**31 - 1 if minimum is None else 2**64 - 1) if maximum is None else maximum
+    if not lo <= v <= hi:
+        raise InvalidArgumentError(1, f"{what} = {v} is out of range [{lo}, {hi}]")
+    return v
+
+
+def shard_of(keys, world_size):
+    """The rank that owns each key among world_size ranks (embstore_shard_of): an int for an
+    int, else a numpy array of uint32."""
+    import numpy as np
+    w = _int_arg(world_size, "world_size", minimum=0, maximum=2**32 - 1)
+    if isinstance(keys, int) or hasattr(keys, "__index__") and not hasattr(keys, "shape"):
+        return _lib.shard_of(_int_arg(keys, "key", minimum=-(2**63), maximum=2**63 - 1), w)
+    k = _arrays.keys_buffer(keys).owner
+    k = k.cpu().numpy() if _arrays.is_torch(k) else k
+    return np.fromiter((_lib.shard_of(int(x), w) for x in k.reshape(-1)), dtype=np.uint32,
+                       count=k.size).reshape(k.shape)

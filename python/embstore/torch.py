@@ -1,0 +1,185 @@
+"""embstore.torch: torch embedding modules whose rows live in embstore tables.
+
+The forward pass looks rows up (inserting new keys in training mode); the backward pass hands
+the rows' gradient to the table's fused optimizer (embstore_apply_gradients), so the update
+happens during loss.backward(), as in TorchRec's fused embedding bags: the table's rows never
+pass through a torch optimizer, and the modules have no parameters. Give the torch optimizer
+the dense parameters only (model.parameters() holds no embstore rows).
+
+    store = embstore.Store("host")
+    bag = embstore.torch.EmbeddingBag(store, "items", 64, mode="sum", optimizer="adagrad",
+                                      learning_rate=0.05)
+    pooled = bag(ids, offsets)            # (bags, 64)
+    loss.backward()                        # Adagrad on the rows the batch read
+    store.step(step)
+    embstore.torch.checkpoint(store, "/ckpt", "incremental", model=mlp, optimizer=opt)
+
+Host stores take CPU tensors, CUDA stores CUDA tensors on the store's device (torch's current
+stream is passed as the stream). Each forward must be followed by at most one backward (a
+second backward through the same graph would apply the gradient twice).
+"""
+
+import io
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import InvalidArgumentError, NotFoundError
+from .store import LATEST
+
+
+class _TableLookup(torch.autograd.Function):
+    """rows = lookup(keys); backward: table.apply_gradients(keys, d rows)."""
+
+    @staticmethod
+    def forward(ctx, anchor, keys, table):
+        ctx.table = table
+        ctx.save_for_backward(keys)
+        return table.lookup(keys, insert=True)
+
+    @staticmethod
+    def backward(ctx, grad_rows):
+        (keys,) = ctx.saved_tensors
+        ctx.table.apply_gradients(keys, grad_rows)
+        return None, None, None
+
+
+def _bind_table(store, name, dim, table_options):
+    """The store's table `name` when it exists (created by an earlier module or a restore):
+    its dim must match and no table options may be given; else a new table."""
+    try:
+        table = store.table(name)
+    except NotFoundError:
+        return store.create_table(name, dim, **table_options)
+    if table.dim != dim:
+        raise InvalidArgumentError(1, f"table {name!r} exists with dim {table.dim}, not {dim}")
+    return table
+
+
+class _TableModule(nn.Module):
+    def __init__(self, store, name, dim, table_options):
+        super().__init__()
+        self.store = store
+        self.table = _bind_table(store, name, dim, table_options)
+        self.embedding_dim = dim
+        # The autograd graph needs an input that requires grad to call backward; this one is
+        # neither a parameter nor a buffer, so no optimizer and no state_dict sees it.
+        self._anchor = torch.zeros((), requires_grad=True)
+
+    def _rows(self, keys):
+        """The rows of keys (flat int64): through autograd when training with grad enabled."""
+        if self.training and torch.is_grad_enabled():
+            return _TableLookup.apply(self._anchor, keys, self.table)
+        return self.table.lookup(keys, insert=self.training)
+
+    def extra_repr(self):
+        return f"table={self.table.name!r}, dim={self.embedding_dim}"
+
+
+def _keys(input):
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"input: a tensor of ids is expected, got {type(input).__name__}")
+    if input.is_floating_point() or input.is_complex() or input.dtype == torch.bool:
+        raise TypeError(f"input: integer ids are expected, got {input.dtype}")
+    return input.reshape(-1).to(torch.int64)
+
+
+class Embedding(_TableModule):
+    """Like nn.Embedding: (*) ids -> (*, dim) rows. Table options (optimizer, learning_rate,
+    epsilon, init, seed, max_capacity ...) are those of Store.create_table."""
+
+    def __init__(self, store, name, embedding_dim, **table_options):
+        super().__init__(store, name, embedding_dim, table_options)
+
+    def forward(self, input):
+        rows = self._rows(_keys(input))
+        return rows.view(*input.shape, self.embedding_dim)
+
+
+class EmbeddingBag(_TableModule):
+    """Like nn.EmbeddingBag: pools the rows of each bag by "sum" or "mean". input is 2-D
+    (bags of equal length, no offsets) or 1-D with offsets (each bag's start;
+    include_last_offset as in torch). per_sample_weights with mode "sum" only."""
+
+    def __init__(self, store, name, embedding_dim, mode="mean", include_last_offset=False,
+                 **table_options):
+        if mode not in ("sum", "mean"):
+            raise InvalidArgumentError(1, f"mode {mode!r}: 'sum' or 'mean'")
+        super().__init__(store, name, embedding_dim, table_options)
+        self.mode = mode
+        self.include_last_offset = include_last_offset
+
+    def forward(self, input, offsets=None, per_sample_weights=None):
+        keys = _keys(input)
+        if per_sample_weights is not None and self.mode != "sum":
+            raise InvalidArgumentError(1, "per_sample_weights needs mode 'sum'")
+        if input.dim() == 2:
+            if offsets is not None:
+                raise InvalidArgumentError(1, "offsets must be None for a 2-D input")
+            bags, length = input.shape
+            rows = self._rows(keys).view(bags, length, self.embedding_dim)
+            if per_sample_weights is not None:
+                rows = rows * per_sample_weights.reshape(bags, length, 1).to(rows.dtype)
+            if length == 0:
+                return rows.new_zeros(bags, self.embedding_dim)
+            return rows.sum(1) if self.mode == "sum" else rows.mean(1)
+        if input.dim() != 1 or offsets is None:
+            raise InvalidArgumentError(1, "input: 2-D, or 1-D with offsets")
+        offsets = offsets.reshape(-1).to(torch.int64)
+        if offsets.numel() and (offsets[0] != 0 or bool((offsets[1:] < offsets[:-1]).any()) or
+                                offsets[-1] > keys.numel()):
+            raise InvalidArgumentError(1, "offsets: nondecreasing from 0, within the input")
+        rows = self._rows(keys)
+        # Each looked-up row is used once: embedding_bag over the rows themselves pools them
+        # and gives each its gradient.
+        index = torch.arange(keys.numel(), device=rows.device)
+        return F.embedding_bag(index, rows, offsets, mode=self.mode,
+                               per_sample_weights=per_sample_weights,
+                               include_last_offset=self.include_last_offset)
+
+
+# ------------------------------------------------------------------------ trainer state --
+
+def _state_of(objects):
+    return {k: (v.state_dict() if hasattr(v, "state_dict") else v) for k, v in objects.items()}
+
+
+def attach_state(store, name="trainer", **objects):
+    """Saves with the store's next checkpoint, as the attachment `name`, the state of each
+    keyword argument: state_dict() of modules and optimizers (dense parameters, the torch
+    optimizer's state), other values as they are (step counters, RNG states: tensors, numbers,
+    strings, lists and dicts of them)."""
+    buf = io.BytesIO()
+    torch.save(_state_of(objects), buf)
+    store.attach(name, buf.getbuffer())
+
+
+def load_state(store, name="trainer", **objects):
+    """Loads the attachment `name` of the store's last restore (see attach_state) into the
+    modules and optimizers given as keyword arguments (load_state_dict); returns the whole saved
+    dict (the other values in it). The bytes come from disk: they are unpickled with
+    weights_only=True (tensors, numbers, strings and containers only)."""
+    raw = store.restore_attachment(name)
+    state = torch.load(io.BytesIO(raw), weights_only=True)
+    if not isinstance(state, dict):
+        raise InvalidArgumentError(1, f"attachment {name!r} does not hold a trainer state")
+    for key, obj in objects.items():
+        if key not in state:
+            raise NotFoundError(2, f"attachment {name!r} holds no state for {key!r}")
+        obj.load_state_dict(state[key])
+    return state
+
+
+def checkpoint(store, dir, kind="incremental", *, wait=False, name="trainer", **objects):
+    """attach_state(store, name, **objects), then store.checkpoint(dir, kind, wait=wait):
+    one checkpoint of the tables and the rest of the trainer; returns its version."""
+    attach_state(store, name, **objects)
+    return store.checkpoint(dir, kind, wait=wait)
+
+
+def restore(store, dir, version=LATEST, *, name="trainer", **objects):
+    """store.restore(dir, version), then load_state(store, name, **objects); returns
+    (version, state)."""
+    v = store.restore(dir, version)
+    return v, load_state(store, name, **objects)
