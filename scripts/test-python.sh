@@ -27,6 +27,8 @@ venv=build-python/venv
   -C cmake.define.EMBSTORE_CUDA="$cuda" ".[torch]"
 "$venv/bin/embstore-ckpt" --help >/dev/null
 # From another directory, so that `import embstore` can only find the installed package.
-cd "$(mktemp -d)"
+elsewhere=$(mktemp -d)
+trap 'rm -rf "$elsewhere"' EXIT
+cd "$elsewhere"
 "$OLDPWD/$venv/bin/python" -c 'import embstore, embstore.torch; print("embstore", embstore.__version__, "from", embstore.__file__)'
 "$OLDPWD/$venv/bin/python" -m unittest discover -s "$OLDPWD/tests/python" -t "$OLDPWD/tests/python" -v

@@ -30,11 +30,12 @@ class Buffer:
 
 
 def _torch_buffer(t, torch_dtype, name):
-    import torch  # noqa: F401  (the caller passed a tensor, so torch is imported)
+    import torch  # the caller passed a tensor, so torch is imported
 
     t = t.detach()
     if t.dtype != torch_dtype:
-        if t.is_floating_point() != torch_dtype.is_floating_point:
+        if t.is_complex() or t.dtype == torch.bool or (
+                t.is_floating_point() and not torch_dtype.is_floating_point):
             raise TypeError(f"{name}: a tensor of {t.dtype} where {torch_dtype} is expected")
         t = t.to(torch_dtype)
     t = t.contiguous()
@@ -57,7 +58,8 @@ def _numpy_buffer(x, dtype, name):
                                            np.issubdtype(a.dtype, np.integer)):
             raise TypeError(f"{name}: numbers expected, got an array of {a.dtype}")
         a = a.astype(dtype)
-    a = np.ascontiguousarray(a)
+    # C-contiguous and aligned for the C side (copies only an array that is not); keeps 0-d.
+    a = np.require(a, dtype, ["C", "A"])
     return Buffer(a.ctypes.data, a.shape, a, None)
 
 
@@ -84,14 +86,17 @@ def output_buffer(like, shape, out):
             import torch
             if out.dtype != torch.float32 or not out.is_contiguous():
                 raise ValueError("out: a contiguous float32 tensor is expected")
+            if out.device.type not in ("cpu", "cuda"):
+                raise ValueError(f"out: tensors on {out.device.type} are not supported")
             if tuple(out.shape) != tuple(shape):
                 raise ValueError(f"out: shape {tuple(out.shape)}, expected {tuple(shape)}")
             cuda_device = out.device.index if out.device.type == "cuda" else None
             return Buffer(out.data_ptr(), out.shape, out, cuda_device)
         if not isinstance(out, np.ndarray):
             raise TypeError("out: a numpy array or a torch tensor is expected")
-        if out.dtype != np.float32 or not out.flags.c_contiguous or not out.flags.writeable:
-            raise ValueError("out: a writable C-contiguous float32 array is expected")
+        if (out.dtype != np.float32 or not out.flags.c_contiguous or not out.flags.writeable or
+                not out.flags.aligned):
+            raise ValueError("out: a writable, aligned, C-contiguous float32 array is expected")
         if out.shape != tuple(shape):
             raise ValueError(f"out: shape {out.shape}, expected {tuple(shape)}")
         return Buffer(out.ctypes.data, out.shape, out, None)
@@ -109,7 +114,15 @@ def stream_handle(stream, buffers):
     such as torch.cuda.Stream), else torch's current stream on the device of a CUDA tensor among
     buffers, else NULL."""
     if stream is not None:
-        return int(getattr(stream, "cuda_stream", stream))
+        handle = int(getattr(stream, "cuda_stream", stream))
+        # The tensors (temporaries among them) were allocated on torch's current stream; the
+        # work goes on another: tell torch's caching allocator not to reuse their memory until
+        # that stream's work is done.
+        for b in buffers:
+            if b.cuda_device is not None and is_torch(b.owner):
+                import torch
+                b.owner.record_stream(torch.cuda.ExternalStream(handle, device=b.owner.device))
+        return handle
     for b in buffers:
         if b.cuda_device is not None and is_torch(b.owner):
             import torch

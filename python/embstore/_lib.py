@@ -161,13 +161,18 @@ follower_stats = _declare("embstore_follower_stats", c_status, _P, POINTER(Follo
 follower_destroy = _declare("embstore_follower_destroy", c_status, _P)
 
 
-def _check_layouts():
-    for struct, init in ((StoreConfig, store_config_init), (TableConfig, table_config_init),
-                         (CheckpointPolicy, checkpoint_policy_init),
-                         (WarmStartSource, warm_start_source_init),
-                         (FollowerConfig, follower_config_init)):
-        probe = struct()
-        init(ctypes.byref(probe))
+CONFIG_STRUCTS = ((StoreConfig, store_config_init), (TableConfig, table_config_init),
+                  (CheckpointPolicy, checkpoint_policy_init),
+                  (WarmStartSource, warm_start_source_init),
+                  (FollowerConfig, follower_config_init))
+
+
+def _check_layouts(structs=CONFIG_STRUCTS):
+    for struct, init in structs:
+        # Room for the library's struct whatever its size: init writes all of it.
+        room = ctypes.create_string_buffer(max(ctypes.sizeof(struct), 4096))
+        init(ctypes.cast(room, init.argtypes[0]))
+        probe = struct.from_buffer(room)
         if probe.struct_size != ctypes.sizeof(struct):
             raise ImportError(
                 f"embstore: {struct.__name__} is {ctypes.sizeof(struct)} bytes in the Python "

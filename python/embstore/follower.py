@@ -3,10 +3,9 @@
 
 import ctypes
 import dataclasses
-import threading
-import weakref
 
 from . import _arrays, _lib
+from ._handle import Handle
 from .errors import InvalidArgumentError, check, status_name
 from .store import _BACKENDS, _int_arg, _name_bytes, _path_bytes, _struct_dict
 
@@ -61,21 +60,15 @@ class Follower:
         handle = ctypes.c_void_p()
         check(_lib.follower_create(ctypes.byref(cfg), ctypes.byref(handle)),
               "embstore_follower_create")
-        self._handle = handle.value
+        self._handle = Handle(handle.value, _lib.follower_destroy, "follower")
         self._cuda = cfg.backend == _BACKENDS["cuda"]
         self._device = device
-        self._lock = threading.Lock()
         self._dims = {}
-        self._finalizer = weakref.finalize(self, _lib.follower_destroy, self._handle)
 
     def close(self):
-        """Stops background polling and removes the lease. No lookup may be running."""
-        with self._lock:
-            if self._handle is None:
-                return
-            handle, self._handle = self._handle, None
-            self._finalizer.detach()
-        check(_lib.follower_destroy(handle), "embstore_follower_destroy")
+        """Refuses new calls, waits for lookups and polls in flight, stops background polling
+        and removes the lease. Idempotent."""
+        self._handle.close("embstore_follower_destroy")
 
     def __enter__(self):
         return self
@@ -84,16 +77,17 @@ class Follower:
         self.close()
         return False
 
-    def _h(self):
-        h = self._handle
-        if h is None:
-            raise InvalidArgumentError(1, "the follower is closed")
-        return h
+    def __reduce__(self):
+        raise TypeError("an embstore.Follower cannot be pickled or copied")
+
+    def _call(self, fn, *args):
+        with self._handle.use() as h:
+            return fn(h, *args)
 
     def table_dim(self, table):
         name = _name_bytes(table, "table")
         d = ctypes.c_uint32()
-        check(_lib.follower_table_dim(self._h(), name, ctypes.byref(d)),
+        check(self._call(_lib.follower_table_dim, name, ctypes.byref(d)),
               "embstore_follower_table_dim")
         return d.value
 
@@ -110,7 +104,10 @@ class Follower:
             if not self._cuda and b.cuda_device is not None:
                 raise InvalidArgumentError(1, "a host follower takes host memory, not CUDA "
                                            "tensors")
-        check(_lib.follower_lookup(self._h(), _name_bytes(table, "table"), k.ptr, k.size, o.ptr,
+            if self._cuda and b.cuda_device is not None and b.cuda_device != self._device:
+                raise InvalidArgumentError(
+                    1, f"a tensor on cuda:{b.cuda_device} for a follower on cuda:{self._device}")
+        check(self._call(_lib.follower_lookup, _name_bytes(table, "table"), k.ptr, k.size, o.ptr,
                                    _arrays.stream_handle(stream, (k, o))),
               "embstore_follower_lookup")
         return o.owner
@@ -118,18 +115,18 @@ class Follower:
     def poll(self):
         """Moves to the newest committed version; returns the version served."""
         v = ctypes.c_uint64()
-        check(_lib.follower_poll(self._h(), ctypes.byref(v)), "embstore_follower_poll")
+        check(self._call(_lib.follower_poll, ctypes.byref(v)), "embstore_follower_poll")
         return v.value
 
     @property
     def version(self):
         v = ctypes.c_uint64()
-        check(_lib.follower_version(self._h(), ctypes.byref(v)), "embstore_follower_version")
+        check(self._call(_lib.follower_version, ctypes.byref(v)), "embstore_follower_version")
         return v.value
 
     def stats(self):
         s = _lib.FollowerStats(struct_size=ctypes.sizeof(_lib.FollowerStats))
-        check(_lib.follower_stats(self._h(), ctypes.byref(s)), "embstore_follower_stats")
+        check(self._call(_lib.follower_stats, ctypes.byref(s)), "embstore_follower_stats")
         d = _struct_dict(s)
         d["last_poll_status"] = status_name(s.last_poll_status)
         return FollowerStats(**d)

@@ -3,10 +3,9 @@
 import ctypes
 import dataclasses
 import os
-import threading
-import weakref
 
 from . import _arrays, _lib
+from ._handle import Handle
 from .errors import InvalidArgumentError, check
 
 LATEST = 2**64 - 1  # EMBSTORE_LATEST
@@ -132,24 +131,18 @@ class Store:
         cfg.spill_dir = self._spill_dir
         handle = ctypes.c_void_p()
         check(_lib.store_create(ctypes.byref(cfg), ctypes.byref(handle)), "embstore_store_create")
-        self._handle = handle.value
-        self._lock = threading.Lock()
+        self._handle = Handle(handle.value, _lib.store_destroy, "store")
         self._tables = {}
-        self.backend = _BACKEND_NAMES[_lib.store_backend(self._handle)]
+        with self._handle.use() as h:
+            self.backend = _BACKEND_NAMES[_lib.store_backend(h)]
         self.device = device
-        # Destroyed at garbage collection or exit when not closed (its outcome then unreported).
-        self._finalizer = weakref.finalize(self, _lib.store_destroy, self._handle)
 
     # -- lifetime --
     def close(self):
-        """Waits for checkpoints in flight and frees the store; raises the failure of a
-        checkpoint nobody was told of (the store is freed all the same). Idempotent."""
-        with self._lock:
-            if self._handle is None:
-                return
-            handle, self._handle = self._handle, None
-            self._finalizer.detach()
-        check(_lib.store_destroy(handle), "embstore_store_destroy")
+        """Refuses new calls, waits for calls in flight (on other threads), waits for
+        checkpoints in flight and frees the store; raises the failure of a checkpoint nobody
+        was told of (the store is freed all the same). Idempotent."""
+        self._handle.close("embstore_store_destroy")
 
     def __enter__(self):
         return self
@@ -158,15 +151,17 @@ class Store:
         self.close()
         return False
 
+    def __reduce__(self):
+        raise TypeError("an embstore.Store cannot be pickled or copied")
+
     @property
     def closed(self):
-        return self._handle is None
+        return self._handle.closed
 
-    def _h(self):
-        h = self._handle
-        if h is None:
-            raise InvalidArgumentError(1, "the store is closed")
-        return h
+    def _call(self, fn, *args):
+        """fn(store handle, *args) while the store cannot be closed under it."""
+        with self._handle.use() as h:
+            return fn(h, *args)
 
     # -- tables --
     def create_table(self, name, dim, *, optimizer="adagrad", learning_rate=0.01, epsilon=1e-8,
@@ -199,14 +194,14 @@ class Store:
         cfg.evict_when_full = 1 if evict_when_full else 0
         cfg.admit_bloom_bytes = _int_arg(admit_bloom_bytes, "admit_bloom_bytes", minimum=0)
         handle = ctypes.c_void_p()
-        check(_lib.table_create(self._h(), ctypes.byref(cfg), ctypes.byref(handle)),
+        check(self._call(_lib.table_create, ctypes.byref(cfg), ctypes.byref(handle)),
               "embstore_table_create")
         return self._table(name, handle.value)
 
     def table(self, name):
         """The table of that name (NotFoundError if none): also those a restore created."""
         handle = ctypes.c_void_p()
-        check(_lib.table_get(self._h(), _name_bytes(name), ctypes.byref(handle)),
+        check(self._call(_lib.table_get, _name_bytes(name), ctypes.byref(handle)),
               "embstore_table_get")
         return self._table(name, handle.value)
 
@@ -223,14 +218,14 @@ class Store:
     # -- steps and checkpoints --
     def step(self, global_step):
         """A step boundary (embstore_step): raises once the failure of a policy checkpoint."""
-        check(_lib.step(self._h(), _int_arg(global_step, "global_step", minimum=0)),
+        check(self._call(_lib.step, _int_arg(global_step, "global_step", minimum=0)),
               "embstore_step")
 
     def checkpoint(self, dir, kind="full", *, wait=False):
         """Captures every table and writes the checkpoint in the background; returns its
         version. kind: "full" or "incremental". wait=True: also waits for it to commit."""
         v = ctypes.c_uint64()
-        check(_lib.checkpoint(self._h(), _path_bytes(dir, "dir"), _choice(_KINDS, kind, "kind"),
+        check(self._call(_lib.checkpoint, _path_bytes(dir, "dir"), _choice(_KINDS, kind, "kind"),
                               ctypes.byref(v)), "embstore_checkpoint")
         if wait:
             self.wait(v.value)
@@ -238,7 +233,7 @@ class Store:
 
     def wait(self, version):
         """Blocks until that checkpoint commits (returns) or fails (raises)."""
-        check(_lib.checkpoint_wait(self._h(), _int_arg(version, "version", minimum=0)),
+        check(self._call(_lib.checkpoint_wait, _int_arg(version, "version", minimum=0)),
               "embstore_checkpoint_wait")
 
     def attach(self, name, data):
@@ -255,7 +250,7 @@ class Store:
             # The library copies the bytes: a read-only buffer is copied here first only
             # because ctypes takes no pointer into one.
             buf = bytes(mv) if mv.readonly else (ctypes.c_char * n).from_buffer(mv)
-        check(_lib.checkpoint_attach(self._h(), _name_bytes(name), buf if n else None, n),
+        check(self._call(_lib.checkpoint_attach, _name_bytes(name), buf if n else None, n),
               "embstore_checkpoint_attach")
 
     def set_policy(self, dir=None, *, full_every_steps=0, incremental_every_steps=0,
@@ -276,18 +271,18 @@ class Store:
         p.max_chain_length = _int_arg(max_chain_length, "max_chain_length", minimum=0,
                                       maximum=2**32 - 1)
         p.rebaseline_fraction = float(rebaseline_fraction)
-        check(_lib.checkpoint_set_policy(self._h(), ctypes.byref(p)),
+        check(self._call(_lib.checkpoint_set_policy, ctypes.byref(p)),
               "embstore_checkpoint_set_policy")
 
     def checkpoint_stats(self):
         s = _lib.CheckpointStats(struct_size=ctypes.sizeof(_lib.CheckpointStats))
-        check(_lib.checkpoint_stats(self._h(), ctypes.byref(s)), "embstore_checkpoint_stats")
+        check(self._call(_lib.checkpoint_stats, ctypes.byref(s)), "embstore_checkpoint_stats")
         return CheckpointStats(**_struct_dict(s))
 
     def checkpoint_info(self, version):
         """What was written for that version and what training paid for it (does not wait)."""
         s = _lib.CheckpointInfo(struct_size=ctypes.sizeof(_lib.CheckpointInfo))
-        check(_lib.checkpoint_info(self._h(), _int_arg(version, "version", minimum=0),
+        check(self._call(_lib.checkpoint_info, _int_arg(version, "version", minimum=0),
                                    ctypes.byref(s)), "embstore_checkpoint_info")
         d = _struct_dict(s)
         from .errors import status_name
@@ -301,7 +296,7 @@ class Store:
         """Loads that version (LATEST: the newest committed) and its chain; returns the version
         restored. On any error the store is left as it was."""
         v = ctypes.c_uint64()
-        check(_lib.restore(self._h(), _path_bytes(dir, "dir"),
+        check(self._call(_lib.restore, _path_bytes(dir, "dir"),
                            _int_arg(version, "version", minimum=0), ctypes.byref(v)),
               "embstore_restore")
         return v.value
@@ -310,10 +305,10 @@ class Store:
         """The bytes of the attachment `name` of the last restored checkpoint."""
         name_b = _name_bytes(name)
         size = ctypes.c_size_t()
-        check(_lib.restore_attachment(self._h(), name_b, None, 0, ctypes.byref(size)),
+        check(self._call(_lib.restore_attachment, name_b, None, 0, ctypes.byref(size)),
               "embstore_restore_attachment")
         buf = ctypes.create_string_buffer(max(size.value, 1))
-        check(_lib.restore_attachment(self._h(), name_b, buf, size.value, ctypes.byref(size)),
+        check(self._call(_lib.restore_attachment, name_b, buf, size.value, ctypes.byref(size)),
               "embstore_restore_attachment")
         return buf.raw[:size.value]
 
@@ -334,7 +329,7 @@ class Store:
             arr[i].tables_regex = r
             arr[i].version = _int_arg(src.version, "version", minimum=0)
             arr[i].flags = 1 if src.values_only else 0
-        check(_lib.warm_start(self._h(), arr, len(sources)), "embstore_warm_start")
+        check(self._call(_lib.warm_start, arr, len(sources)), "embstore_warm_start")
 
 
 class Table:
@@ -345,11 +340,12 @@ class Table:
         self.store = store
         self.name = name
         self._handle = handle
-        self.dim = _lib.table_dim(handle)
+        self.dim = self._call(_lib.table_dim)
 
-    def _h(self):
-        self.store._h()  # a closed store's tables are gone
-        return self._handle
+    def _call(self, fn, *args):
+        """fn(table handle, *args) while the store cannot be closed under it."""
+        with self.store._handle.use():  # a closed store's tables are gone
+            return fn(self._handle, *args)
 
     def __repr__(self):
         return f"embstore.Table({self.name!r}, dim={self.dim}, backend={self.store.backend!r})"
@@ -374,7 +370,7 @@ class Table:
         k = _arrays.keys_buffer(keys)
         o = _arrays.output_buffer(k, k.shape + (self.dim,), out)
         self._check_memory((k, o))
-        check(_lib.lookup(self._h(), k.ptr, k.size, o.ptr, LOOKUP_INSERT if insert else 0,
+        check(self._call(_lib.lookup, k.ptr, k.size, o.ptr, LOOKUP_INSERT if insert else 0,
                           _arrays.stream_handle(stream, (k, o))), "embstore_lookup")
         return o.owner
 
@@ -383,17 +379,18 @@ class Table:
         summed, then one fused optimizer update per row."""
         k = _arrays.keys_buffer(keys)
         g = _arrays.floats_buffer(grads, "grads")
-        if g.size != k.size * self.dim:
+        if g.shape not in (k.shape + (self.dim,), (k.size, self.dim)):
             raise InvalidArgumentError(
-                1, f"grads: {g.size} values for {k.size} keys of dim {self.dim}")
+                1, f"grads: shape {g.shape} for keys of shape {k.shape} and dim {self.dim} "
+                f"(expected {k.shape + (self.dim,)} or {(k.size, self.dim)})")
         self._check_memory((k, g))
-        check(_lib.apply_gradients(self._h(), k.ptr, g.ptr, k.size,
+        check(self._call(_lib.apply_gradients, k.ptr, g.ptr, k.size,
                                    _arrays.stream_handle(stream, (k, g))),
               "embstore_apply_gradients")
 
     def stats(self):
         s = _lib.TableStats(struct_size=ctypes.sizeof(_lib.TableStats))
-        check(_lib.table_stats(self._h(), ctypes.byref(s)), "embstore_table_stats")
+        check(self._call(_lib.table_stats, ctypes.byref(s)), "embstore_table_stats")
         return TableStats(**_struct_dict(s))
 
     def __len__(self):
@@ -402,7 +399,7 @@ class Table:
     def evict(self):
         """Runs the table's idle rules now; returns the rows evicted."""
         n = ctypes.c_uint64()
-        check(_lib.table_evict(self._h(), ctypes.byref(n)), "embstore_table_evict")
+        check(self._call(_lib.table_evict, ctypes.byref(n)), "embstore_table_evict")
         return n.value
 
 

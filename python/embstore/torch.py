@@ -15,8 +15,17 @@ the dense parameters only (model.parameters() holds no embstore rows).
     embstore.torch.checkpoint(store, "/ckpt", "incremental", model=mlp, optimizer=opt)
 
 Host stores take CPU tensors, CUDA stores CUDA tensors on the store's device (torch's current
-stream is passed as the stream). Each forward must be followed by at most one backward (a
-second backward through the same graph would apply the gradient twice).
+stream is passed as the stream).
+
+Each forward's backward runs the optimizer once, on that forward's rows. So a table used twice
+in one step (a shared table, or gradient accumulation over micro-batches) is updated twice,
+not once on the summed gradient as a torch optimizer would: look all of a step's ids up in one
+call instead (concatenate them). A second backward through the same graph would apply the
+gradient again.
+
+A module binds the store's table of its name when one exists (created by an earlier module or
+by a restore); that table keeps its own configuration, and the module's table options apply
+only when the module creates the table.
 """
 
 import io
@@ -47,7 +56,7 @@ class _TableLookup(torch.autograd.Function):
 
 def _bind_table(store, name, dim, table_options):
     """The store's table `name` when it exists (created by an earlier module or a restore):
-    its dim must match and no table options may be given; else a new table."""
+    its dim must match, and it keeps its own configuration; else a new table."""
     try:
         table = store.table(name)
     except NotFoundError:
@@ -127,10 +136,15 @@ class EmbeddingBag(_TableModule):
         if input.dim() != 1 or offsets is None:
             raise InvalidArgumentError(1, "input: 2-D, or 1-D with offsets")
         offsets = offsets.reshape(-1).to(torch.int64)
-        if offsets.numel() and (offsets[0] != 0 or bool((offsets[1:] < offsets[:-1]).any()) or
-                                offsets[-1] > keys.numel()):
+        if offsets.numel() == 0:
+            if keys.numel():
+                raise InvalidArgumentError(1, "offsets: empty for a non-empty input")
+        elif (offsets[0] != 0 or bool((offsets[1:] < offsets[:-1]).any()) or
+              offsets[-1] > keys.numel()):
             raise InvalidArgumentError(1, "offsets: nondecreasing from 0, within the input")
         rows = self._rows(keys)
+        if per_sample_weights is not None:
+            per_sample_weights = per_sample_weights.to(rows.dtype)
         # Each looked-up row is used once: embedding_bag over the rows themselves pools them
         # and gives each its gradient.
         index = torch.arange(keys.numel(), device=rows.device)

@@ -46,12 +46,17 @@ class CheckpointTest(TempDirTest):
                              (2, 1, v_delta))
             expected = t.lookup(all_keys)
             expected_state = t.stats().rows
+            after = np.random.default_rng(5)
+            train(store, t, 3, 11, after)
+            trained = t.lookup(all_keys)
         with embstore.Store("host") as store:
             self.assertEqual(store.restore(self.dir), v_delta)
             t = store.table("t")
             np.testing.assert_array_equal(t.lookup(all_keys), expected)
             self.assertEqual(len(t), expected_state)
-            # Training goes on identically: Adagrad state was restored with the rows.
+            # Training goes on identically: the Adagrad state was restored with the rows.
+            train(store, t, 3, 11, np.random.default_rng(5))
+            np.testing.assert_array_equal(t.lookup(all_keys), trained)
             self.assertEqual(store.restore(self.dir, v_full), v_full)
         self.assertTrue(embstore.ckpt.verify(self.dir))
         self.assertTrue(embstore.ckpt.verify(self.dir, v_full))

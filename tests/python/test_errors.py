@@ -52,6 +52,8 @@ class ErrorTest(TempDirTest):
             self.t.lookup(np.array(["a"]))
         with self.assertRaises(embstore.InvalidArgumentError):
             self.t.apply_gradients([1, 2], np.ones((3, 4)))
+        with self.assertRaises(embstore.InvalidArgumentError):
+            self.t.apply_gradients([1, 2], np.ones((4, 2)))  # the size alone is right
         with self.assertRaises(ValueError):
             self.t.lookup([1, 2], out=np.empty((2, 3), np.float32))
         with self.assertRaises(ValueError):

@@ -11,19 +11,24 @@ from embstore import _lib
 
 class LayoutTest(unittest.TestCase):
     def test_config_structs_match_the_library(self):
-        # The import already checked this; a drifted struct must be caught, so check the
-        # check: a struct that is one field short does not match.
+        _lib._check_layouts()  # what import ran
+
+        # A struct that drifted from the header (one field short) is caught.
         class Short(ctypes.Structure):
             _fields_ = _lib.StoreConfig._fields_[:-1]
-        probe = _lib.StoreConfig()
-        _lib.store_config_init(ctypes.byref(probe))
-        self.assertEqual(probe.struct_size, ctypes.sizeof(_lib.StoreConfig))
-        self.assertNotEqual(probe.struct_size, ctypes.sizeof(Short))
+        with self.assertRaises(ImportError):
+            _lib._check_layouts(((Short, _lib.store_config_init),))
 
     def test_version(self):
         self.assertRegex(embstore.__version__, r"^\d+\.\d+\.\d+$")
         self.assertEqual(embstore.status_name(7), "EMBSTORE_CORRUPT")
         self.assertEqual(embstore.status_name(999), "EMBSTORE_UNKNOWN_STATUS")
+        try:
+            from importlib.metadata import PackageNotFoundError, version
+            installed = version("embstore")
+        except PackageNotFoundError:  # run from the source tree
+            return
+        self.assertEqual(installed, embstore.__version__)  # the package's and the library's
 
 
 class DataPathTest(unittest.TestCase):
@@ -108,6 +113,48 @@ class DataPathTest(unittest.TestCase):
         t = self.store.create_table("t", 2)
         self.assertEqual(t.lookup(np.array([], dtype=np.int64), insert=True).shape, (0, 2))
         t.apply_gradients(np.array([], dtype=np.int64), np.zeros((0, 2), np.float32))
+
+    def test_zero_dimensional_and_unaligned_keys(self):
+        t = self.store.create_table("t", 4, init="constant", init_a=2.0)
+        self.assertEqual(t.lookup(np.int64(5), insert=True).shape, (4,))
+        raw = np.zeros(8 * 3 + 1, dtype=np.uint8)
+        unaligned = raw[1:].view(np.int64)  # 3 keys (0) one byte off alignment
+        self.assertFalse(unaligned.flags.aligned)
+        np.testing.assert_array_equal(t.lookup(unaligned), np.full((3, 4), 0, np.float32))
+        unaligned[:] = 5
+        np.testing.assert_array_equal(t.lookup(unaligned), np.full((3, 4), 2, np.float32))
+
+    def test_closing_waits_for_calls_on_other_threads(self):
+        import threading
+        store = embstore.Store("host")
+        t = store.create_table("t", 64)
+        keys = np.arange(1 << 20)
+        outcomes = []
+        started = threading.Event()
+
+        def lookups():
+            started.set()
+            while True:
+                try:
+                    t.lookup(keys, insert=True)
+                except embstore.InvalidArgumentError as e:
+                    outcomes.append(e.message)
+                    return
+
+        worker = threading.Thread(target=lookups)
+        worker.start()
+        started.wait()
+        store.close()  # while the worker's lookups run
+        worker.join(60)
+        self.assertFalse(worker.is_alive())
+        self.assertEqual(outcomes, ["the store is closed"])
+
+    def test_handles_cannot_be_copied(self):
+        import copy
+        with self.assertRaises(TypeError):
+            copy.copy(self.store)
+        with self.assertRaises(TypeError):
+            copy.deepcopy(self.store)
 
     def test_shard_of(self):
         self.assertEqual(embstore.shard_of(5, 1), 0)

@@ -45,7 +45,7 @@ def close(test, got, expected):
 
 @unittest.skipIf(torch is None, "torch is not installed")
 class MatchesTorchTest(unittest.TestCase):
-    def run_pair(self, optimizer, bag_mode=None):
+    def run_pair(self, optimizer, bag_mode=None, offsets=False):
         lr = 0.05 if optimizer == "sgd" else 0.1
         store = embstore.Store("host")
         self.addCleanup(store.close)
@@ -69,9 +69,19 @@ class MatchesTorchTest(unittest.TestCase):
         ref_opt = (torch.optim.SGD(ref.parameters(), lr=lr) if optimizer == "sgd" else
                    torch.optim.Adagrad(ref.parameters(), lr=lr))
         for ids, target in batches(7, bag_len=5 if bag_mode else None):
-            ((ours(ids).double() - target) ** 2).sum().backward()
+            args = (ids,)
+            if offsets:  # 1-D ids, bags of 0 to 9 ids, weighted
+                flat = ids.reshape(-1)
+                starts = torch.tensor([0, 0, 3, 12, 20, 30, 39, 45, 50, 58, 60, 66, 70, 71, 75,
+                                       79])
+                weights = torch.linspace(-1, 2, flat.numel())
+                args = (flat, starts, weights)
+                ref_args = (flat, starts, weights.double())
+            else:
+                ref_args = args
+            ((ours(*args).double() - target) ** 2).sum().backward()
             ref_opt.zero_grad()
-            ((ref(ids) - target) ** 2).sum().backward()
+            ((ref(*ref_args) - target) ** 2).sum().backward()
             ref_opt.step()
         close(self, ours.table.lookup(all_keys), ref.weight)
         # And something moved: the comparison is not of two untouched tables.
@@ -88,6 +98,9 @@ class MatchesTorchTest(unittest.TestCase):
 
     def test_bag_mean_adagrad(self):
         self.run_pair("adagrad", "mean")
+
+    def test_bag_offsets_weighted_adagrad(self):
+        self.run_pair("adagrad", "sum", offsets=True)
 
 
 @unittest.skipIf(torch is None, "torch is not installed")
@@ -147,6 +160,12 @@ class ModuleTest(unittest.TestCase):
             et.EmbeddingBag(self.store, "u", 4, mode="max")
         with self.assertRaises(TypeError):
             emb([1, 2])
+        with self.assertRaises(embstore.InvalidArgumentError):
+            emb(torch.tensor([1, 2]), torch.tensor([], dtype=torch.int64))  # empty offsets
+        with self.assertRaises(TypeError):
+            emb.table.lookup(torch.tensor([True, False]))
+        with self.assertRaises(TypeError):
+            emb.table.lookup(torch.tensor([1 + 2j]))
 
 
 @unittest.skipIf(torch is None, "torch is not installed")

@@ -1,0 +1,51 @@
+"""The owner of one C handle (a store or a follower): calls enter and leave it, and close()
+waits for the calls in flight before freeing it, so that no call reaches freed memory, whatever
+the threads do (ctypes releases the GIL during each call)."""
+
+import contextlib
+import threading
+import weakref
+
+from .errors import InvalidArgumentError, check
+
+
+class Handle:
+    def __init__(self, value, destroy, what):
+        self._value = value
+        self._destroy = destroy
+        self._what = what
+        self._cond = threading.Condition()
+        self._calls = 0
+        self._closing = False
+        # Freed at garbage collection or exit when never closed (its outcome then unreported).
+        self._finalizer = weakref.finalize(self, destroy, value)
+
+    @contextlib.contextmanager
+    def use(self):
+        """The handle, for one call; raises once the owner is closed or closing."""
+        with self._cond:
+            if self._closing:
+                raise InvalidArgumentError(1, f"the {self._what} is closed")
+            self._calls += 1
+        try:
+            yield self._value
+        finally:
+            with self._cond:
+                self._calls -= 1
+                if self._calls == 0:
+                    self._cond.notify_all()
+
+    @property
+    def closed(self):
+        return self._closing
+
+    def close(self, call):
+        """Refuses new calls, waits for those in flight, then frees the handle once."""
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            while self._calls:
+                self._cond.wait()
+            self._finalizer.detach()
+        check(self._destroy(self._value), call)
