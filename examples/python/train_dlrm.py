@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A small DLRM-style click model trained with embstore tables, with incremental checkpoints.
 
-    pip install .[torch]
+    pip install '.[torch]'
     python examples/python/train_dlrm.py --dir /tmp/dlrm
 
 Sparse features: one embstore table each (embstore.torch.EmbeddingBag, fused Adagrad in the
