@@ -123,6 +123,17 @@ class TorchStateSaver(Saver):
         self.sd = {n: self.torch.from_numpy(a) for n, a in
                    zip(NAMES, (self.keys, self.values, self.accum))}
 
+    @staticmethod
+    def timed_load(read):
+        """Times read() (a dict of the three tensors) and the touch of every page it returns."""
+        t0 = now()
+        sd = read()
+        arrs = {n: sd[n].numpy() for n in NAMES}
+        for a in arrs.values():
+            touch(a)
+        t = now() - t0
+        return t, lambda idx: {n: arrs[n][idx] for n in NAMES}, {}
+
 
 class SafetensorsSaver(TorchStateSaver):
     name = "safetensors"
@@ -139,13 +150,8 @@ class SafetensorsSaver(TorchStateSaver):
         self.st.save_file(self.sd, os.path.join(path, "state.safetensors"))
 
     def load(self, path, rows, meta):
-        t0 = now()
-        sd = self.st.load_file(os.path.join(path, "state.safetensors"))
-        arrs = {n: sd[n].numpy() for n in NAMES}
-        for a in arrs.values():
-            touch(a)
-        t = now() - t0
-        return t, lambda idx: {n: arrs[n][idx] for n in NAMES}, {}
+        return self.timed_load(
+            lambda: self.st.load_file(os.path.join(path, "state.safetensors")))
 
 
 class TorchSaveSaver(TorchStateSaver):
@@ -157,13 +163,8 @@ class TorchSaveSaver(TorchStateSaver):
         self.torch.save(self.sd, os.path.join(path, "state.pt"))
 
     def load(self, path, rows, meta):
-        t0 = now()
-        sd = self.torch.load(os.path.join(path, "state.pt"), weights_only=True)
-        arrs = {n: sd[n].numpy() for n in NAMES}
-        for a in arrs.values():
-            touch(a)
-        t = now() - t0
-        return t, lambda idx: {n: arrs[n][idx] for n in NAMES}, {}
+        return self.timed_load(
+            lambda: self.torch.load(os.path.join(path, "state.pt"), weights_only=True))
 
 
 class DcpSaver(TorchStateSaver):

@@ -49,3 +49,34 @@ class Handle:
                 self._cond.wait()
             self._finalizer.detach()
         check(self._destroy(self._value), call)
+
+
+class Owner:
+    """What Store and Follower share: a Handle in self._handle, closed by close(), a with
+    block, or garbage collection; calls through _call; no copies."""
+
+    _destroy_call = None  # the C function's name, for errors
+
+    def close(self):
+        """Refuses new calls, waits for calls in flight on other threads, then frees the handle
+        (raising what the library's destroy reports). Idempotent."""
+        self._handle.close(self._destroy_call)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __reduce__(self):
+        raise TypeError(f"an embstore.{type(self).__name__} cannot be pickled or copied")
+
+    @property
+    def closed(self):
+        return self._handle.closed
+
+    def _call(self, fn, *args):
+        """fn(handle, *args) while the handle cannot be freed under it."""
+        with self._handle.use() as h:
+            return fn(h, *args)

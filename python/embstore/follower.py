@@ -5,7 +5,7 @@ import ctypes
 import dataclasses
 
 from . import _arrays, _lib
-from ._handle import Handle
+from ._handle import Handle, Owner
 from .errors import InvalidArgumentError, check, status_name
 from .store import _BACKENDS, _int_arg, _name_bytes, _path_bytes, _struct_dict
 
@@ -28,7 +28,7 @@ class FollowerStats:
     lag_p99_seconds: float
 
 
-class Follower:
+class Follower(Owner):
     """Follower(dir, tables=".*", backend="auto", rank=0, world_size=1, initial_values=False,
     interval_only=False, poll_interval_ms=0, lease_seconds=60, apply_bytes_per_second=0,
     device=0). Lookups from any number of threads; close() (or a with block) stops it."""
@@ -38,10 +38,8 @@ class Follower:
                  apply_bytes_per_second=0, device=0):
         cfg = _lib.FollowerConfig()
         _lib.follower_config_init(ctypes.byref(cfg))
-        self._dir = _path_bytes(dir, "dir")
-        self._regex = _name_bytes(tables, "tables")
-        cfg.dir = self._dir
-        cfg.tables_regex = self._regex
+        cfg.dir = _path_bytes(dir, "dir")  # both copied by the library at create
+        cfg.tables_regex = _name_bytes(tables, "tables")
         try:
             cfg.backend = _BACKENDS[str(backend).lower()]
         except KeyError:
@@ -65,24 +63,8 @@ class Follower:
         self._device = device
         self._dims = {}
 
-    def close(self):
-        """Refuses new calls, waits for lookups and polls in flight, stops background polling
-        and removes the lease. Idempotent."""
-        self._handle.close("embstore_follower_destroy")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __reduce__(self):
-        raise TypeError("an embstore.Follower cannot be pickled or copied")
-
-    def _call(self, fn, *args):
-        with self._handle.use() as h:
-            return fn(h, *args)
+    # close() (from Owner) also stops background polling and removes the lease.
+    _destroy_call = "embstore_follower_destroy"
 
     def table_dim(self, table):
         name = _name_bytes(table, "table")

@@ -5,7 +5,7 @@ import dataclasses
 import os
 
 from . import _arrays, _lib
-from ._handle import Handle
+from ._handle import Handle, Owner
 from .errors import InvalidArgumentError, check
 
 LATEST = 2**64 - 1  # EMBSTORE_LATEST
@@ -105,7 +105,7 @@ class WarmStartSource:
     values_only: bool = False
 
 
-class Store:
+class Store(Owner):
     """A store of embedding tables (embstore_store_t). Close it (or use it as a context
     manager): closing waits for checkpoints in flight and raises the failure of one nobody was
     told of.
@@ -127,8 +127,8 @@ class Store:
         if io_queue_depth is not None:
             cfg.io_queue_depth = _int_arg(io_queue_depth, "io_queue_depth")
         cfg.restore_spill = _choice(_SPILL, restore_spill, "restore_spill")
-        self._spill_dir = _path_bytes(spill_dir, "spill_dir") if spill_dir is not None else None
-        cfg.spill_dir = self._spill_dir
+        # The library copies the path at create.
+        cfg.spill_dir = _path_bytes(spill_dir, "spill_dir") if spill_dir is not None else None
         handle = ctypes.c_void_p()
         check(_lib.store_create(ctypes.byref(cfg), ctypes.byref(handle)), "embstore_store_create")
         self._handle = Handle(handle.value, _lib.store_destroy, "store")
@@ -137,31 +137,9 @@ class Store:
             self.backend = _BACKEND_NAMES[_lib.store_backend(h)]
         self.device = device
 
-    # -- lifetime --
-    def close(self):
-        """Refuses new calls, waits for calls in flight (on other threads), waits for
-        checkpoints in flight and frees the store; raises the failure of a checkpoint nobody
-        was told of (the store is freed all the same). Idempotent."""
-        self._handle.close("embstore_store_destroy")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __reduce__(self):
-        raise TypeError("an embstore.Store cannot be pickled or copied")
-
-    @property
-    def closed(self):
-        return self._handle.closed
-
-    def _call(self, fn, *args):
-        """fn(store handle, *args) while the store cannot be closed under it."""
-        with self._handle.use() as h:
-            return fn(h, *args)
+    # close() (from Owner) also waits for checkpoints in flight, and raises the failure of one
+    # nobody was told of (the store is freed all the same).
+    _destroy_call = "embstore_store_destroy"
 
     # -- tables --
     def create_table(self, name, dim, *, optimizer="adagrad", learning_rate=0.01, epsilon=1e-8,
@@ -260,8 +238,7 @@ class Store:
         dir and nothing scheduled turns it off."""
         p = _lib.CheckpointPolicy()
         _lib.checkpoint_policy_init(ctypes.byref(p))
-        self._policy_dir = _path_bytes(dir, "dir") if dir is not None else None
-        p.dir = self._policy_dir
+        p.dir = _path_bytes(dir, "dir") if dir is not None else None  # copied by the library
         p.full_every_steps = _int_arg(full_every_steps, "full_every_steps", minimum=0)
         p.incremental_every_steps = _int_arg(incremental_every_steps, "incremental_every_steps",
                                              minimum=0)
