@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "host/store/thread_pool.hpp"
+#include "io/engine/mapping.hpp"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack it
@@ -30,54 +31,28 @@ namespace embstore {
 void set_host_alloc_fault(std::function<bool(size_t bytes)> fault);
 bool host_alloc_fault(size_t bytes);
 
-// Anonymous mapping: pages arrive zeroed on first touch, large ones as huge pages where the
-// kernel allows, which saves TLB misses on random row access.
+// A table's memory (io::Mapping): pages arrive zeroed on first touch, large ones as huge pages
+// where the kernel allows, which saves TLB misses on random row access.
 class HostBuffer {
  public:
-  static constexpr size_t kHugePage = size_t{2} << 20;
+  static constexpr size_t kHugePage = io::Mapping::kHugePage;
 
   HostBuffer() = default;
-  explicit HostBuffer(size_t bytes) : bytes_(bytes) {
+  // Throws std::bad_alloc where the memory cannot be mapped.
+  explicit HostBuffer(size_t bytes) {
     if (host_alloc_fault(bytes)) throw std::bad_alloc();
-    if (bytes < kHugePage) {
-      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) throw std::bad_alloc();
-      data_ = p;
-      return;
-    }
-    // Huge pages need 2 MiB alignment, which mmap does not promise: map more, trim the ends.
-    bytes_ = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-    const size_t mapped = bytes_ + kHugePage;
-    void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    const auto base = reinterpret_cast<uintptr_t>(p);
-    const uintptr_t aligned = (base + kHugePage - 1) / kHugePage * kHugePage;
-    if (aligned > base) munmap(p, aligned - base);
-    const uintptr_t tail = base + mapped - (aligned + bytes_);
-    if (tail > 0) munmap(reinterpret_cast<void*>(aligned + bytes_), tail);
-    data_ = reinterpret_cast<void*>(aligned);
-    madvise(data_, bytes_, MADV_HUGEPAGE);
-  }
-  ~HostBuffer() {
-    if (data_) munmap(data_, bytes_);
-  }
-  HostBuffer(HostBuffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-  HostBuffer& operator=(HostBuffer&& o) noexcept {
-    std::swap(data_, o.data_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
+    if (io::Mapping::map(bytes, &mapping_) < 0) throw std::bad_alloc();
   }
   template <typename T>
   T* as() const {
-    return static_cast<T*>(data_);
+    return static_cast<T*>(mapping_.data());
   }
-  size_t bytes() const { return bytes_; }
+  size_t bytes() const { return mapping_.bytes(); }
 
   // Gives the memory back to the system: it reads as zeros until written again (a spilled
   // table's, written back from its spill file before use).
   void discard() const {
-    if (data_ != nullptr) madvise(data_, bytes_, MADV_DONTNEED);
+    if (mapping_.data() != nullptr) madvise(mapping_.data(), mapping_.bytes(), MADV_DONTNEED);
   }
 
   // Whether the kernel has MADV_POPULATE_WRITE (asked once).
@@ -96,11 +71,11 @@ class HostBuffer {
   // memory no other thread uses meanwhile. MADV_POPULATE_WRITE (Linux 5.14) where the kernel
   // has it, else every 4 KiB page of the range written with the byte it holds.
   void populate(ThreadPool& pool, size_t offset, size_t bytes) const {
-    if (data_ == nullptr || offset >= bytes_) return;
-    bytes = std::min(bytes, bytes_ - offset);
+    if (mapping_.data() == nullptr || offset >= mapping_.bytes()) return;
+    bytes = std::min(bytes, mapping_.bytes() - offset);
     constexpr size_t kSlice = kHugePage;
     const size_t first = offset / kSlice, end = (offset + bytes + kSlice - 1) / kSlice;
-    char* base = static_cast<char*>(data_);
+    char* base = as<char>();
     pool.parallel_for(end - first, 1, [&](size_t begin, size_t stop) {
       const size_t from = std::max(offset, (first + begin) * kSlice);
       const size_t to = std::min(offset + bytes, (first + stop) * kSlice);
@@ -113,8 +88,7 @@ class HostBuffer {
   }
 
  private:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
+  io::Mapping mapping_;
 };
 
 // Faults in ranges of memory, in order, on a thread of its own while its owner goes on using

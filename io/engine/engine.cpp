@@ -87,7 +87,6 @@ Channel::~Channel() {
     io_uring_queue_exit(&ring_);
   }
   close_fd();
-  std::free(base_);
 }
 
 int Channel::open(const std::string& path, int flags, mode_t mode, const IoOptions& options,
@@ -123,9 +122,9 @@ int Channel::open(const std::string& path, int flags, mode_t mode, const IoOptio
     if (fd_ < 0) return -errno;
   }
 
-  void* base = nullptr;
-  if (posix_memalign(&base, kAlignment, buffer_count_ * buffer_bytes_) != 0) return -ENOMEM;
-  base_ = static_cast<char*>(base);
+  // On huge pages (mapping.hpp): an O_DIRECT request then needs few segments.
+  if (const int r = Mapping::map(buffer_count_ * buffer_bytes_, &buffers_); r < 0) return r;
+  base_ = static_cast<char*>(buffers_.data());
 
   const char* sync_name = write ? "pwrite" : "pread";
   if (options.allow_uring) {

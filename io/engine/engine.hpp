@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "io/engine/mapping.hpp"
+
 namespace embstore::io {
 
 // O_DIRECT needs buffers, offsets and lengths aligned to the logical block size; 4096 covers
@@ -91,7 +93,8 @@ class Channel {
   unsigned queue_depth_ = 0;
   unsigned buffer_count_ = 0;
   size_t buffer_bytes_ = 0;
-  char* base_ = nullptr;
+  Mapping buffers_;
+  char* base_ = nullptr;  // buffers_.data()
   unsigned in_flight_ = 0;
   io_uring ring_{};
 };
