@@ -123,7 +123,6 @@ int Channel::open(const std::string& path, int flags, mode_t mode, const IoOptio
 
   // On huge pages (mapping.hpp): an O_DIRECT request then needs few segments.
   if (const int r = Mapping::map(buffer_count_ * buffer_bytes_, &buffers_); r < 0) return r;
-  base_ = static_cast<char*>(buffers_.data());
 
   const char* sync_name = write ? "pwrite" : "pread";
   if (options.allow_uring) {
@@ -162,8 +161,9 @@ int Channel::open(const std::string& path, int flags, mode_t mode, const IoOptio
 
 int Channel::index_of(const void* p) const {
   const char* c = static_cast<const char*>(p);
-  if (base_ == nullptr || c < base_ || c >= base_ + buffer_count_ * buffer_bytes_) return -1;
-  const size_t delta = static_cast<size_t>(c - base_);
+  const char* base = this->base();
+  if (base == nullptr || c < base || c >= base + buffer_count_ * buffer_bytes_) return -1;
+  const size_t delta = static_cast<size_t>(c - base);
   if (delta % buffer_bytes_ != 0) return -1;
   return static_cast<int>(delta / buffer_bytes_);
 }

@@ -62,7 +62,7 @@ class Channel {
   unsigned queue_depth() const { return queue_depth_; }
   unsigned buffer_count() const { return buffer_count_; }
   size_t buffer_bytes() const { return buffer_bytes_; }
-  char* buffer(unsigned index) const { return base_ + index * buffer_bytes_; }
+  char* buffer(unsigned index) const { return base() + index * buffer_bytes_; }
   // The index of the buffer that starts at p, or -1.
   int index_of(const void* p) const;
   unsigned in_flight() const { return in_flight_; }
@@ -83,6 +83,8 @@ class Channel {
   int close_fd();
 
  private:
+  char* base() const { return static_cast<char*>(buffers_.data()); }
+
   int fd_ = -1;
   bool write_ = false;
   bool direct_ = false;
@@ -93,8 +95,7 @@ class Channel {
   unsigned queue_depth_ = 0;
   unsigned buffer_count_ = 0;
   size_t buffer_bytes_ = 0;
-  Mapping buffers_;
-  char* base_ = nullptr;  // buffers_.data()
+  Mapping buffers_;  // buffer_count_ buffers of buffer_bytes_, one after another
   unsigned in_flight_ = 0;
   io_uring ring_{};
 };

@@ -87,6 +87,18 @@ class Saver:
         -> (seconds, sample function idx -> dict of arrays, extra dict)"""
         raise NotImplementedError
 
+    @staticmethod
+    def timed_load(read):
+        """Times read() (a dict of the three arrays, numpy or CPU tensors) and the touch of every
+        page it returns; the load() result for it."""
+        t0 = now()
+        loaded = read()
+        arrs = {n: np.asarray(loaded[n]) for n in NAMES}  # a CPU tensor's memory, not a copy
+        for a in arrs.values():
+            touch(a)
+        t = now() - t0
+        return t, lambda idx: {n: arrs[n][idx] for n in NAMES}, {}
+
 
 # ----------------------------------------------------------------------------------- numpy --
 
@@ -101,12 +113,8 @@ class NumpySaver(Saver):
         np.save(os.path.join(path, "accum.npy"), self.accum)
 
     def load(self, path, rows, meta):
-        t0 = now()
-        arrs = {n: np.load(os.path.join(path, n + ".npy")) for n in NAMES}
-        for a in arrs.values():
-            touch(a)
-        t = now() - t0
-        return t, lambda idx: {n: arrs[n][idx] for n in NAMES}, {}
+        return self.timed_load(
+            lambda: {n: np.load(os.path.join(path, n + ".npy")) for n in NAMES})
 
 
 # ----------------------------------------------------------------------------------- torch --
@@ -122,17 +130,6 @@ class TorchStateSaver(Saver):
         super().build(rows, seed)
         self.sd = {n: self.torch.from_numpy(a) for n, a in
                    zip(NAMES, (self.keys, self.values, self.accum))}
-
-    @staticmethod
-    def timed_load(read):
-        """Times read() (a dict of the three tensors) and the touch of every page it returns."""
-        t0 = now()
-        sd = read()
-        arrs = {n: sd[n].numpy() for n in NAMES}
-        for a in arrs.values():
-            touch(a)
-        t = now() - t0
-        return t, lambda idx: {n: arrs[n][idx] for n in NAMES}, {}
 
 
 class SafetensorsSaver(TorchStateSaver):
