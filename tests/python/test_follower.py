@@ -16,7 +16,7 @@ class FollowerTest(TempDirTest):
             t.lookup(keys, insert=True)
             store.step(1)
             store.checkpoint(self.dir, wait=True)
-            with embstore.Follower(self.dir) as f:
+            with embstore.Follower(self.dir, backend="host") as f:
                 self.assertEqual(f.version, 1)
                 self.assertEqual(f.table_dim("t"), 4)
                 np.testing.assert_array_equal(f.lookup("t", keys), t.lookup(keys))
@@ -38,9 +38,9 @@ class FollowerTest(TempDirTest):
 
     def test_missing_directory(self):
         with self.assertRaises(embstore.NotFoundError):
-            embstore.Follower(self.path("none"))
+            embstore.Follower(self.path("none"), backend="host")
         with self.assertRaises(embstore.InvalidArgumentError):
-            embstore.Follower(self.dir, tables="(")
+            embstore.Follower(self.dir, tables="(", backend="host")
 
 
 if __name__ == "__main__":
