@@ -200,7 +200,10 @@ typedef struct embstore_table_config {
   const char* name;               /* unique in the store, [A-Za-z0-9_.-]{1,128}, not "." or
                                      ".."; copied. Default NULL: must be set */
   uint32_t dim;                   /* 1..4096. Default 0: must be set */
-  uint64_t initial_capacity;      /* rows allocated up front; default 1024; 0: default */
+  uint64_t initial_capacity;      /* rows allocated up front; default 1024; 0: default. The
+                                     host backend faults more than 65,536 of them in at create,
+                                     on a thread of its own (Linux 5.14+): their memory is
+                                     resident from the start, as on CUDA */
   uint64_t max_capacity;          /* rows; 0 (default): grow as long as memory lasts */
   embstore_optimizer_t optimizer; /* default ADAGRAD */
   float learning_rate;            /* default 0.01 */

@@ -1,0 +1,91 @@
+// The host backend faults a table's initial capacity in on a thread of its own at create
+// (host/backend/host_table.cpp): the memory arrives without the caller's lookups paying for it,
+// and the rows inserted meanwhile are exactly those of a table without the prefault.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include "host/backend/host_buffer.hpp"
+#include "support/backend.hpp"
+
+using namespace embstore_test;
+
+namespace {
+
+// This process's resident bytes (/proc/self/statm's second field, in pages).
+uint64_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+embstore_table_config_t big_table(const char* name, uint64_t initial_capacity) {
+  embstore_table_config_t c = table_config(name, 64);
+  c.optimizer = EMBSTORE_OPT_ADAGRAD;  // 128 floats a row: 512 bytes
+  c.initial_capacity = initial_capacity;
+  c.seed = 5;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("a host table's initial capacity is faulted in behind the caller's back",
+          "[table][prefault]") {
+  if (backend() != EMBSTORE_BACKEND_HOST) {
+    SUCCEED("device memory is allocated whole at create");
+    return;
+  }
+  if (!embstore::HostBuffer::can_populate()) {
+    WARN("this kernel has no MADV_POPULATE_WRITE: pages arrive at their first touch");
+    return;
+  }
+  StoreGuard store(make_store());
+  const uint64_t rows = uint64_t{1} << 18;  // 128 MiB of rows
+  const uint64_t before = resident_bytes();
+  embstore_table_t* t = make_table(store, big_table("t", rows));
+  // Nothing touches the rows here: only the prefault can make them resident.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  uint64_t grown = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    grown = resident_bytes() - before;
+    if (grown >= rows * 512 * 9 / 10) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  INFO("resident bytes grew by " << grown);
+  REQUIRE(grown >= rows * 512 * 9 / 10);
+  REQUIRE(stats(t).rows == 0);
+}
+
+TEST_CASE("rows inserted while the prefault runs equal those of a table without it",
+          "[table][prefault]") {
+  StoreGuard store(make_store());
+  // 1M rows up front (512 MiB): the prefault is still running while the inserts below go on.
+  embstore_table_t* big = make_table(store, big_table("big", uint64_t{1} << 20));
+  embstore_table_t* small = make_table(store, big_table("small", 0));  // the default: 1024
+  std::vector<int64_t> keys(50000);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = static_cast<int64_t>(i * 7919) - 100000;
+  for (size_t from = 0; from < keys.size(); from += 5000) {
+    const std::vector<int64_t> batch(keys.begin() + from, keys.begin() + from + 5000);
+    REQUIRE(lookup_ok(big, batch) == lookup_ok(small, batch));
+    REQUIRE(apply_gradients(big, batch, std::vector<float>(batch.size() * 64, 0.5f)) ==
+            EMBSTORE_OK);
+    REQUIRE(apply_gradients(small, batch, std::vector<float>(batch.size() * 64, 0.5f)) ==
+            EMBSTORE_OK);
+  }
+  REQUIRE(lookup_ok(big, keys, 0) == lookup_ok(small, keys, 0));
+  REQUIRE(stats(big).rows == keys.size());
+}
+
+TEST_CASE("a store destroyed while a table's prefault runs", "[table][prefault]") {
+  for (int round = 0; round < 3; ++round) {
+    StoreGuard store(make_store());
+    embstore_table_t* t = make_table(store, big_table("t", uint64_t{1} << 20));
+    REQUIRE(lookup_ok(t, {1, 2, 3}).size() == 3 * 64);
+  }  // the table goes with its store: the prefault stops before its memory is unmapped
+}
