@@ -135,7 +135,9 @@ embstore_table* embstore_store::create_table(const embstore_table_config_t& conf
   if (find_table(spec.name.c_str()) != nullptr) {
     fail(EMBSTORE_ALREADY_EXISTS, "a table named '{}' exists", spec.name);
   }
-  return adopt_table(make_table_impl(std::move(spec)));
+  std::unique_ptr<embstore::Table> table = make_table_impl(std::move(spec));
+  table->prefault_initial_capacity();
+  return adopt_table(std::move(table));
 }
 
 void embstore_store::forget_table(const std::string& name) noexcept {

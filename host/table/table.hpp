@@ -114,6 +114,13 @@ class Table {
   // captured row is written to the snapshot first.
   virtual uint64_t evict_before(uint64_t cutoff_step) = 0;
 
+  // ---- creation ---------------------------------------------------------------------------
+  // Faults the rows allocated up front (initial_capacity) in behind the caller's back, where a
+  // backend's memory arrives at its first touch (the host's; device memory is committed at
+  // create). For a table a user creates; a restore's table reserve()s what it loads instead,
+  // since its initial_capacity is read from a manifest.
+  virtual void prefault_initial_capacity() {}
+
   // ---- restore ---------------------------------------------------------------------------
   // Loads whole saved admission counts (a chain's, merged), after the rows are loaded: keys
   // that have a row drop their counts. Returns false, with the reason in *why, when the table

@@ -201,9 +201,10 @@ typedef struct embstore_table_config {
                                      ".."; copied. Default NULL: must be set */
   uint32_t dim;                   /* 1..4096. Default 0: must be set */
   uint64_t initial_capacity;      /* rows allocated up front; default 1024; 0: default. The
-                                     host backend faults more than 65,536 of them in at create,
-                                     on a thread of its own (Linux 5.14+): their memory is
-                                     resident from the start, as on CUDA */
+                                     host backend faults more than 65,536 of them in at
+                                     embstore_table_create, on a thread of its own (Linux
+                                     5.14+): their memory is resident from the start, as on
+                                     CUDA. A restore's tables hold what they load */
   uint64_t max_capacity;          /* rows; 0 (default): grow as long as memory lasts */
   embstore_optimizer_t optimizer; /* default ADAGRAD */
   float learning_rate;            /* default 0.01 */

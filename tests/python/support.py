@@ -1,4 +1,5 @@
-"""Shared by the Python tests: a temporary directory per test."""
+"""Shared by the Python tests: a temporary directory per test, and the float tolerance of
+comparisons with torch (test_torch.py's docstring says why 1e-5)."""
 
 import shutil
 import tempfile
@@ -13,3 +14,11 @@ class TempDirTest(unittest.TestCase):
     def path(self, *parts):
         import os
         return os.path.join(self.dir, *parts)
+
+
+def close(test, got, expected):
+    """got within 1e-5 of expected's largest magnitude (torch tensors, on any device)."""
+    got = got.detach().double().cpu().numpy()
+    expected = expected.detach().double().cpu().numpy()
+    scale = abs(expected).max()
+    test.assertLess(abs(got - expected).max() / scale, 1e-5)

@@ -9,9 +9,8 @@ accumulator or duplicate handling is off by orders of magnitude more."""
 
 import unittest
 
-import numpy as np
-
 import embstore
+from support import close
 
 try:
     import torch
@@ -34,13 +33,6 @@ def batches(seed, bag_len=None):
         ids = (torch.rand(shape, generator=g) ** 3 * ROWS).long()
         target = torch.randn(*shape[:1], DIM, generator=g, dtype=torch.float64)
         yield ids, target
-
-
-def close(test, got, expected):
-    got = got.detach().double().numpy()
-    expected = expected.detach().double().numpy()
-    scale = np.abs(expected).max()
-    test.assertLess(np.abs(got - expected).max() / scale, 1e-5)
 
 
 @unittest.skipIf(torch is None, "torch is not installed")
