@@ -106,18 +106,25 @@ TEST_CASE("a host table built as a restore builds it faults nothing in", "[table
     SUCCEED("host backend only");
     return;
   }
+  if (!embstore::HostBuffer::can_populate()) {
+    WARN("this kernel has no MADV_POPULATE_WRITE: no table faults anything in ahead");
+    return;
+  }
   // A restore makes its tables from the manifest's spec, then reserve()s the rows it loads: a
-  // large initial_capacity on disk reserves address space, not memory.
+  // large initial_capacity on disk reserves address space, not memory. Compared with the same
+  // table asked to prefault (what embstore_table_create does), since the process's resident
+  // memory also grows by what a sanitizer keeps beside the index.
   embstore::ThreadPool pool(2);
   const uint64_t rows = uint64_t{1} << 18;  // 128 MiB of rows
-  const uint64_t before = resident_bytes();
-  auto table = embstore::make_host_table(embstore::make_table_spec(big_table("t", rows)), pool);
-  const uint64_t grown = wait_for_growth(before, rows * kRowBytes / 4, 2);
-  INFO("resident bytes grew by " << grown);
-  REQUIRE(grown < rows * kRowBytes / 4);
-  // The same table asked to prefault (what embstore_table_create does) does grow.
-  if (embstore::HostBuffer::can_populate()) {
-    table->prefault_initial_capacity();
-    REQUIRE(wait_for_growth(before, rows * kRowBytes * 9 / 10, 60) >= rows * kRowBytes * 9 / 10);
-  }
+  const embstore::TableSpec spec = embstore::make_table_spec(big_table("t", rows));
+  uint64_t before = resident_bytes();
+  auto restored = embstore::make_host_table(spec, pool);
+  const uint64_t grown_restored = wait_for_growth(before, rows * kRowBytes * 9 / 10, 2);
+  before = resident_bytes();
+  auto created = embstore::make_host_table(spec, pool);
+  created->prefault_initial_capacity();
+  const uint64_t grown_created = wait_for_growth(before, rows * kRowBytes * 9 / 10, 60);
+  INFO("resident bytes grew by " << grown_restored << " (as a restore's) and " << grown_created
+                                 << " (as a user's)");
+  REQUIRE(grown_created >= grown_restored + rows * kRowBytes / 2);
 }
