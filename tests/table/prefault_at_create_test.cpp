@@ -52,18 +52,25 @@ uint64_t wait_for_growth(uint64_t before, uint64_t bytes, int seconds) {
   return grown;
 }
 
+// Whether this run can see a prefault: the host backend (device memory is allocated whole at
+// create) on a kernel with MADV_POPULATE_WRITE (before 5.14 pages arrive at their first touch).
+bool prefault_observable() {
+  if (backend() != EMBSTORE_BACKEND_HOST) {
+    SUCCEED("host backend only: device memory is allocated whole at create");
+    return false;
+  }
+  if (!embstore::HostBuffer::can_populate()) {
+    WARN("this kernel has no MADV_POPULATE_WRITE: pages arrive at their first touch");
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 TEST_CASE("a host table's initial capacity is faulted in behind the caller's back",
           "[table][prefault]") {
-  if (backend() != EMBSTORE_BACKEND_HOST) {
-    SUCCEED("device memory is allocated whole at create");
-    return;
-  }
-  if (!embstore::HostBuffer::can_populate()) {
-    WARN("this kernel has no MADV_POPULATE_WRITE: pages arrive at their first touch");
-    return;
-  }
+  if (!prefault_observable()) return;
   StoreGuard store(make_store());
   const uint64_t rows = uint64_t{1} << 18;  // 128 MiB of rows
   const uint64_t before = resident_bytes();
@@ -102,14 +109,7 @@ TEST_CASE("a store destroyed while a table's prefault runs", "[table][prefault]"
 }
 
 TEST_CASE("a host table built as a restore builds it faults nothing in", "[table][prefault]") {
-  if (backend() != EMBSTORE_BACKEND_HOST) {
-    SUCCEED("host backend only");
-    return;
-  }
-  if (!embstore::HostBuffer::can_populate()) {
-    WARN("this kernel has no MADV_POPULATE_WRITE: no table faults anything in ahead");
-    return;
-  }
+  if (!prefault_observable()) return;
   // A restore makes its tables from the manifest's spec, then reserve()s the rows it loads: a
   // large initial_capacity on disk reserves address space, not memory. Compared with the same
   // table asked to prefault (what embstore_table_create does), since the process's resident
