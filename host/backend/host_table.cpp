@@ -1,7 +1,6 @@
 // The host backend: tables in host memory, parallel over the store's thread pool, built from
 // the same per-row logic (cuda/row/) that the CUDA kernels run.
 #include <sys/mman.h>
-#include <xxhash.h>
 
 #if defined(__SSE2__)
 #include <immintrin.h>
@@ -28,6 +27,7 @@
 #include "host/error.hpp"
 #include "host/store/thread_pool.hpp"
 #include "host/table/key_ledger.hpp"
+#include "io/format/xxh3.hpp"
 
 namespace embstore {
 namespace {

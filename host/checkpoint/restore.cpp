@@ -2,7 +2,6 @@
 // load every table into new table objects, and only when everything has loaded and checked,
 // swap them into the store. Warm start (warm_start.cpp) plans otherwise and shares the rest
 // (replace_tables).
-#include <xxhash.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -26,6 +25,7 @@
 #include "io/format/layout.hpp"
 #include "io/format/manifest.hpp"
 #include "io/format/row_file.hpp"
+#include "io/format/xxh3.hpp"
 
 namespace embstore::checkpoint {
 namespace {

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <sys/stat.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -12,6 +11,7 @@
 #include <utility>
 
 #include "io/engine/engine.hpp"
+#include "io/format/xxh3.hpp"
 
 namespace embstore::io {
 

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <sys/random.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <cerrno>
 #include <cinttypes>
@@ -16,6 +15,7 @@
 #include <stdexcept>
 
 #include "io/format/layout.hpp"
+#include "io/format/xxh3.hpp"
 
 namespace embstore::io {
 namespace {

@@ -1,13 +1,13 @@
 #include "io/format/row_file.hpp"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
 #include <exception>
 #include <limits>
+
+#include "io/format/xxh3.hpp"
 
 namespace embstore::io {
 

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 #include <sys/random.h>
 #include <sys/stat.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -12,6 +11,7 @@
 #include "io/engine/engine.hpp"
 #include "io/format/commit.hpp"
 #include "io/format/layout.hpp"
+#include "io/format/xxh3.hpp"
 
 namespace embstore::io {
 namespace {
