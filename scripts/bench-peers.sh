@@ -5,8 +5,12 @@
 # the training thread's stall, restore from a cold page cache (posix_fadvise(DONTNEED) on the
 # files), peak memory; and a DLRM-like training step with embstore.torch.EmbeddingBag tables
 # against nn.EmbeddingBag(sparse=True) + torch.optim.Adagrad on the CPU.
-#   scripts/bench-peers.sh [--quick] [--rows N] [--repeat N] [--dir DATA_DIR] [--out OUT_DIR]
+#   scripts/bench-peers.sh [--quick] [--rows N] [--repeat N] [--settle S] [--dir DATA_DIR]
+#                          [--out OUT_DIR]
 #     --quick: 1,000,000 rows, 3 repeats (a few minutes); default: 10,000,000 rows, 1 repeat
+#     --settle: seconds idle before each "settled" restore (default 30, --quick 10, on a VM
+#              whose balloon reports free pages to the host, else 0); every restore also runs
+#              "backed", on memory the host backs (perf/peers/bench_peers.py says why)
 #     --dir:   where checkpoints are written (default /var/tmp/embstore-bench-peers; what this
 #              run writes there is removed at the end, and the directory too if left empty)
 #     --out:   where the results go (default perf-results/peers): bench-peers-rR.json (every
@@ -18,7 +22,8 @@
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 [--quick] [--rows N] [--repeat N] [--dir DATA_DIR] [--out OUT_DIR]" >&2
+  echo "usage: $0 [--quick] [--rows N] [--repeat N] [--settle S] [--dir DATA_DIR]" \
+    "[--out OUT_DIR]" >&2
   exit 2
 }
 need_value() { [[ $# -ge 2 && -n $2 ]] || { echo "$0: $1 needs a value" >&2; usage; }; }
@@ -32,6 +37,7 @@ caller=$PWD
 quick=0
 rows=""
 repeat=""
+settle=""
 data_dir=/var/tmp/embstore-bench-peers
 out_dir=$root/perf-results/peers
 while [[ $# -gt 0 ]]; do
@@ -39,9 +45,12 @@ while [[ $# -gt 0 ]]; do
     --quick) quick=1; shift ;;
     --rows) need_value "$@"; positive "$1" "$2"; rows=$2; shift 2 ;;
     --repeat) need_value "$@"; positive "$1" "$2"; repeat=$2; shift 2 ;;
+    --settle) need_value "$@"
+      [[ $2 =~ ^[0-9]+$ ]] || { echo "$0: --settle must be a whole number of seconds" >&2; usage; }
+      settle=$2; shift 2 ;;
     --dir) need_value "$@"; data_dir=$2; shift 2 ;;
     --out) need_value "$@"; out_dir=$2; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "$0: unknown argument $1" >&2; usage ;;
   esac
 done
@@ -88,6 +97,7 @@ args=(--dir "$run_dir" --out "$out_dir")
 [[ $quick -eq 1 ]] && args+=(--quick)
 [[ -n $rows ]] && args+=(--rows "$rows")
 [[ -n $repeat ]] && args+=(--repeat "$repeat")
+[[ -n $settle ]] && args+=(--settle "$settle")
 # The driver keeps the machine's page cache and the other savers' files out of each
 # measurement; it prints the table and the paths of the JSON and the PNG.
 "$py" "$root/perf/peers/bench_peers.py" "${args[@]}"

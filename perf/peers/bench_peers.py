@@ -16,6 +16,13 @@ memory is the saver's own and no saver's page cache or allocator state helps ano
   driver:        fsync + posix_fadvise(DONTNEED) on every file of the full checkpoint, checks
                  with mincore(2) how much of it is still cached;
   restore child: loads the full checkpoint back into memory (timed) and checks sampled rows.
+Each restore runs twice, because on a VM whose balloon reports free pages to the host (this
+project's machines) where the memory comes from decides the figure as much as the disk does:
+  settled: the driver first waits --settle seconds, so that the memory the previous child freed
+           is handed back to the host, and every page the load touches costs a host fault (a
+           trainer restarted on an idle VM);
+  backed:  the child first touches and frees twice the state's bytes (back_memory), so that the
+           load finds memory the host already backs (as on a machine that is not a VM).
 """
 
 import argparse
@@ -35,8 +42,8 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from common import (PeakMeter, bytes_under, disk_baseline, drop_cache,  # noqa: E402
-                    resident_bytes)
+from common import (PeakMeter, back_memory, bytes_under, disk_baseline,  # noqa: E402
+                    drop_cache, free_page_reporting, mem_available, resident_bytes)
 
 GOALS = {
     "full": 1.5,      # embstore's full checkpoint vs the fastest peer's save
@@ -45,6 +52,7 @@ GOALS = {
     "train": 1.0,     # embstore tables' steps/s vs nn.EmbeddingBag(sparse) + Adagrad
 }
 SAMPLE = 64
+STATE_ROW_BYTES = 8 + 2 * 64 * 4  # an int64 key, 64 float32 values, 64 float32 accumulators
 
 
 # ================================================================================ children ==
@@ -115,11 +123,16 @@ def child_restore(a):
     meta = {"sample_keys": exp[which + "_keys"]}
     if a.version is not None:
         meta["version"] = a.version
+    backed = {}
+    if a.back_bytes:
+        # At most what the machine has free, less 2 GiB for the load's own bookkeeping.
+        n = min(a.back_bytes, max(0, (mem_available() or 0) - (2 << 30)))
+        backed = {"backed_bytes": n, "backing_seconds": back_memory(n)}
     meter = PeakMeter()
     meter.start()
     seconds, sample, extra = saver.load(a.path, a.rows, meta)
     out = {"saver": a.saver, "restore_s": seconds, "extra": extra,
-           "peak_rss_extra_bytes": meter.extra()}
+           "peak_rss_extra_bytes": meter.extra(), **backed}
     got = sample(exp["idx"])
     mismatched = [k for k in got if not np.array_equal(np.asarray(got[k]), exp[which + "_" + k])]
     out["verified"] = not mismatched
@@ -235,6 +248,42 @@ def machine(data_dir):
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
+# How each restore finds its memory (see the module's docstring): the JSON key's suffix.
+MEMORY = {"settled": "", "backed": "_backed"}
+
+
+def restore_once(o, name, res, work, key, chain, memory, run, timeout, log):
+    """One cold restore of the saver's full checkpoint (embstore: or its chain) under one memory
+    condition; the figures go into run under key + MEMORY[memory] + '_...'."""
+    k = key + MEMORY[memory]
+    drop_cache(res["full_path"])
+    if memory == "settled" and o.settle > 0:
+        time.sleep(o.settle)
+    resident, total = resident_bytes(res["full_path"])
+    args = ["restore", "--saver", name, "--rows", o.rows, "--workdir", work,
+            "--path", res["full_path"]]
+    if memory == "backed":
+        args += ["--back-bytes", 2 * o.rows * STATE_ROW_BYTES]
+    if name == "embstore":
+        args += ["--chain"] if chain else ["--version", res["version_full"]]
+    rr, rerr = run_child(args, timeout, log)
+    if rerr:
+        run[k + "_error"] = rerr
+        print(f" {k} FAILED ({rerr.splitlines()[-1] if rerr.strip() else rerr})", end="")
+        return
+    run[k + "_cold_s"] = rr["restore_s"]
+    run[k + "_verified"] = rr["verified"]
+    run[k + "_peak_rss_extra_bytes"] = rr["peak_rss_extra_bytes"]
+    run[k + "_extra"] = rr["extra"]
+    run[k + "_cached_bytes_before"] = resident
+    run[k + "_checkpoint_bytes"] = total
+    if memory == "backed":
+        run[k + "_backed_bytes"] = rr.get("backed_bytes")
+        run[k + "_backing_seconds"] = rr.get("backing_seconds")
+    print(f" {k} {rr['restore_s']:.3f} s{'' if rr['verified'] else ' (MISMATCH)'}", end="",
+          flush=True)
+
+
 def bench_savers(o, savers, log):
     from savers import SAVERS
     timeout = int(300 + o.rows / 1e6 * 200)
@@ -261,29 +310,8 @@ def bench_savers(o, savers, log):
             if name == "embstore":
                 restores.append(("restore_chain", True))  # the full and its delta
             for key, chain in restores:
-                drop_cache(res["full_path"])
-                resident, total = resident_bytes(res["full_path"])
-                args = ["restore", "--saver", name, "--rows", o.rows, "--workdir", work,
-                        "--path", res["full_path"]]
-                if name == "embstore":
-                    if not chain:
-                        args += ["--version", res["version_full"]]
-                    else:
-                        args += ["--chain"]
-                rr, rerr = run_child(args, timeout, log)
-                if rerr:
-                    run[key + "_error"] = rerr
-                    print(f" {key} FAILED ({rerr.splitlines()[-1] if rerr.strip() else rerr})",
-                          end="")
-                    continue
-                run[key + "_cold_s"] = rr["restore_s"]
-                run[key + "_verified"] = rr["verified"]
-                run[key + "_peak_rss_extra_bytes"] = rr["peak_rss_extra_bytes"]
-                run[key + "_extra"] = rr["extra"]
-                run[key + "_cached_bytes_before"] = resident
-                run[key + "_checkpoint_bytes"] = total
-                print(f" {key} {rr['restore_s']:.3f} s{'' if rr['verified'] else ' (MISMATCH)'}",
-                      end="")
+                for memory in MEMORY:
+                    restore_once(o, name, res, work, key, chain, memory, run, timeout, log)
             print(f"  ({time.time() - t0:.0f} s)")
             runs[name].append(run)
             shutil.rmtree(work, ignore_errors=True)
@@ -304,6 +332,7 @@ def bench_savers(o, savers, log):
         entry["stall_s"] = median([x["full_stall_s"] for x in ok])
         entry["delta_stall_s"] = median([x["delta_stall_s"] for x in ok])
         entry["restore_cold_s"] = median([x.get("restore_cold_s") for x in ok])
+        entry["restore_backed_cold_s"] = median([x.get("restore_backed_cold_s") for x in ok])
         entry["peak_rss_extra_bytes"] = median([x["full_peak_rss_extra_bytes"] for x in ok])
         entry["delta_peak_rss_extra_bytes"] = median(
             [x["delta_peak_rss_extra_bytes"] for x in ok])
@@ -311,13 +340,16 @@ def bench_savers(o, savers, log):
             [x.get("restore_peak_rss_extra_bytes") for x in ok])
         entry["bytes_on_disk"] = median([x["full_bytes_on_disk"] for x in ok])
         entry["delta_bytes_on_disk"] = median([x["delta_bytes_on_disk"] for x in ok])
-        entry["restore_verified"] = all(x.get("restore_verified") for x in ok)
+        entry["restore_verified"] = all(x.get(k + "_verified") for x in ok
+                                        for k in ("restore", "restore_backed"))
         if name == "embstore":
             entry["restore_chain_cold_s"] = median([x.get("restore_chain_cold_s") for x in ok])
+            entry["restore_chain_backed_cold_s"] = median(
+                [x.get("restore_chain_backed_cold_s") for x in ok])
         errs = [x[k] for x in rs for k in x if k.endswith("_error") or k == "error"]
         if errs:
             entry["errors"] = errs
-        for k in ("full_s", "delta_s", "stall_s", "restore_cold_s"):
+        for k in ("full_s", "delta_s", "stall_s", "restore_cold_s", "restore_backed_cold_s"):
             entry[k + "_runs"] = [x.get(k if k != "stall_s" else "full_stall_s") for x in ok]
         out[name] = entry
     return out
@@ -370,19 +402,24 @@ def goals(savers, train):
     for goal, key, label in (("full", "full_s", "full_checkpoint_speedup_vs_fastest_peer"),
                              ("delta", "delta_s", "delta_speedup_vs_fastest_peer_resave"),
                              ("restore", "restore_cold_s",
-                              "restore_speedup_vs_fastest_peer_cold_load")):
+                              "restore_speedup_vs_fastest_peer_cold_load"),
+                             ("restore", "restore_backed_cold_s",
+                              "restore_speedup_vs_fastest_peer_cold_load_backed_memory")):
         best, who = fastest(key)
         mine = emb.get(key)
         ratio = best / mine if best is not None and mine else None
         g[label] = {"ratio": ratio, "goal": GOALS[goal], "met": None if ratio is None else
                     ratio >= GOALS[goal], "embstore_s": mine, "fastest_peer": who,
                     "fastest_peer_s": best}
-    npy = savers.get("numpy", {}).get("restore_cold_s")
-    mine = emb.get("restore_cold_s")
-    g["restore_speedup_vs_numpy_cold_load"] = {
-        "ratio": npy / mine if npy and mine else None, "goal": GOALS["restore"],
-        "met": None if not (npy and mine) else npy / mine >= GOALS["restore"],
-        "embstore_s": mine, "numpy_s": npy}
+    for key, label in (("restore_cold_s", "restore_speedup_vs_numpy_cold_load"),
+                       ("restore_backed_cold_s",
+                        "restore_speedup_vs_numpy_cold_load_backed_memory")):
+        npy = savers.get("numpy", {}).get(key)
+        mine = emb.get(key)
+        g[label] = {
+            "ratio": npy / mine if npy and mine else None, "goal": GOALS["restore"],
+            "met": None if not (npy and mine) else npy / mine >= GOALS["restore"],
+            "embstore_s": mine, "numpy_s": npy}
     if train:
         e, t = train.get("embstore_steps_per_s"), train.get("torch_steps_per_s")
         ratio = e / t if e and t else None
@@ -403,14 +440,15 @@ def fmt(x, unit=""):
 
 def table(report):
     lines = []
-    hdr = ("saver", "full s", "1% delta s", "stall s", "restore s", "peak +MB", "disk MB",
-           "status")
-    w = (15, 9, 11, 9, 10, 9, 9, 8)
+    hdr = ("saver", "full s", "1% delta s", "stall s", "restore s", "backed s", "peak +MB",
+           "disk MB", "status")
+    w = (15, 9, 11, 9, 10, 9, 9, 9, 8)
     lines.append("  ".join(h.ljust(n) if i == 0 else h.rjust(n) for i, (h, n) in
                            enumerate(zip(hdr, w))))
     for name, e in report["savers"].items():
         row = (name, fmt(e.get("full_s")), fmt(e.get("delta_s")), fmt(e.get("stall_s")),
-               fmt(e.get("restore_cold_s")), fmt(e.get("peak_rss_extra_bytes"), "MB"),
+               fmt(e.get("restore_cold_s")), fmt(e.get("restore_backed_cold_s")),
+               fmt(e.get("peak_rss_extra_bytes"), "MB"),
                fmt(e.get("bytes_on_disk"), "MB"), e.get("status", "?"))
         lines.append("  ".join(c.ljust(n) if i == 0 else c.rjust(n) for i, (c, n) in
                                enumerate(zip(row, w))))
@@ -448,25 +486,34 @@ def plot(report, path):
     panels = [("full_s", "full checkpoint until durable (s)"),
               ("delta_s", "after changing 1% of the rows (s)\n(peers rewrite everything)"),
               ("stall_s", "training thread blocked by the full save (s)"),
-              ("restore_cold_s", "restore from a cold page cache (s)"),
+              (("restore_cold_s", "restore_backed_cold_s"),
+               "restore from a cold page cache (s):\nmemory settled (dark) / backed (light)"),
               ("peak_rss_extra_bytes", "peak memory above the state (MB)")]
     fig, axes = plt.subplots(2, 3, figsize=(17, 9.5))
     axes = axes.ravel()
-    for ax, (key, title) in zip(axes, panels):
-        vals = [savers[n].get(key) for n in names]
-        mb = key.endswith("bytes")
-        ys = [(v / 1e6 if mb else v) if v is not None else 0 for v in vals]
-        colors = ["#e6550d" if n == "embstore" else "#6baed6" for n in names]
-        bars = ax.bar(range(len(names)), ys, color=colors)
-        pos = [y for y in ys if y > 0]
+    for ax, (keys, title) in zip(axes, panels):
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        mb = keys[0].endswith("bytes")
+        width = 0.8 / len(keys)
+        series = []
+        for j, key in enumerate(keys):
+            vals = [savers[n].get(key) for n in names]
+            ys = [(v / 1e6 if mb else v) if v is not None else 0 for v in vals]
+            shade = ("#e6550d", "#6baed6") if j == 0 else ("#fdae6b", "#c6dbef")
+            colors = [shade[0] if n == "embstore" else shade[1] for n in names]
+            xs = [i + (j - (len(keys) - 1) / 2) * width for i in range(len(names))]
+            series.append((ax.bar(xs, ys, width=width, color=colors), vals, ys))
+        pos = [y for _, _, ys in series for y in ys if y > 0]
         if not mb and pos and max(pos) / min(pos) > 20:
             ax.set_yscale("log")
-        for b, v, y in zip(bars, vals, ys):
-            label = "failed" if v is None else (f"{y:,.0f}" if mb else
-                                                 (f"{y:.3g}" if y < 1000 else f"{y:,.0f}"))
-            ax.annotate(label, (b.get_x() + b.get_width() / 2, max(y, min(pos) if pos else 1)),
-                        ha="center", va="bottom", fontsize=8, xytext=(0, 2),
-                        textcoords="offset points")
+        for bars, vals, ys in series:
+            for b, v, y in zip(bars, vals, ys):
+                label = "failed" if v is None else (f"{y:,.0f}" if mb else
+                                                     (f"{y:.3g}" if y < 1000 else f"{y:,.0f}"))
+                ax.annotate(label, (b.get_x() + b.get_width() / 2,
+                                    max(y, min(pos) if pos else 1)),
+                            ha="center", va="bottom", fontsize=8 if len(keys) == 1 else 6.5,
+                            xytext=(0, 2), textcoords="offset points")
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels(names, rotation=30, ha="right", fontsize=9)
         ax.set_title(title, fontsize=10)
@@ -509,13 +556,14 @@ def driver(o):
     base = os.path.join(os.path.abspath(o.out), f"bench-peers-r{o.rows}")
     log = base + ".log"
     open(log, "w").close()
-    state_bytes = o.rows * (8 + 2 * 64 * 4)
+    state_bytes = o.rows * STATE_ROW_BYTES
     print(f"bench_peers: {o.rows:,} rows ({state_bytes / 1e9:.2f} GB of state), "
           f"{o.repeat} repeat(s), data in {o.dir}; children's output in {log}")
+    print(f"  free page reporting (VM): {free_page_reporting()}; restores settle {o.settle} s")
     t0 = time.time()
     report = {"benchmark": "embstore bench-peers", "rows": o.rows, "dim": 64,
               "state_bytes": state_bytes, "repeat": o.repeat, "quick": o.quick,
-              "machine": machine(o.dir),
+              "machine": dict(machine(o.dir), free_page_reporting=free_page_reporting()),
               "method": {
                   "durable": "data files and their directories fsynced (by the saver, or by "
                              "the benchmark inside the timed span)",
@@ -530,6 +578,12 @@ def driver(o):
                                   "checkpoint, then a fresh process loads it into memory "
                                   "(timed: the load call, plus a read of every page where the "
                                   "loader maps the file); sampled rows compared",
+                  "restore_memory": f"each restore twice: settled (after {o.settle} s idle, "
+                                    "in which a VM with free page reporting hands the memory "
+                                    "freed before back to its host: every first touch then "
+                                    "costs a host fault) and backed (the child first touches "
+                                    "and frees twice the state's bytes, so the load takes "
+                                    "pages the host backs, as off a VM)",
                   "peak_memory": "in each save child: peak RSS during the full save above its "
                                  "RSS after building the state",
                   "processes": "each save, each restore and each training run in its own "
@@ -574,6 +628,9 @@ def main(argv=None):
     p.add_argument("--train-repeat", type=int)
     p.add_argument("--batch", type=int, default=2048)
     p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--settle", type=float,
+                   help="seconds idle before each settled restore (default: 30, --quick 10, "
+                        "where the VM reports free pages to its host; else 0)")
     # children's
     p.add_argument("--saver")
     p.add_argument("--seed", type=int, default=1)
@@ -581,6 +638,7 @@ def main(argv=None):
     p.add_argument("--path")
     p.add_argument("--version", type=int)
     p.add_argument("--chain", action="store_true")
+    p.add_argument("--back-bytes", type=int, default=0)
     p.add_argument("--variant")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--result")
@@ -603,6 +661,10 @@ def main(argv=None):
         o.train_steps = 100 if o.quick else 200
     if o.train_repeat is None:
         o.train_repeat = 3
+    if o.settle is None:
+        o.settle = (10 if o.quick else 30) if free_page_reporting() else 0
+    if o.settle < 0:
+        p.error("--settle must not be negative")
     for name in ("rows", "repeat", "train_rows", "train_steps", "train_repeat", "batch"):
         if getattr(o, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")

@@ -129,6 +129,65 @@ def rss():
     return _status("VmRSS")
 
 
+def mem_available():
+    """MemAvailable from /proc/meminfo in bytes, or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def free_page_reporting():
+    """Whether this machine is a VM whose balloon device reports free pages to the host
+    (virtio device 5, feature bit 5, VIRTIO_BALLOON_F_REPORTING): memory a process frees is then
+    handed back to the host a few seconds later, and the next first touch of it costs a host
+    fault besides the guest's page zeroing. -> True, False, or None where it cannot be told."""
+    base = "/sys/bus/virtio/devices"
+    try:
+        devices = os.listdir(base)
+    except OSError:
+        return None if os.path.exists("/sys/bus/virtio") else False
+    for d in devices:
+        try:
+            with open(os.path.join(base, d, "device")) as f:
+                if int(f.read().strip(), 16) != 5:
+                    continue
+            with open(os.path.join(base, d, "features")) as f:
+                bits = f.read().strip()
+        except (OSError, ValueError):
+            return None
+        return len(bits) > 5 and bits[5] == "1"
+    return False
+
+
+def back_memory(nbytes):
+    """Writes one byte into every page of nbytes of fresh anonymous memory, then unmaps it: the
+    pages a load takes next are then ones the host already backs (see free_page_reporting), as
+    on a machine that is not a VM; the guest still zeroes them on the load's first touch.
+    -> seconds taken."""
+    import mmap
+    import numpy as np
+    t0 = now()
+    if nbytes <= 0:
+        return 0.0
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        try:
+            m.madvise(mmap.MADV_HUGEPAGE)  # fewer faults; the kernel may refuse
+        except (AttributeError, OSError):
+            pass
+        a = np.frombuffer(m, dtype=np.uint8)
+        a[::PAGE] = 1
+        del a
+    finally:
+        m.close()
+    return now() - t0
+
+
 class PeakMeter:
     """The peak resident memory of this process above its RSS at start(): VmHWM after resetting
     it (echo 5 > /proc/self/clear_refs, Linux 4.0+), else ru_maxrss, which then also counts
