@@ -7,7 +7,7 @@
 # against nn.EmbeddingBag(sparse=True) + torch.optim.Adagrad on the CPU.
 #   scripts/bench-peers.sh [--quick] [--rows N] [--repeat N] [--settle S] [--dir DATA_DIR]
 #                          [--out OUT_DIR]
-#     --quick: 1,000,000 rows, 3 repeats (a few minutes); default: 10,000,000 rows, 1 repeat
+#     --quick: 1,000,000 rows, 3 repeats (several minutes); default: 10,000,000 rows, 1 repeat
 #     --settle: seconds idle before each "settled" restore (default 30, --quick 10, on a VM
 #              whose balloon reports free pages to the host, else 0); every restore also runs
 #              "backed", on memory the host backs (perf/peers/bench_peers.py says why)

@@ -151,17 +151,22 @@ def free_page_reporting():
         devices = os.listdir(base)
     except OSError:
         return None if os.path.exists("/sys/bus/virtio") else False
+    unreadable = False
     for d in devices:
         try:
             with open(os.path.join(base, d, "device")) as f:
                 if int(f.read().strip(), 16) != 5:
                     continue
-            with open(os.path.join(base, d, "features")) as f:
-                bits = f.read().strip()
         except (OSError, ValueError):
+            unreadable = True  # perhaps the balloon: no answer unless another device gives one
+            continue
+        try:
+            with open(os.path.join(base, d, "features")) as f:
+                bits = f.read().strip()  # the negotiated features, bit 0 first
+        except OSError:
             return None
         return len(bits) > 5 and bits[5] == "1"
-    return False
+    return None if unreadable else False
 
 
 def back_memory(nbytes):
@@ -181,8 +186,10 @@ def back_memory(nbytes):
         except (AttributeError, OSError):
             pass
         a = np.frombuffer(m, dtype=np.uint8)
-        a[::PAGE] = 1
-        del a
+        try:
+            a[::PAGE] = 1
+        finally:
+            del a  # the mapping cannot close while an array exports its buffer
     finally:
         m.close()
     return now() - t0
