@@ -129,12 +129,12 @@ def rss():
     return _status("VmRSS")
 
 
-def mem_available():
-    """MemAvailable from /proc/meminfo in bytes, or None."""
+def meminfo(field):
+    """A field of /proc/meminfo (MemTotal, MemAvailable, ...) in bytes, or None."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -144,8 +144,9 @@ def mem_available():
 def free_page_reporting():
     """Whether this machine is a VM whose balloon device reports free pages to the host
     (virtio device 5, feature bit 5, VIRTIO_BALLOON_F_REPORTING): memory a process frees is then
-    handed back to the host a few seconds later, and the next first touch of it costs a host
-    fault besides the guest's page zeroing. -> True, False, or None where it cannot be told."""
+    handed back to the host from 2 s later (the kernel's Documentation/mm/
+    free_page_reporting.rst), and the next first touch of it costs a host fault besides the
+    guest's page zeroing. -> True, False, or None where it cannot be told."""
     base = "/sys/bus/virtio/devices"
     try:
         devices = os.listdir(base)
