@@ -13,6 +13,7 @@ message. embstore.torch has the torch modules (import it explicitly: it needs to
 """
 
 from . import _lib
+from .comm import Communicator
 from .errors import (AlreadyExistsError, BusyError, CapacityExceededError, CommError,
                      CorruptError, DeviceError, Error, InternalError, InvalidArgumentError,
                      NotFoundError, OutOfMemoryError, StorageIOError, UnsupportedError,
@@ -31,8 +32,8 @@ def library_version():
 
 
 __all__ = ["AlreadyExistsError", "BusyError", "CapacityExceededError", "CheckpointInfo",
-           "CheckpointStats", "CommError", "CorruptError", "DeviceError", "Error", "Follower",
-           "FollowerStats", "InternalError", "InvalidArgumentError", "LATEST", "NotFoundError",
-           "OutOfMemoryError", "StorageIOError", "Store", "Table", "TableStats",
+           "CheckpointStats", "CommError", "Communicator", "CorruptError", "DeviceError", "Error",
+           "Follower", "FollowerStats", "InternalError", "InvalidArgumentError", "LATEST",
+           "NotFoundError", "OutOfMemoryError", "StorageIOError", "Store", "Table", "TableStats",
            "UnsupportedError", "WarmStartSource", "last_error", "library_version", "shard_of",
            "status_name"]

@@ -10,7 +10,7 @@ from .errors import InvalidArgumentError, check
 
 
 class Handle:
-    def __init__(self, value, destroy, what):
+    def __init__(self, value, destroy, what, keep=None):
         self._value = value
         self._destroy = destroy
         self._what = what
@@ -18,7 +18,14 @@ class Handle:
         self._calls = 0
         self._closing = False
         # Freed at garbage collection or exit when never closed (its outcome then unreported).
-        self._finalizer = weakref.finalize(self, destroy, value)
+        # keep: what the handle's C object calls into (a sharded store's communicator
+        # callbacks), alive until it is freed.
+        self._keep = keep
+        self._finalizer = weakref.finalize(self, Handle._free, destroy, value, keep)
+
+    @staticmethod
+    def _free(destroy, value, keep):
+        destroy(value)
 
     @contextlib.contextmanager
     def use(self):

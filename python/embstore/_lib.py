@@ -32,6 +32,18 @@ c_status = c_int
 c_enum = c_int
 
 
+# embstore_comm_callbacks_t's two functions: (context, send, bytes, recv) and
+# (context, send, send_bytes[world], recv, recv_bytes[world]); 0 or nonzero.
+ALL_GATHER = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_size_t, c_void_p)
+ALL_TO_ALL = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, POINTER(c_size_t), c_void_p,
+                              POINTER(c_size_t))
+
+
+class CommCallbacks(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("context", c_void_p), ("all_gather", ALL_GATHER),
+                ("all_to_all", ALL_TO_ALL)]
+
+
 class StoreConfig(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("backend", c_enum), ("device", c_int),
                 ("rank", c_int), ("world_size", c_int), ("nccl_comm", c_void_p),
@@ -115,6 +127,7 @@ _P = c_void_p  # opaque handles: embstore_store_t*, embstore_table_t*, embstore_
 version = _declare("embstore_version", c_int)
 status_name = _declare("embstore_status_name", c_char_p, c_status)
 last_error = _declare("embstore_last_error", c_char_p)
+comm_callbacks_init = _declare("embstore_comm_callbacks_init", None, POINTER(CommCallbacks))
 store_config_init = _declare("embstore_store_config_init", None, POINTER(StoreConfig))
 shard_of = _declare("embstore_shard_of", c_uint32, c_int64, c_uint32)
 store_create = _declare("embstore_store_create", c_status, POINTER(StoreConfig), POINTER(_P))
@@ -128,6 +141,10 @@ lookup = _declare("embstore_lookup", c_status, _P, c_void_p, c_size_t, c_void_p,
                   c_void_p)
 apply_gradients = _declare("embstore_apply_gradients", c_status, _P, c_void_p, c_void_p,
                            c_size_t, c_void_p)
+sharded_lookup = _declare("embstore_sharded_lookup", c_status, _P, c_void_p, c_size_t, c_void_p,
+                          c_uint32, c_void_p)
+sharded_apply_gradients = _declare("embstore_sharded_apply_gradients", c_status, _P, c_void_p,
+                                   c_void_p, c_size_t, c_void_p)
 step = _declare("embstore_step", c_status, _P, c_uint64)
 table_stats = _declare("embstore_table_stats", c_status, _P, POINTER(TableStats))
 table_evict = _declare("embstore_table_evict", c_status, _P, POINTER(c_uint64))
@@ -161,7 +178,8 @@ follower_stats = _declare("embstore_follower_stats", c_status, _P, POINTER(Follo
 follower_destroy = _declare("embstore_follower_destroy", c_status, _P)
 
 
-CONFIG_STRUCTS = ((StoreConfig, store_config_init), (TableConfig, table_config_init),
+CONFIG_STRUCTS = ((CommCallbacks, comm_callbacks_init), (StoreConfig, store_config_init),
+                  (TableConfig, table_config_init),
                   (CheckpointPolicy, checkpoint_policy_init),
                   (WarmStartSource, warm_start_source_init),
                   (FollowerConfig, follower_config_init))

@@ -6,7 +6,8 @@ import os
 
 from . import _arrays, _lib
 from ._handle import Handle, Owner
-from .errors import InvalidArgumentError, check
+from .comm import Communicator, _Callbacks
+from .errors import InvalidArgumentError, check, error_for
 
 LATEST = 2**64 - 1  # EMBSTORE_LATEST
 
@@ -111,14 +112,28 @@ class Store(Owner):
     told of.
 
     Store(backend="auto"|"host"|"cuda", device=0, host_threads=0, staging_bytes=None,
-          io_queue_depth=None, restore_spill="auto", spill_dir=None)
-    Sharded stores (world_size > 1 over MPI or callbacks) are not exposed in Python yet.
+          io_queue_depth=None, restore_spill="auto", spill_dir=None, comm=None)
+
+    comm: a Communicator (embstore.comm; embstore.torch.ProcessGroup for a torch.distributed
+    group) makes a sharded store of comm.world_size ranks, created by every rank together: each
+    holds the shard of every table that embstore.shard_of assigns to its rank. Its collective
+    calls (Table.sharded_lookup and sharded_apply_gradients, checkpoint, wait, step, restore,
+    warm_start, close) must be made by every rank in the same order; a checkpoint of any world
+    size restores into a store of any other. Host backend only in Python: a sharded CUDA store
+    needs an NCCL communicator (nccl_comm), which the package does not take yet.
     """
 
     def __init__(self, backend="auto", *, device=0, host_threads=0, staging_bytes=None,
-                 io_queue_depth=None, restore_spill="auto", spill_dir=None):
+                 io_queue_depth=None, restore_spill="auto", spill_dir=None, comm=None):
         cfg = _lib.StoreConfig()
         _lib.store_config_init(ctypes.byref(cfg))
+        callbacks = None
+        if comm is not None:
+            callbacks = _comm_callbacks(comm)
+            cfg.rank = _int_arg(comm.rank, "comm.rank", minimum=0, maximum=2**31 - 1)
+            cfg.world_size = _int_arg(comm.world_size, "comm.world_size", minimum=1,
+                                      maximum=2**31 - 1)
+            cfg.comm_callbacks = ctypes.addressof(callbacks.struct)  # copied at create
         cfg.backend = _choice(_BACKENDS, backend, "backend")
         cfg.device = _int_arg(device, "device")
         cfg.host_threads = _int_arg(host_threads, "host_threads")
@@ -130,12 +145,29 @@ class Store(Owner):
         # The library copies the path at create.
         cfg.spill_dir = _path_bytes(spill_dir, "spill_dir") if spill_dir is not None else None
         handle = ctypes.c_void_p()
-        check(_lib.store_create(ctypes.byref(cfg), ctypes.byref(handle)), "embstore_store_create")
-        self._handle = Handle(handle.value, _lib.store_destroy, "store")
+        self._callbacks = callbacks
+        check(self._checked(_lib.store_create(ctypes.byref(cfg), ctypes.byref(handle)),
+                            _lib.store_create), "embstore_store_create")
+        self._handle = Handle(handle.value, _lib.store_destroy, "store", keep=callbacks)
         self._tables = {}
         with self._handle.use() as h:
             self.backend = _BACKEND_NAMES[_lib.store_backend(h)]
         self.device = device
+        self.rank = cfg.rank
+        self.world_size = cfg.world_size
+
+    def _call(self, fn, *args):
+        """fn(store handle, *args) while the store cannot be closed under it."""
+        with self._handle.use() as h:
+            return self._checked(fn(h, *args), fn)
+
+    def _checked(self, result, fn):
+        """result as it is, except that a call failed by the communicator raises its CommError
+        here, from the exception that failed it."""
+        failure = self._callbacks.take_failure() if self._callbacks is not None else None
+        if failure is not None and result != 0:
+            raise error_for(result, fn.__name__) from failure
+        return result
 
     # close() (from Owner) also waits for checkpoints in flight, and raises the failure of one
     # nobody was told of (the store is freed all the same).
@@ -322,7 +354,7 @@ class Table:
     def _call(self, fn, *args):
         """fn(table handle, *args) while the store cannot be closed under it."""
         with self.store._handle.use():  # a closed store's tables are gone
-            return fn(self._handle, *args)
+            return self.store._checked(fn(self._handle, *args), fn)
 
     def __repr__(self):
         return f"embstore.Table({self.name!r}, dim={self.dim}, backend={self.store.backend!r})"
@@ -343,17 +375,39 @@ class Table:
 
     def lookup(self, keys, *, insert=False, out=None, stream=None):
         """The rows of keys, shaped keys.shape + (dim,). insert=True (training): keys without a
-        row get one from the initializer; else they read as zeros and nothing is stored."""
+        row get one from the initializer; else they read as zeros and nothing is stored. On a
+        sharded store, only keys this rank owns (see sharded_lookup)."""
+        return self._lookup(_lib.lookup, keys, insert, out, stream)
+
+    def sharded_lookup(self, keys, *, insert=False, out=None, stream=None):
+        """Collective lookup on a sharded store (embstore_sharded_lookup): every rank passes
+        its own batch of any keys; each key's row comes from the rank that owns it. The ranks
+        read, insert and count exactly what one process would for their batches concatenated
+        in rank order. On a store of one rank, lookup."""
+        return self._lookup(_lib.sharded_lookup, keys, insert, out, stream)
+
+    def _lookup(self, fn, keys, insert, out, stream):
         k = _arrays.keys_buffer(keys)
         o = _arrays.output_buffer(k, k.shape + (self.dim,), out)
         self._check_memory((k, o))
-        check(self._call(_lib.lookup, k.ptr, k.size, o.ptr, LOOKUP_INSERT if insert else 0,
-                          _arrays.stream_handle(stream, (k, o))), "embstore_lookup")
+        check(self._call(fn, k.ptr, k.size, o.ptr, LOOKUP_INSERT if insert else 0,
+                         _arrays.stream_handle(stream, (k, o))), fn.__name__)
         return o.owner
 
     def apply_gradients(self, keys, grads, *, stream=None):
         """Gradients of the rows of keys (shaped keys.shape + (dim,), or (n, dim)): duplicates
-        summed, then one fused optimizer update per row."""
+        summed, then one fused optimizer update per row. On a sharded store, only keys this rank
+        owns (see sharded_apply_gradients)."""
+        self._apply(_lib.apply_gradients, keys, grads, stream)
+
+    def sharded_apply_gradients(self, keys, grads, *, stream=None):
+        """Collective apply_gradients on a sharded store (embstore_sharded_apply_gradients):
+        each gradient goes to its key's owner, which sums what it receives in rank order, then
+        batch order, so that the shards end bit-identical to one process's table after the
+        ranks' batches concatenated in rank order. On a store of one rank, apply_gradients."""
+        self._apply(_lib.sharded_apply_gradients, keys, grads, stream)
+
+    def _apply(self, fn, keys, grads, stream):
         k = _arrays.keys_buffer(keys)
         g = _arrays.floats_buffer(grads, "grads")
         if g.shape not in (k.shape + (self.dim,), (k.size, self.dim)):
@@ -361,9 +415,8 @@ class Table:
                 1, f"grads: shape {g.shape} for keys of shape {k.shape} and dim {self.dim} "
                 f"(expected {k.shape + (self.dim,)} or {(k.size, self.dim)})")
         self._check_memory((k, g))
-        check(self._call(_lib.apply_gradients, k.ptr, g.ptr, k.size,
-                                   _arrays.stream_handle(stream, (k, g))),
-              "embstore_apply_gradients")
+        check(self._call(fn, k.ptr, g.ptr, k.size, _arrays.stream_handle(stream, (k, g))),
+              fn.__name__)
 
     def stats(self):
         s = _lib.TableStats(struct_size=ctypes.sizeof(_lib.TableStats))
@@ -391,6 +444,19 @@ def _int_arg(value, what, minimum=None, maximum=None):
     if not lo <= v <= hi:
         raise InvalidArgumentError(1, f"{what} = {v} is out of range [{lo}, {hi}]")
     return v
+
+
+def _comm_callbacks(comm):
+    """The C callbacks over comm, after checking that it looks like a Communicator."""
+    missing = [m for m in ("all_gather", "all_to_all", "rank", "world_size")
+               if not hasattr(comm, m)]
+    if missing:
+        raise TypeError(f"comm: a Communicator is expected ({type(comm).__name__} has no "
+                        f"{', '.join(missing)})")
+    if not isinstance(comm, Communicator) and not all(
+            callable(getattr(comm, m)) for m in ("all_gather", "all_to_all")):
+        raise TypeError("comm: all_gather and all_to_all must be methods")
+    return _Callbacks(comm)
 
 
 def shard_of(keys, world_size):

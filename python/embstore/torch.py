@@ -17,6 +17,12 @@ the dense parameters only (model.parameters() holds no embstore rows).
 Host stores take CPU tensors, CUDA stores CUDA tensors on the store's device (torch's current
 stream is passed as the stream).
 
+On a sharded store (Store("host", comm=ProcessGroup()) in every process of a torch.distributed
+gloo group) the modules look up and update through the collective calls (sharded_lookup,
+sharded_apply_gradients): every rank runs forward and backward of each module in the same
+order, with its own batch, and the ranks train as one process on their batches concatenated in
+rank order.
+
 Each forward's backward runs the optimizer once, on that forward's rows. So a table used twice
 in one step (a shared table, or gradient accumulation over micro-batches) is updated twice,
 not once on the summed gradient as a torch optimizer would: look all of a step's ids up in one
@@ -29,29 +35,38 @@ only when the module creates the table.
 """
 
 import io
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .comm import Communicator
 from .errors import InvalidArgumentError, NotFoundError
 from .store import LATEST
 
 
 class _TableLookup(torch.autograd.Function):
-    """rows = lookup(keys); backward: table.apply_gradients(keys, d rows)."""
+    """rows = lookup(keys); backward: table.apply_gradients(keys, d rows). On a sharded store
+    the collective calls (sharded_lookup, sharded_apply_gradients)."""
 
     @staticmethod
     def forward(ctx, anchor, keys, table):
         ctx.table = table
         ctx.save_for_backward(keys)
-        return table.lookup(keys, insert=True)
+        return _lookup_of(table)(keys, insert=True)
 
     @staticmethod
     def backward(ctx, grad_rows):
         (keys,) = ctx.saved_tensors
-        ctx.table.apply_gradients(keys, grad_rows)
+        table = ctx.table
+        (table.sharded_apply_gradients if table.store.world_size > 1 else
+         table.apply_gradients)(keys, grad_rows)
         return None, None, None
+
+
+def _lookup_of(table):
+    return table.sharded_lookup if table.store.world_size > 1 else table.lookup
 
 
 def _bind_table(store, name, dim, table_options):
@@ -80,7 +95,7 @@ class _TableModule(nn.Module):
         """The rows of keys (flat int64): through autograd when training with grad enabled."""
         if self.training and torch.is_grad_enabled():
             return _TableLookup.apply(self._anchor, keys, self.table)
-        return self.table.lookup(keys, insert=self.training)
+        return _lookup_of(self.table)(keys, insert=self.training)
 
     def extra_repr(self):
         return f"table={self.table.name!r}, dim={self.embedding_dim}"
@@ -151,6 +166,50 @@ class EmbeddingBag(_TableModule):
         return F.embedding_bag(index, rows, offsets, mode=self.mode,
                                per_sample_weights=per_sample_weights,
                                include_last_offset=self.include_last_offset)
+
+
+# ---------------------------------------------------------------------- process groups --
+
+class ProcessGroup(Communicator):
+    """A torch.distributed process group as a sharded store's communicator:
+
+        dist.init_process_group("gloo", ...)
+        store = embstore.Store("host", comm=embstore.torch.ProcessGroup())
+
+    group: a group of torch.distributed (None: the default group) whose backend runs
+    collectives on CPU tensors (gloo; NCCL's take CUDA tensors). The store's exchanges are
+    all_gather and all_to_all_single on it, made on the thread of the embstore call: every rank
+    must make the store's collective calls in the same order, among its own collectives."""
+
+    def __init__(self, group=None):
+        import torch.distributed as dist
+        if not dist.is_available() or not dist.is_initialized():
+            raise InvalidArgumentError(1, "ProcessGroup: torch.distributed is not initialized "
+                                       "(call torch.distributed.init_process_group first)")
+        self._dist = dist
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        if self.rank < 0:
+            raise InvalidArgumentError(1, "ProcessGroup: this process is not in the group")
+
+    def all_gather(self, send, recv):
+        out = torch.from_numpy(recv)
+        parts = list(out.chunk(self.world_size)) if out.numel() else [out] * self.world_size
+        self._dist.all_gather(parts, _read_only_tensor(send), group=self.group)
+
+    def all_to_all(self, send, send_counts, recv, recv_counts):
+        self._dist.all_to_all_single(torch.from_numpy(recv), _read_only_tensor(send),
+                                     output_split_sizes=recv_counts,
+                                     input_split_sizes=send_counts, group=self.group)
+
+
+def _read_only_tensor(a):
+    """A tensor over a read-only numpy array, without a copy: the collectives only read it
+    (torch warns that writing to it would be undefined)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(a)
 
 
 # ------------------------------------------------------------------------ trainer state --

@@ -1,0 +1,321 @@
+"""Sharded stores from Python: a communicator's callbacks (embstore.Communicator), the collective
+lookups and updates against one process, checkpoints across world sizes, a failing communicator,
+and embstore.torch.ProcessGroup over gloo in separate processes."""
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import unittest
+
+import numpy as np
+
+import embstore
+from support import TempDirTest
+
+DIM = 8
+TABLE = dict(optimizer="adagrad", learning_rate=0.1, init="normal", init_a=0.0, init_b=0.1,
+             seed=7)
+
+
+class ThreadGroup:
+    """A process group of threads in this process (ctypes releases the GIL in each embstore
+    call, so the ranks' calls run side by side and meet in the callbacks)."""
+
+    def __init__(self, world_size, fail=None):
+        self.world_size = world_size
+        self.barrier = threading.Barrier(world_size, timeout=60)
+        self.slots = [None] * world_size
+        self.fail = fail  # (rank, method): that rank's method raises
+        self.calls = 0
+
+    def comm(self, rank):
+        return ThreadComm(self, rank)
+
+
+class ThreadComm(embstore.Communicator):
+    def __init__(self, group, rank):
+        self.group = group
+        self.rank = rank
+        self.world_size = group.world_size
+
+    def _exchange(self, what, mine):
+        g = self.group
+        if g.fail == (self.rank, what):
+            g.barrier.abort()  # the others' collective fails too, as a broken group's would
+            raise RuntimeError(f"rank {self.rank}: {what} failed on purpose")
+        g.slots[self.rank] = mine
+        g.barrier.wait()
+        everyone = list(g.slots)
+        g.barrier.wait()  # nobody overwrites a slot before all have read them
+        if self.rank == 0:
+            g.calls += 1
+        return everyone
+
+    def all_gather(self, send, recv):
+        assert not send.flags.writeable and recv.size == send.size * self.world_size
+        everyone = self._exchange("all_gather", bytes(send))
+        recv[:] = np.frombuffer(b"".join(everyone), np.uint8)
+
+    def all_to_all(self, send, send_counts, recv, recv_counts):
+        assert len(send_counts) == len(recv_counts) == self.world_size
+        assert send.size == sum(send_counts) and recv.size == sum(recv_counts)
+        starts = np.cumsum([0] + send_counts)
+        parts = [bytes(send[starts[q]:starts[q + 1]]) for q in range(self.world_size)]
+        everyone = self._exchange("all_to_all", parts)
+        got = b"".join(everyone[q][self.rank] for q in range(self.world_size))
+        assert len(got) == recv.size
+        recv[:] = np.frombuffer(got, np.uint8)
+
+
+def run_ranks(world_size, body, group=None):
+    """body(rank, comm) on one thread per rank; -> the results in rank order, or raises the
+    first rank's exception (all are in .errors of the group)."""
+    group = group or ThreadGroup(world_size)
+    results, errors = [None] * world_size, [None] * world_size
+
+    def run(rank):
+        try:
+            results[rank] = body(rank, group.comm(rank))
+        except BaseException as e:  # noqa: B036 - reported below
+            errors[rank] = e
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    group.errors = errors
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+def batches(world_size, steps, rng):
+    """Each rank's batch per step: skewed ids with duplicates, and gradients."""
+    out = []
+    for _ in range(steps):
+        step = []
+        for _ in range(world_size):
+            keys = (rng.zipf(1.3, size=40) % 97).astype(np.int64) - 20  # negative keys too
+            step.append((keys, rng.standard_normal((40, DIM)).astype(np.float32)))
+        out.append(step)
+    return out
+
+
+def train_one_process(store, steps):
+    t = store.create_table("t", DIM, **TABLE)
+    for i, step in enumerate(steps):
+        keys = np.concatenate([k for k, _ in step])
+        t.lookup(keys, insert=True)
+        t.apply_gradients(keys, np.concatenate([g for _, g in step]))
+        store.step(i + 1)
+    return t
+
+
+class ShardedStoreTest(TempDirTest):
+    def test_ranks_train_as_one_process_and_restore_at_any_world_size(self):
+        world = 3
+        steps = batches(world, 6, np.random.default_rng(1))
+        every_key = np.unique(np.concatenate([k for s in steps for k, _ in s]))
+
+        def train(rank, comm):
+            with embstore.Store("host", host_threads=1, comm=comm) as s:
+                self.assertEqual((s.rank, s.world_size), (rank, world))
+                t = s.create_table("t", DIM, **TABLE)
+                for i, step in enumerate(steps):
+                    keys, grads = step[rank]
+                    rows = t.sharded_lookup(keys, insert=True)
+                    self.assertEqual(rows.shape, (len(keys), DIM))
+                    t.sharded_apply_gradients(keys, grads)
+                    s.step(i + 1)
+                    if i == 2:
+                        s.checkpoint(self.path("ckpt"), "full")
+                s.attach("rank", str(rank).encode())
+                v = s.checkpoint(self.path("ckpt"), "incremental", wait=True)
+                owned = every_key[embstore.shard_of(every_key, world) == rank]
+                # Plain calls take only the keys this rank owns.
+                np.testing.assert_array_equal(t.lookup(owned), t.sharded_lookup(owned))
+                return v, len(t), t.sharded_lookup(every_key)
+
+        results = run_ranks(world, train)
+        version = results[0][0]
+        self.assertEqual([r[0] for r in results], [version] * world)
+        with embstore.Store("host", host_threads=1) as one:
+            expected = train_one_process(one, steps).lookup(every_key)
+            self.assertEqual(sum(r[1] for r in results), len(every_key))
+            for _, _, rows in results:  # every rank read every key's row from its owner
+                np.testing.assert_array_equal(rows, expected)
+
+            # The 3-rank checkpoint (a full and a delta) restores into one process, optimizer
+            # state included: one more update lands on the same values.
+            with embstore.Store("host", host_threads=1) as restored:
+                self.assertEqual(restored.restore(self.path("ckpt")), version)
+                t, u = restored.table("t"), one.table("t")
+                np.testing.assert_array_equal(t.lookup(every_key), expected)
+                grads = np.random.default_rng(2).standard_normal((len(every_key), DIM))
+                t.apply_gradients(every_key, grads.astype(np.float32))
+                u.apply_gradients(every_key, grads.astype(np.float32))
+                np.testing.assert_array_equal(t.lookup(every_key), u.lookup(every_key))
+            one.checkpoint(self.path("one"), "full", wait=True)
+            after = one.table("t").lookup(every_key)
+
+        # And one process's checkpoint restores into two ranks, each keeping its own keys.
+        def restore(rank, comm):
+            with embstore.Store("host", host_threads=1, comm=comm) as s:
+                s.restore(self.path("one"))
+                t = s.table("t")
+                owned = every_key[embstore.shard_of(every_key, 2) == rank]
+                self.assertEqual(len(t), len(owned))
+                return t.sharded_lookup(every_key)
+        for rows in run_ranks(2, restore):
+            np.testing.assert_array_equal(rows, after)
+
+    def test_each_rank_restores_its_own_attachments(self):
+        def save(rank, comm):
+            with embstore.Store("host", host_threads=1, comm=comm) as s:
+                s.create_table("t", DIM).sharded_lookup(np.arange(5), insert=True)
+                s.attach("state", f"rank {rank}".encode())
+                s.checkpoint(self.path("ckpt"), wait=True)
+        run_ranks(2, save)
+
+        def load(rank, comm):
+            with embstore.Store("host", host_threads=1, comm=comm) as s:
+                s.restore(self.path("ckpt"))
+                return s.restore_attachment("state")
+        self.assertEqual(run_ranks(2, load), [b"rank 0", b"rank 1"])
+
+    def test_a_failing_communicator_fails_every_rank_with_comm_error(self):
+        group = ThreadGroup(2, fail=(1, "all_to_all"))
+
+        def body(rank, comm):
+            with embstore.Store("host", host_threads=1, comm=comm) as s:
+                t = s.create_table("t", DIM)
+                try:
+                    t.sharded_lookup(np.arange(10) + rank, insert=True)
+                except embstore.CommError as e:
+                    return e
+                return None
+        errors = run_ranks(2, body, group)
+        for rank, e in enumerate(errors):
+            self.assertIsInstance(e, embstore.CommError, f"rank {rank}")
+            self.assertEqual(e.status_name, "EMBSTORE_COMM_ERROR")
+        # The exception of the communicator is the CommError's cause, on the rank it came from.
+        self.assertIsInstance(errors[1].__cause__, RuntimeError)
+        self.assertIn("failed on purpose", str(errors[1].__cause__))
+        self.assertIsInstance(errors[0].__cause__, threading.BrokenBarrierError)
+
+    def test_bad_communicators_are_refused(self):
+        with self.assertRaises(TypeError):
+            embstore.Store("host", comm=object())
+        comm = ThreadGroup(2).comm(0)
+        comm.world_size = 0
+        with self.assertRaises(embstore.InvalidArgumentError):
+            embstore.Store("host", comm=comm)
+        comm = ThreadGroup(2).comm(0)
+        comm.rank = 2  # outside [0, world_size)
+        with self.assertRaises(embstore.InvalidArgumentError):
+            embstore.Store("host", comm=comm)
+
+        class NotMethods:
+            rank, world_size, all_gather, all_to_all = 0, 2, 1, 2
+        with self.assertRaises(TypeError):
+            embstore.Store("host", comm=NotMethods())
+
+    def test_a_store_of_one_rank_with_a_communicator_is_a_plain_store(self):
+        with embstore.Store("host", host_threads=1, comm=ThreadGroup(1).comm(0)) as s:
+            t = s.create_table("t", DIM, **TABLE)
+            keys = np.array([3, 1, 3], np.int64)
+            np.testing.assert_array_equal(t.sharded_lookup(keys, insert=True), t.lookup(keys))
+
+
+# ------------------------------------------------- embstore.torch.ProcessGroup over gloo --
+
+WORKER = r"""
+import sys
+import numpy as np
+import torch
+import torch.distributed as dist
+import embstore
+import embstore.torch as et
+
+rank, world, init, ckpt, out = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+rank, world = int(rank), int(world)
+dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+data = np.load(out + ".in.npz")
+with embstore.Store("host", host_threads=1, comm=et.ProcessGroup()) as store:
+    bag = et.EmbeddingBag(store, "items", 8, mode="sum", optimizer="adagrad",
+                          learning_rate=0.1, init="normal", init_b=0.1, seed=3)
+    for step in range(data["ids"].shape[0]):
+        ids = torch.from_numpy(data["ids"][step, rank])
+        (bag(ids).sum() * (rank + 1)).backward()
+        store.step(step + 1)
+    store.checkpoint(ckpt, "full", wait=True)
+    keys = torch.from_numpy(data["every_key"])
+    np.save(out, bag.table.sharded_lookup(keys).numpy())
+dist.destroy_process_group()
+"""
+
+
+def _torch_distributed():
+    try:
+        import torch.distributed as dist
+        return dist.is_available() and dist.is_gloo_available()
+    except ImportError:
+        return False
+
+
+@unittest.skipUnless(_torch_distributed(), "needs torch.distributed with gloo")
+class TorchProcessGroupTest(TempDirTest):
+    def test_two_processes_train_an_embedding_bag_as_one(self):
+        import torch
+
+        import embstore.torch as et
+        world, steps = 2, 4
+        rng = np.random.default_rng(5)
+        ids = (rng.zipf(1.4, size=(steps, world, 6, 5)) % 50).astype(np.int64)
+        every_key = np.unique(ids)
+        base = self.path("rank")
+        np.savez(base + ".in.npz", ids=ids, every_key=every_key)
+        script = self.path("worker.py")
+        with open(script, "w") as f:
+            f.write(WORKER)
+        init = "file://" + self.path("rendezvous")
+        env = dict(os.environ, PYTHONWARNINGS="ignore")
+        procs = [subprocess.Popen([sys.executable, script, str(r), str(world), init,
+                                   self.path("ckpt"), base], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for r in range(world)]
+        for p in procs:
+            out, _ = p.communicate(timeout=300)
+            self.assertEqual(p.returncode, 0, out)
+        rows = np.load(base + ".npy")
+
+        # One process, each step's bags of both ranks in one batch, rank r's loss scaled by
+        # r + 1 as in the workers: the same rows, bit for bit.
+        with embstore.Store("host", host_threads=1) as one:
+            bag = et.EmbeddingBag(one, "items", 8, mode="sum", optimizer="adagrad",
+                                  learning_rate=0.1, init="normal", init_b=0.1, seed=3)
+            scale = torch.tensor([1.0] * 6 + [2.0] * 6).unsqueeze(1)
+            for step in range(steps):
+                batch = torch.from_numpy(ids[step].reshape(world * 6, 5))
+                (bag(batch) * scale).sum().backward()
+                one.step(step + 1)
+            np.testing.assert_array_equal(rows, bag.table.lookup(every_key))
+            # The two ranks' checkpoint restores here, to the same rows.
+            with embstore.Store("host", host_threads=1) as restored:
+                restored.restore(self.path("ckpt"))
+                np.testing.assert_array_equal(restored.table("items").lookup(every_key), rows)
+
+    def test_process_group_needs_torch_distributed_initialized(self):
+        import torch.distributed as dist
+
+        import embstore.torch as et
+        if dist.is_initialized():
+            self.skipTest("a process group is initialized in this process")
+        with self.assertRaises(embstore.InvalidArgumentError):
+            et.ProcessGroup()
+
+
+if __name__ == "__main__":
+    unittest.main()
