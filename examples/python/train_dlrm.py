@@ -11,16 +11,29 @@ ids drawn from a skewed (Zipf) distribution, labels from a hidden logistic model
 state and the step. Kill the script (kill -9, or --kill-at-step) and run it again with the same
 --dir: it restores the newest checkpoint and goes on, and on the CPU its final digest equals an
 uninterrupted run's.
+
+Under torchrun it trains on several processes (a torch.distributed gloo group):
+
+    torchrun --nproc-per-node 2 examples/python/train_dlrm.py --dir /tmp/dlrm2
+
+Each table is then one sharded store's (embstore.torch.ProcessGroup): every rank takes its
+slice of each step's batch, the tables' rows live on the rank that owns their key, and the
+dense gradients are summed across the ranks. Checkpoints are collective (each rank writes its
+shard and its own copy of the trainer state, rank 0 commits). A run resumes on any number of
+processes: the tables restore at any world size, and the trainer state is rank 0's. On the
+same number of processes, a resumed run's digest equals an uninterrupted one's.
 """
 
 import argparse
 import hashlib
+import io
 import os
 import signal
 import sys
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
 import embstore
@@ -88,11 +101,12 @@ def batch(args, step):
 
 
 def digest(model, store, args):
-    """SHA-256 of every table's rows of the ids 0..ids-1 and of the dense parameters."""
+    """SHA-256 of every table's rows of the ids 0..ids-1 and of the dense parameters (on a
+    sharded store a collective call: each rank reads every row from its owner)."""
     h = hashlib.sha256()
     keys = np.arange(args.ids, dtype=np.int64)
     for bag in model.bags:
-        h.update(store.table(bag.table.name).lookup(keys).tobytes())
+        h.update(store.table(bag.table.name).sharded_lookup(keys).tobytes())
     for name, p in model.state_dict().items():
         h.update(name.encode())
         h.update(p.detach().contiguous().numpy().tobytes())
@@ -104,44 +118,95 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    store = embstore.Store("host", host_threads=args.threads)
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun
+    rank, comm = 0, None
+    if world > 1:
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        comm = et.ProcessGroup()
+        if args.batch % world:
+            raise SystemExit(f"--batch {args.batch} is not a multiple of {world} processes")
+    mine = slice(rank * args.batch // world, (rank + 1) * args.batch // world)
+    store = embstore.Store("host", host_threads=args.threads, comm=comm)
     model = DLRM(store, args)
     optimizer = torch.optim.Adagrad(model.parameters(), lr=0.01)
-    loss_fn = nn.BCEWithLogitsLoss()
+    # The mean over the whole step's batch, whichever slice of it this rank holds.
+    loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
 
     first = 1
     try:
-        version, state = et.restore(store, args.dir, model=model, optimizer=optimizer)
-        first = state["step"] + 1
-        print(f"resumed from version {version} (step {state['step']})", flush=True)
+        version = store.restore(args.dir)
     except embstore.NotFoundError:
-        print(f"no checkpoint in {args.dir}: starting at step 1", flush=True)
+        version = None
+        if rank == 0:
+            print(f"no checkpoint in {args.dir}: starting at step 1", flush=True)
+    if version is not None:
+        state = load_trainer_state(store, rank, world, model, optimizer)
+        first = state["step"] + 1
+        if rank == 0:
+            print(f"resumed from version {version} (step {state['step']})", flush=True)
 
     last = None
     for step in range(first, args.steps + 1):
         dense, sparse, labels = batch(args, step)
-        loss = loss_fn(model(dense, sparse), labels)
+        dense, sparse, labels = dense[mine], [s[mine] for s in sparse], labels[mine]
+        loss = loss_fn(model(dense, sparse), labels) / args.batch
         optimizer.zero_grad()
         loss.backward()  # the tables' rows are updated here, by their fused Adagrad
+        if world > 1:
+            sum_dense_gradients(model)
         optimizer.step()
         store.step(step)
         if step % args.checkpoint_every == 0 or step == args.steps:
             last = et.checkpoint(store, args.dir, "incremental", model=model,
                                  optimizer=optimizer, step=step)
-        if not args.quiet and (step % 50 == 0 or step == args.steps):
+        if not args.quiet and rank == 0 and (step % 50 == 0 or step == args.steps):
+            # On several ranks: rank 0's share of the loss (scaled) and rows of its shards.
             rows = sum(len(b.table) for b in model.bags)
-            print(f"step {step:5d}  loss {loss.item():.4f}  rows {rows}", flush=True)
-        if step == args.kill_at_step:
+            print(f"step {step:5d}  loss {loss.item() * world:.4f}  rows {rows}", flush=True)
+        if step == args.kill_at_step and rank == world - 1:
             print(f"killing myself after step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
     if last is not None:
         store.wait(last)
+    if last is not None and rank == 0:
         info = store.checkpoint_info(last)
         print(f"checkpoint {last}: {info.kind}, {info.rows_written} rows, "
               f"{info.bytes_written / 1e6:.1f} MB in {info.write_seconds * 1e3:.0f} ms")
-    print(f"digest {digest(model, store, args)}", flush=True)
+    d = digest(model, store, args)
+    if rank == 0:
+        print(f"digest {d}", flush=True)
     store.close()
+    if world > 1:
+        dist.destroy_process_group()
     return 0
+
+
+def load_trainer_state(store, rank, world, model, optimizer):
+    """The restored checkpoint's trainer state (the dense parameters, their optimizer's state
+    and the step) into model and optimizer. They are replicated, the same on every rank, so on
+    several ranks rank 0's is sent to all: each rank's own copy is in the checkpoint too, but a
+    rank that the checkpoint's run did not have (resuming on more processes) has none."""
+    if world == 1:
+        return et.load_state(store, model=model, optimizer=optimizer)
+    raw = [store.restore_attachment("trainer") if rank == 0 else None]
+    dist.broadcast_object_list(raw, src=0)
+    state = torch.load(io.BytesIO(raw[0]), weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return state
+
+
+def sum_dense_gradients(model):
+    """The dense parameters' gradients summed over the ranks (one all-reduce), so that every
+    rank's torch optimizer takes the same step."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """examples/python/train_dlrm.py: killed by SIGKILL and run again, it resumes from its last
-checkpoint and ends bit-identical to an uninterrupted run (the CPU, the same thread count)."""
+checkpoint and ends bit-identical to an uninterrupted run (the CPU, the same thread count), on
+one process and on two under torchrun (sharded stores over gloo)."""
 
 import os
 import re
@@ -21,8 +22,14 @@ ARGS = ["--steps", "60", "--checkpoint-every", "20", "--ids", "20000", "--batch"
         "--threads", "2", "--quiet"]
 
 
-def run(dir, *extra):
-    return subprocess.run([sys.executable, SCRIPT, "--dir", dir, *ARGS, *extra],
+def run(dir, *extra, processes=1):
+    """The example on one process, or under torchrun on several (a gloo group on this
+    machine)."""
+    launch = [sys.executable]
+    if processes > 1:
+        launch += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                   str(processes)]
+    return subprocess.run([*launch, SCRIPT, "--dir", dir, *ARGS, *extra],
                           capture_output=True, text=True, timeout=600)
 
 
@@ -49,6 +56,33 @@ class ResumeTest(TempDirTest):
         self.assertIsNotNone(m, resumed.stdout)
         self.assertIn(int(m.group(1)), (20, 40))
         self.assertEqual(digest_of(resumed), digest_of(whole))
+
+    def test_two_processes_kill_and_resume_bit_identical_and_resume_on_one(self):
+        whole = run(self.path("whole"), processes=2)
+        self.assertEqual(whole.returncode, 0, whole.stderr)
+        self.assertIsNotNone(digest_of(whole), whole.stdout)
+
+        # The last rank kills itself after step 47; torchrun then ends the other.
+        killed = run(self.path("resumed"), "--kill-at-step", "47", processes=2)
+        self.assertNotEqual(killed.returncode, 0, killed.stderr)
+        self.assertIsNone(digest_of(killed))
+        resumed = run(self.path("resumed"), processes=2)
+        self.assertEqual(resumed.returncode, 0, resumed.stderr)
+        m = re.search(r"^resumed from version (\d+) \(step \1\)$", resumed.stdout, re.M)
+        self.assertIsNotNone(m, resumed.stdout)
+        self.assertIn(int(m.group(1)), (20, 40))
+        self.assertEqual(digest_of(resumed), digest_of(whole))
+
+        # One process resumes the two's finished run: the rows of both shards and rank 0's
+        # trainer state, to the same digest (no step is left to train).
+        one = run(self.path("whole"))
+        self.assertEqual(one.returncode, 0, one.stderr)
+        self.assertIn("resumed from version 60 (step 60)", one.stdout)
+        self.assertEqual(digest_of(one), digest_of(whole))
+        # Not what one process computes from scratch (the dense gradients are summed in another
+        # order), so the equality above came from the two processes' checkpoint.
+        alone = run(self.path("alone"))
+        self.assertNotEqual(digest_of(alone), digest_of(whole))
 
     def test_a_different_run_differs(self):
         # The digest can tell runs apart: another seed gives another digest.
