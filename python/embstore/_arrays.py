@@ -34,8 +34,10 @@ def _torch_buffer(t, torch_dtype, name):
 
     t = t.detach()
     if t.dtype != torch_dtype:
+        # An empty float tensor converts, as an empty numpy array does (torch.tensor([]) is
+        # float: a rank's empty batch of ids may well be one).
         if t.is_complex() or t.dtype == torch.bool or (
-                t.is_floating_point() and not torch_dtype.is_floating_point):
+                t.is_floating_point() and not torch_dtype.is_floating_point and t.numel() > 0):
             raise TypeError(f"{name}: a tensor of {t.dtype} where {torch_dtype} is expected")
         t = t.to(torch_dtype)
     t = t.contiguous()

@@ -4,13 +4,14 @@ the threads do (ctypes releases the GIL during each call)."""
 
 import contextlib
 import threading
+import warnings
 import weakref
 
 from .errors import InvalidArgumentError, check
 
 
 class Handle:
-    def __init__(self, value, destroy, what, keep=None):
+    def __init__(self, value, destroy, what, keep=None, collective=None):
         self._value = value
         self._destroy = destroy
         self._what = what
@@ -19,12 +20,25 @@ class Handle:
         self._closing = False
         # Freed at garbage collection or exit when never closed (its outcome then unreported).
         # keep: what the handle's C object calls into (a sharded store's communicator
-        # callbacks), alive until it is freed.
+        # callbacks), alive until it is freed. collective(value): whether freeing it now would be
+        # a collective call (a sharded store with a checkpoint in flight), which garbage
+        # collection must not make: it runs at a different point on every rank, maybe inside
+        # another collective. Such a handle is left unfreed (leaked), with a warning.
         self._keep = keep
-        self._finalizer = weakref.finalize(self, Handle._free, destroy, value, keep)
+        self._finalizer = weakref.finalize(self, Handle._free, destroy, value, what, keep,
+                                           collective)
 
     @staticmethod
-    def _free(destroy, value, keep):
+    def _free(destroy, value, what, keep, collective):
+        if collective is not None:
+            if collective(value):
+                warnings.warn(f"embstore: a sharded {what} was garbage collected with a "
+                              "checkpoint in flight: left unfreed (close sharded stores "
+                              "explicitly, on every rank)", ResourceWarning, stacklevel=2)
+                return
+            warnings.warn(f"embstore: a sharded {what} was garbage collected unclosed (close "
+                          "sharded stores explicitly, on every rank)", ResourceWarning,
+                          stacklevel=2)
         destroy(value)
 
     @contextlib.contextmanager

@@ -14,6 +14,8 @@ torch.distributed group that runs on CPU tensors: gloo).
 """
 
 import ctypes
+import threading
+import traceback
 
 import numpy as np
 
@@ -26,11 +28,10 @@ class Communicator:
     order. An exception fails the embstore call on that rank with CommError (the exception is its
     __cause__); the group must then be torn down, as after any failed collective.
 
-    rank, world_size: this process's rank and the group's size (attributes or properties).
+    rank, world_size: this process's rank and the group's size (attributes or properties; a
+    subclass must set both: there are no defaults, so that a forgotten one is an error instead of
+    a store of one rank on every process).
     """
-
-    rank = 0
-    world_size = 1
 
     def all_gather(self, send, recv):
         """send: n bytes (the same n on every rank); recv: world_size * n bytes, rank q's at
@@ -55,23 +56,22 @@ def _bytes_at(address, n, writable):
 
 
 class _Callbacks:
-    """The C callbacks over one Communicator, and the first exception one of them raised (to be
-    chained to the CommError of the call it failed). Kept alive as long as the store."""
+    """The C callbacks over one Communicator, and per thread the first exception one of them
+    raised during the current call (to be chained to the CommError of that call: the library
+    calls the callbacks on the thread of the call). Kept alive as long as the store."""
 
     def __init__(self, comm):
         self.comm = comm
         self.world_size = int(comm.world_size)
-        self.failure = None
-        # BaseException too: one escaping a ctypes callback is printed and the callback returns
-        # 0, which the library would take for success.
+        self._failures = threading.local()
+
         def all_gather(_context, send, n, recv):
             try:
                 self.comm.all_gather(_bytes_at(send, n, False),
                                      _bytes_at(recv, n * self.world_size, True))
                 return 0
-            except BaseException as e:  # noqa: B036 - see above
-                self.failure = self.failure or e
-                return 1
+            except BaseException as e:  # noqa: B036 - see _keep
+                return self._keep(e)
 
         def all_to_all(_context, send, send_bytes, recv, recv_bytes):
             try:
@@ -80,9 +80,8 @@ class _Callbacks:
                 self.comm.all_to_all(_bytes_at(send, sum(sc), False), sc,
                                      _bytes_at(recv, sum(rc), True), rc)
                 return 0
-            except BaseException as e:  # noqa: B036 - see above
-                self.failure = self.failure or e
-                return 1
+            except BaseException as e:  # noqa: B036 - see _keep
+                return self._keep(e)
 
         self._all_gather = _lib.ALL_GATHER(all_gather)
         self._all_to_all = _lib.ALL_TO_ALL(all_to_all)
@@ -91,6 +90,19 @@ class _Callbacks:
         self.struct.all_gather = self._all_gather
         self.struct.all_to_all = self._all_to_all
 
+    def _keep(self, e):
+        """Keeps e (the first of the call) and returns the callback's failure (1). Every
+        exception is caught, BaseException too: one escaping a ctypes callback is printed and the
+        callback's return value is undefined (in practice 0, which the library would take for
+        success). The traceback's frames are cleared of their locals: they hold numpy views of
+        the library's buffers, which are freed when the call returns."""
+        traceback.clear_frames(e.__traceback__)
+        if getattr(self._failures, "e", None) is None:
+            self._failures.e = e
+        return 1
+
     def take_failure(self):
-        e, self.failure = self.failure, None
+        """The exception that failed this thread's last call, once (None if none)."""
+        e = getattr(self._failures, "e", None)
+        self._failures.e = None
         return e

@@ -3,11 +3,12 @@
 import ctypes
 import dataclasses
 import os
+import weakref
 
 from . import _arrays, _lib
 from ._handle import Handle, Owner
 from .comm import Communicator, _Callbacks
-from .errors import InvalidArgumentError, check, error_for
+from .errors import Error, InvalidArgumentError, check, error_for
 
 LATEST = 2**64 - 1  # EMBSTORE_LATEST
 
@@ -148,8 +149,11 @@ class Store(Owner):
         self._callbacks = callbacks
         check(self._checked(_lib.store_create(ctypes.byref(cfg), ctypes.byref(handle)),
                             _lib.store_create), "embstore_store_create")
-        self._handle = Handle(handle.value, _lib.store_destroy, "store", keep=callbacks)
-        self._tables = {}
+        self._handle = Handle(handle.value, _lib.store_destroy, "store", keep=callbacks,
+                              collective=_checkpoint_in_flight if cfg.world_size > 1 else None)
+        # Weak: a table refers to its store, and a cycle would leave an unreferenced store to the
+        # cyclic garbage collector (whenever it runs) instead of freeing it at once.
+        self._tables = weakref.WeakValueDictionary()
         with self._handle.use() as h:
             self.backend = _BACKEND_NAMES[_lib.store_backend(h)]
         self.device = device
@@ -162,12 +166,30 @@ class Store(Owner):
             return self._checked(fn(h, *args), fn)
 
     def _checked(self, result, fn):
-        """result as it is, except that a call failed by the communicator raises its CommError
-        here, from the exception that failed it."""
+        """result as it is, except that a call failed by the communicator raises here: its
+        CommError from the communicator's exception, or that exception itself where it was not
+        an error (KeyboardInterrupt, SystemExit) once the call has returned."""
         failure = self._callbacks.take_failure() if self._callbacks is not None else None
         if failure is not None and result != 0:
+            if not isinstance(failure, Exception):
+                raise failure
             raise error_for(result, fn.__name__) from failure
         return result
+
+    def close(self):
+        """Refuses new calls, waits for calls in flight on other threads and for checkpoints in
+        flight, then frees the store (raising the failure of a checkpoint nobody was told of).
+        Idempotent. On a sharded store it is collective while a checkpoint is in flight: close
+        sharded stores explicitly, on every rank (garbage collection does not, see Handle)."""
+        try:
+            super().close()
+        except Error as e:
+            failure = self._callbacks.take_failure() if self._callbacks is not None else None
+            if failure is None:
+                raise
+            if not isinstance(failure, Exception):
+                raise failure from e
+            raise e from failure
 
     # close() (from Owner) also waits for checkpoints in flight, and raises the failure of one
     # nobody was told of (the store is freed all the same).
@@ -387,12 +409,28 @@ class Table:
         return self._lookup(_lib.sharded_lookup, keys, insert, out, stream)
 
     def _lookup(self, fn, keys, insert, out, stream):
-        k = _arrays.keys_buffer(keys)
-        o = _arrays.output_buffer(k, k.shape + (self.dim,), out)
-        self._check_memory((k, o))
+        def prepare():
+            k = _arrays.keys_buffer(keys)
+            o = _arrays.output_buffer(k, k.shape + (self.dim,), out)
+            self._check_memory((k, o))
+            return k, o
+        k, o = self._prepared(fn, prepare, (None, 1, None, 0, None))
         check(self._call(fn, k.ptr, k.size, o.ptr, LOOKUP_INSERT if insert else 0,
                          _arrays.stream_handle(stream, (k, o))), fn.__name__)
         return o.owner
+
+    def _prepared(self, fn, prepare, refused):
+        """prepare()'s result. When it raises on a collective call of a store of several ranks,
+        this rank still enters the call, with arguments the library refuses (`refused`: NULL
+        keys for n = 1), so that the other ranks fail with INVALID_ARGUMENT naming this rank
+        instead of waiting for it in the communicator; then the error is raised here."""
+        try:
+            return prepare()
+        except Exception:
+            if fn in (_lib.sharded_lookup, _lib.sharded_apply_gradients) and \
+                    self.store.world_size > 1:
+                self._call(fn, *refused)  # INVALID_ARGUMENT on every rank
+            raise
 
     def apply_gradients(self, keys, grads, *, stream=None):
         """Gradients of the rows of keys (shaped keys.shape + (dim,), or (n, dim)): duplicates
@@ -408,13 +446,16 @@ class Table:
         self._apply(_lib.sharded_apply_gradients, keys, grads, stream)
 
     def _apply(self, fn, keys, grads, stream):
-        k = _arrays.keys_buffer(keys)
-        g = _arrays.floats_buffer(grads, "grads")
-        if g.shape not in (k.shape + (self.dim,), (k.size, self.dim)):
-            raise InvalidArgumentError(
-                1, f"grads: shape {g.shape} for keys of shape {k.shape} and dim {self.dim} "
-                f"(expected {k.shape + (self.dim,)} or {(k.size, self.dim)})")
-        self._check_memory((k, g))
+        def prepare():
+            k = _arrays.keys_buffer(keys)
+            g = _arrays.floats_buffer(grads, "grads")
+            if g.shape not in (k.shape + (self.dim,), (k.size, self.dim)):
+                raise InvalidArgumentError(
+                    1, f"grads: shape {g.shape} for keys of shape {k.shape} and dim {self.dim} "
+                    f"(expected {k.shape + (self.dim,)} or {(k.size, self.dim)})")
+            self._check_memory((k, g))
+            return k, g
+        k, g = self._prepared(fn, prepare, (None, None, 1, None))
         check(self._call(fn, k.ptr, g.ptr, k.size, _arrays.stream_handle(stream, (k, g))),
               fn.__name__)
 
@@ -444,6 +485,13 @@ def _int_arg(value, what, minimum=None, maximum=None):
     if not lo <= v <= hi:
         raise InvalidArgumentError(1, f"{what} = {v} is out of range [{lo}, {hi}]")
     return v
+
+
+def _checkpoint_in_flight(handle):
+    """Whether a store (a raw handle) has a checkpoint in flight: destroying a sharded one then
+    is collective."""
+    s = _lib.CheckpointStats(struct_size=ctypes.sizeof(_lib.CheckpointStats))
+    return _lib.checkpoint_stats(handle, ctypes.byref(s)) != 0 or s.in_flight > 0
 
 
 def _comm_callbacks(comm):

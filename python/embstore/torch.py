@@ -35,7 +35,6 @@ only when the module creates the table.
 """
 
 import io
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -205,11 +204,14 @@ class ProcessGroup(Communicator):
 
 
 def _read_only_tensor(a):
-    """A tensor over a read-only numpy array, without a copy: the collectives only read it
-    (torch warns that writing to it would be undefined)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(a)
+    """A tensor over the library's send buffer (a read-only view of writable memory), without a
+    copy: the collectives only read it. A writable view of the same memory, since torch warns
+    about read-only arrays (and catching the warning would reset the warnings registry at
+    every exchange)."""
+    v = a.view()
+    if v.size:
+        v.flags.writeable = True  # allowed: the view's base, the ctypes array, is writable
+    return torch.from_numpy(v)
 
 
 # ------------------------------------------------------------------------ trainer state --

@@ -2,12 +2,14 @@
 lookups and updates against one process, checkpoints across world sizes, a failing communicator,
 and embstore.torch.ProcessGroup over gloo in separate processes."""
 
+import gc
 import os
 import subprocess
 import sys
-import tempfile
 import threading
+import traceback
 import unittest
+import warnings
 
 import numpy as np
 
@@ -80,11 +82,15 @@ def run_ranks(world_size, body, group=None):
             results[rank] = body(rank, group.comm(rank))
         except BaseException as e:  # noqa: B036 - reported below
             errors[rank] = e
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(world_size)]
+    # Daemons: a rank stuck outside the callbacks (where no barrier times out) fails the test
+    # below instead of keeping the test process from exiting.
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world_size)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
+    stuck = [r for r, t in enumerate(threads) if t.is_alive()]
+    assert not stuck, f"ranks {stuck} did not finish in 120 s"
     group.errors = errors
     for e in errors:
         if e is not None:
@@ -134,6 +140,8 @@ class ShardedStoreTest(TempDirTest):
                         s.checkpoint(self.path("ckpt"), "full")
                 s.attach("rank", str(rank).encode())
                 v = s.checkpoint(self.path("ckpt"), "incremental", wait=True)
+                self.assertEqual((s.checkpoint_info(v).kind, s.checkpoint_info(v).parent),
+                                 ("incremental", 3))
                 owned = every_key[embstore.shard_of(every_key, world) == rank]
                 # Plain calls take only the keys this rank owns.
                 np.testing.assert_array_equal(t.lookup(owned), t.sharded_lookup(owned))
@@ -186,6 +194,58 @@ class ShardedStoreTest(TempDirTest):
                 return s.restore_attachment("state")
         self.assertEqual(run_ranks(2, load), [b"rank 0", b"rank 1"])
 
+    def test_warm_start_of_a_sharded_store(self):
+        def save(rank, comm):
+            with embstore.Store("host", host_threads=1, comm=comm) as s:
+                t = s.create_table("t", DIM, **TABLE)
+                t.sharded_lookup(np.arange(30) + 7 * rank, insert=True)
+                s.create_table("other", DIM).sharded_lookup(np.arange(4), insert=True)
+                s.checkpoint(self.path("ckpt"), wait=True)
+                return t.sharded_lookup(np.arange(45))
+        saved = run_ranks(3, save)[0]
+
+        def warm(rank, comm):
+            with embstore.Store("host", host_threads=1, comm=comm) as s:
+                s.warm_start([embstore.WarmStartSource(self.path("ckpt"), tables="t")])
+                with self.assertRaises(embstore.NotFoundError):
+                    s.table("other")  # not chosen
+                return s.table("t").sharded_lookup(np.arange(45))
+        for rows in run_ranks(2, warm):
+            np.testing.assert_array_equal(rows, saved)
+
+    def test_a_bad_argument_on_one_rank_fails_every_rank_at_once(self):
+        # Each rank's Python checks run before the collective: the rank that fails them still
+        # enters it, so that the others fail at once instead of waiting for it.
+        def body(rank, comm):
+            with embstore.Store("host", host_threads=1, comm=comm) as s:
+                t = s.create_table("t", DIM)
+                keys = np.arange(6) + rank
+                outcomes = []
+                for bad in ("grads", "keys"):
+                    try:
+                        if bad == "grads":
+                            grads = np.ones((6, DIM + (rank == 1)), np.float32)
+                            t.sharded_apply_gradients(keys, grads)
+                        else:
+                            t.sharded_lookup(keys.astype(np.float64) if rank == 1 else keys)
+                        outcomes.append(None)
+                    except embstore.Error as e:
+                        outcomes.append(e)
+                    except TypeError as e:
+                        outcomes.append(e)
+                # The group is still in step: a good call goes through on every rank.
+                t.sharded_lookup(keys, insert=True)
+                return outcomes
+        group = ThreadGroup(2)
+        outcomes = run_ranks(2, body, group)
+        self.assertEqual(group.errors, [None, None])
+        self.assertIsInstance(outcomes[1][0], embstore.InvalidArgumentError)
+        self.assertIn("grads: shape", str(outcomes[1][0]))
+        self.assertIsInstance(outcomes[1][1], TypeError)
+        for e in outcomes[0]:
+            self.assertIsInstance(e, embstore.InvalidArgumentError)
+            self.assertIn("rank 1", str(e))
+
     def test_a_failing_communicator_fails_every_rank_with_comm_error(self):
         group = ThreadGroup(2, fail=(1, "all_to_all"))
 
@@ -205,6 +265,53 @@ class ShardedStoreTest(TempDirTest):
         self.assertIsInstance(errors[1].__cause__, RuntimeError)
         self.assertIn("failed on purpose", str(errors[1].__cause__))
         self.assertIsInstance(errors[0].__cause__, threading.BrokenBarrierError)
+        # The cause's frames no longer hold the views of the library's buffers (freed when the
+        # call returned): formatting it with its locals reads none of that memory.
+        text = "".join(traceback.TracebackException.from_exception(
+            errors[1], capture_locals=True).format())
+        self.assertIn("failed on purpose", text)
+        self.assertNotIn("dtype=uint8", text)  # the views' repr, were they still there
+
+    def test_keyboard_interrupt_in_the_communicator_is_raised_as_itself(self):
+        class Interrupted(ThreadComm):
+            def all_to_all(self, send, send_counts, recv, recv_counts):
+                if self.rank == 1:
+                    self.group.barrier.abort()
+                    raise KeyboardInterrupt
+                super().all_to_all(send, send_counts, recv, recv_counts)
+
+        class Group(ThreadGroup):
+            def comm(self, rank):
+                return Interrupted(self, rank)
+
+        def body(rank, comm):
+            with embstore.Store("host", host_threads=1, comm=comm) as s:
+                t = s.create_table("t", DIM)
+                try:
+                    t.sharded_lookup(np.arange(4), insert=True)
+                except (embstore.CommError, KeyboardInterrupt) as e:
+                    return type(e)
+        self.assertEqual(run_ranks(2, body, Group(2)), [embstore.CommError, KeyboardInterrupt])
+
+    def test_unclosed_sharded_stores_are_not_freed_collectively_by_the_garbage_collector(self):
+        def body(rank, comm):
+            s = embstore.Store("host", host_threads=1, comm=comm)
+            s.create_table("t", DIM).sharded_lookup(np.arange(8), insert=True)
+            s.checkpoint(self.path("ckpt"))  # in flight until a collective call settles it
+            return s
+        for in_flight in (True, False):
+            stores = run_ranks(2, body) if in_flight else [
+                embstore.Store("host", host_threads=1, comm=ThreadGroup(2).comm(r))
+                for r in range(2)]
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                del stores
+                gc.collect()
+            texts = [str(w.message) for w in seen if w.category is ResourceWarning]
+            self.assertEqual(len(texts), 2, texts)
+            for text in texts:
+                self.assertIn("left unfreed" if in_flight else "garbage collected unclosed",
+                              text)
 
     def test_bad_communicators_are_refused(self):
         with self.assertRaises(TypeError):
@@ -223,6 +330,15 @@ class ShardedStoreTest(TempDirTest):
         with self.assertRaises(TypeError):
             embstore.Store("host", comm=NotMethods())
 
+        class NoRank(embstore.Communicator):  # rank and world_size have no defaults
+            def all_gather(self, send, recv):
+                pass
+
+            def all_to_all(self, send, send_counts, recv, recv_counts):
+                pass
+        with self.assertRaises(TypeError):
+            embstore.Store("host", comm=NoRank())
+
     def test_a_store_of_one_rank_with_a_communicator_is_a_plain_store(self):
         with embstore.Store("host", host_threads=1, comm=ThreadGroup(1).comm(0)) as s:
             t = s.create_table("t", DIM, **TABLE)
@@ -233,6 +349,7 @@ class ShardedStoreTest(TempDirTest):
 # ------------------------------------------------- embstore.torch.ProcessGroup over gloo --
 
 WORKER = r"""
+import datetime
 import sys
 import numpy as np
 import torch
@@ -242,7 +359,9 @@ import embstore.torch as et
 
 rank, world, init, ckpt, out = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 rank, world = int(rank), int(world)
-dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+# A short timeout: a rank that died does not leave the other waiting for gloo's 30 minutes.
+dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                        timeout=datetime.timedelta(seconds=120))
 data = np.load(out + ".in.npz")
 with embstore.Store("host", host_threads=1, comm=et.ProcessGroup()) as store:
     bag = et.EmbeddingBag(store, "items", 8, mode="sum", optimizer="adagrad",
@@ -253,7 +372,7 @@ with embstore.Store("host", host_threads=1, comm=et.ProcessGroup()) as store:
         store.step(step + 1)
     store.checkpoint(ckpt, "full", wait=True)
     keys = torch.from_numpy(data["every_key"])
-    np.save(out, bag.table.sharded_lookup(keys).numpy())
+    np.save(f"{out}.{rank}.npy", bag.table.sharded_lookup(keys).numpy())
 dist.destroy_process_group()
 """
 
@@ -282,14 +401,21 @@ class TorchProcessGroupTest(TempDirTest):
         with open(script, "w") as f:
             f.write(WORKER)
         init = "file://" + self.path("rendezvous")
-        env = dict(os.environ, PYTHONWARNINGS="ignore")
+        env = dict(os.environ, PYTHONWARNINGS="ignore", GLOO_SOCKET_IFNAME="lo")
         procs = [subprocess.Popen([sys.executable, script, str(r), str(world), init,
                                    self.path("ckpt"), base], env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True) for r in range(world)]
-        for p in procs:
-            out, _ = p.communicate(timeout=300)
-            self.assertEqual(p.returncode, 0, out)
-        rows = np.load(base + ".npy")
+        try:
+            for p in procs:
+                out, _ = p.communicate(timeout=300)
+                self.assertEqual(p.returncode, 0, out)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        rows = np.load(base + ".0.npy")
+        np.testing.assert_array_equal(np.load(base + ".1.npy"), rows)  # both read every row
 
         # One process, each step's bags of both ranks in one batch, rank r's loss scaled by
         # r + 1 as in the workers: the same rows, bit for bit.
@@ -306,6 +432,55 @@ class TorchProcessGroupTest(TempDirTest):
             with embstore.Store("host", host_threads=1) as restored:
                 restored.restore(self.path("ckpt"))
                 np.testing.assert_array_equal(restored.table("items").lookup(every_key), rows)
+
+    def test_sharded_modules_train_as_one_process(self):
+        # Embedding and a mean EmbeddingBag over offsets, 2 ranks as threads: the modules use
+        # the collective calls on a sharded store.
+        import torch
+
+        import embstore.torch as et
+        rng = np.random.default_rng(8)
+        ids = [[torch.from_numpy((rng.zipf(1.3, 12) % 40).astype(np.int64)) for _ in range(2)]
+               for _ in range(3)]
+        offsets = torch.tensor([0, 3, 3, 7])  # bags of 3, 0, 4 and 5 ids
+
+        def train(store, step_ids):
+            emb = et.Embedding(store, "e", DIM, optimizer="sgd", learning_rate=0.5,
+                               init="normal", init_b=0.1, seed=1)
+            bag = et.EmbeddingBag(store, "b", DIM, mode="mean", optimizer="adagrad",
+                                  learning_rate=0.1, init="normal", init_b=0.1, seed=2)
+            for i, x in enumerate(step_ids):
+                per_rank = x if isinstance(x, list) else [x]
+                loss = sum((emb(v) ** 2).sum() + (bag(v, offsets) * 3).sum() for v in per_rank)
+                loss.backward()
+                store.step(i + 1)
+            every = torch.arange(40)
+            lookup = (emb.table.sharded_lookup if store.world_size > 1 else emb.table.lookup)
+            blookup = (bag.table.sharded_lookup if store.world_size > 1 else bag.table.lookup)
+            return lookup(every), blookup(every)
+
+        def rank_body(rank, comm):
+            with embstore.Store("host", host_threads=1, comm=comm) as s:
+                return train(s, [step[rank] for step in ids])
+        sharded = run_ranks(2, rank_body)
+
+        # One process: each step's ids of both ranks in one forward (bags of rank 1 after
+        # rank 0's), so that each row's gradients are summed in the same order.
+        both = torch.tensor([0, 3, 3, 7, 12, 15, 15, 19])
+        with embstore.Store("host", host_threads=1) as one:
+            emb = et.Embedding(one, "e", DIM, optimizer="sgd", learning_rate=0.5,
+                               init="normal", init_b=0.1, seed=1)
+            bag = et.EmbeddingBag(one, "b", DIM, mode="mean", optimizer="adagrad",
+                                  learning_rate=0.1, init="normal", init_b=0.1, seed=2)
+            for i, step in enumerate(ids):
+                x = torch.cat(step)
+                ((emb(x) ** 2).sum() + (bag(x, both) * 3).sum()).backward()
+                one.step(i + 1)
+            every = torch.arange(40)
+            expected = (emb.table.lookup(every), bag.table.lookup(every))
+        for e, b in sharded:
+            torch.testing.assert_close(e, expected[0], rtol=0, atol=0)
+            torch.testing.assert_close(b, expected[1], rtol=0, atol=0)
 
     def test_process_group_needs_torch_distributed_initialized(self):
         import torch.distributed as dist
