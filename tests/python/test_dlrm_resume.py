@@ -29,8 +29,10 @@ def run(dir, *extra, processes=1):
     if processes > 1:
         launch += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                    str(processes)]
+    # gloo on the loopback device: no dependence on how the machine's hostname resolves.
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo") if processes > 1 else None
     return subprocess.run([*launch, SCRIPT, "--dir", dir, *ARGS, *extra],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env=env)
 
 
 def digest_of(result):
