@@ -330,6 +330,10 @@ void Checkpointer::settle(bool block) {
     const shard::LocalCheck why = shard::run_stage([] { throw; });
     status = why.status;
     message = job->what() + ": " + why.message;
+    // The exchange may have failed before this rank's writer was done: the job ends below, so
+    // the writer must finish with it first (its files are removed with the version).
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return job->local_done; });
   }
   const bool failed = status != EMBSTORE_OK;
   const std::string trouble = end(*job, *ring_, failed);

@@ -5,6 +5,7 @@
 
 #include <barrier>
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -73,6 +74,73 @@ TEST_CASE("A failing exchange fails the sharded call with COMM_ERROR on every ra
     CHECK(first[r] == EMBSTORE_OK);
     CHECK(second[r] == EMBSTORE_COMM_ERROR);
     CHECK(messages[r].find("all_to_all callback returned 5") != std::string::npos);
+  }
+}
+
+TEST_CASE("A communicator failing while a checkpoint is written fails that checkpoint only",
+          "[sharded][checkpoint]") {
+  // embstore_step first settles a checkpoint in flight with an all_gather. When that one
+  // exchange fails while this rank's writer still works on the version, the version fails (wait
+  // reports COMM_ERROR), the step itself goes on, and so does the store: the writer finishes
+  // with the job before the job ends (it once ended under the writer, a use after free).
+  constexpr int kWorld = 2;
+  const embstore_test::TempDir dir;
+  for (int round = 0; round < 3; ++round) {
+    Group group(kWorld);
+    group.fail_all_gather_count = 1;
+    std::vector<Member> members(kWorld);
+    std::vector<embstore_status_t> step(kWorld), wait(kWorld), later(kWorld), destroy(kWorld);
+    std::vector<std::string> messages(kWorld);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < kWorld; ++r) {
+      members[r] = {&group, r};
+      ranks.emplace_back([&, r] {
+        // No Catch2 assertion on these threads (it is not thread-safe): outcomes are checked
+        // after the join. A setup failure here would leave the other rank in a barrier, so
+        // the setup cannot fail short of a broken library, which then aborts the test.
+        const auto ok = [](embstore_status_t s) {
+          if (s != EMBSTORE_OK) std::abort();
+        };
+        embstore_comm_callbacks_t callbacks;
+        const embstore_store_config_t c = config_for(&members[r], &callbacks);
+        embstore_store_t* store = nullptr;
+        ok(embstore_store_create(&c, &store));
+        embstore_table_config_t tc;
+        embstore_table_config_init(&tc);
+        tc.name = "t";
+        tc.dim = 64;
+        embstore_table_t* table = nullptr;
+        ok(embstore_table_create(store, &tc, &table));
+        // Enough rows that the writer is still at work when step settles.
+        std::vector<int64_t> keys(20000);
+        for (size_t i = 0; i < keys.size(); ++i) keys[i] = int64_t(i) * kWorld + r;
+        std::vector<float> rows(keys.size() * 64);
+        ok(embstore_sharded_lookup(table, keys.data(), keys.size(), rows.data(),
+                                   EMBSTORE_LOOKUP_INSERT, nullptr));
+        ok(embstore_step(store, 1));
+        uint64_t version = 0;
+        const std::string d = dir.path() + "/round" + std::to_string(round);
+        ok(embstore_checkpoint(store, d.c_str(), EMBSTORE_CKPT_FULL, &version));
+        group.barrier.arrive_and_wait();
+        if (r == 0) group.fail_all_gather_from = members[0].all_gather_calls;  // from now on
+        group.barrier.arrive_and_wait();
+        step[r] = embstore_step(store, 2);
+        wait[r] = embstore_checkpoint_wait(store, version);
+        messages[r] = embstore_last_error();
+        later[r] =
+            embstore_sharded_lookup(table, keys.data(), keys.size(), rows.data(), 0, nullptr);
+        destroy[r] = embstore_store_destroy(store);
+      });
+    }
+    for (std::thread& t : ranks) t.join();
+    for (int r = 0; r < kWorld; ++r) {
+      INFO("round " << round << " rank " << r << ": " << messages[r]);
+      CHECK(step[r] == EMBSTORE_OK);  // a checkpoint's failure, not the step's
+      CHECK(wait[r] == EMBSTORE_COMM_ERROR);
+      CHECK(messages[r].find("all_gather callback returned 6") != std::string::npos);
+      CHECK(later[r] == EMBSTORE_OK);
+      CHECK(destroy[r] == EMBSTORE_OK);
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <embstore/embstore.h>
 
+#include <atomic>
 #include <barrier>
 #include <cstring>
 #include <thread>
@@ -24,12 +25,17 @@ struct Group {
   std::vector<const char*> send;
   std::vector<const size_t*> send_bytes;
   int fail_all_to_all_from = -1;  // the n-th all_to_all (counted per group) and later fail
+  // The same for all_gather, for fail_all_gather_count calls from there. Atomic: a rank arms
+  // it while the others may be inside a call.
+  std::atomic<int> fail_all_gather_from{-1};
+  int fail_all_gather_count = 1 << 30;
 };
 
 struct Member {
   Group* group;
   int rank;
   int all_to_all_calls = 0;
+  int all_gather_calls = 0;
 };
 
 inline int all_gather(void* context, const void* send, size_t bytes, void* recv) {
@@ -41,7 +47,11 @@ inline int all_gather(void* context, const void* send, size_t bytes, void* recv)
     std::memcpy(static_cast<char*>(recv) + q * bytes, g.send[q], bytes);
   }
   g.barrier.arrive_and_wait();
-  return 0;
+  // Every rank exchanges, then fails: a rank that returned early would leave the others in
+  // the barrier.
+  const int call = m->all_gather_calls++;
+  const int fail_from = g.fail_all_gather_from.load();
+  return fail_from >= 0 && call >= fail_from && call - fail_from < g.fail_all_gather_count ? 6 : 0;
 }
 
 inline int all_to_all(void* context, const void* send, const size_t* send_bytes, void* recv,
