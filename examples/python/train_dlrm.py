@@ -20,8 +20,9 @@ Each table is then one sharded store's (embstore.torch.ProcessGroup): every rank
 slice of each step's batch, the tables' rows live on the rank that owns their key, and the
 dense gradients are summed across the ranks. Checkpoints are collective (each rank writes its
 shard and its own copy of the trainer state, rank 0 commits). A run resumes on any number of
-processes: the tables restore at any world size, and the trainer state is rank 0's. On the
-same number of processes, a resumed run's digest equals an uninterrupted one's.
+processes that divides --batch: the tables restore at any world size, and the trainer state is
+rank 0's. On the same number of processes, a resumed run's digest equals an uninterrupted
+one's; at the end the ranks check that their dense replicas are identical.
 """
 
 import argparse
@@ -100,16 +101,24 @@ def batch(args, step):
             torch.from_numpy(labels))
 
 
-def digest(model, store, args):
-    """SHA-256 of every table's rows of the ids 0..ids-1 and of the dense parameters (on a
-    sharded store a collective call: each rank reads every row from its owner)."""
+def digest(model, store, args, world):
+    """SHA-256 of every table's rows of the ids 0..ids-1 and of the dense parameters. On several
+    ranks a collective call: each rank reads every row from its owner, and the ranks check that
+    their dense replicas are still identical."""
     h = hashlib.sha256()
     keys = np.arange(args.ids, dtype=np.int64)
     for bag in model.bags:
         h.update(store.table(bag.table.name).sharded_lookup(keys).tobytes())
+    dense = hashlib.sha256()
     for name, p in model.state_dict().items():
-        h.update(name.encode())
-        h.update(p.detach().contiguous().numpy().tobytes())
+        dense.update(name.encode())
+        dense.update(p.detach().contiguous().numpy().tobytes())
+    if world > 1:
+        replicas = [None] * world
+        dist.all_gather_object(replicas, dense.hexdigest())
+        if len(set(replicas)) != 1:
+            raise SystemExit(f"the dense replicas differ across ranks: {replicas}")
+    h.update(dense.digest())
     return h.hexdigest()
 
 
@@ -127,7 +136,10 @@ def main(argv=None):
         if args.batch % world:
             raise SystemExit(f"--batch {args.batch} is not a multiple of {world} processes")
     mine = slice(rank * args.batch // world, (rank + 1) * args.batch // world)
-    store = embstore.Store("host", host_threads=args.threads, comm=comm)
+    threads = args.threads
+    if threads == 0 and world > 1:  # the cores shared by the processes of this machine
+        threads = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    store = embstore.Store("host", host_threads=threads, comm=comm)
     model = DLRM(store, args)
     optimizer = torch.optim.Adagrad(model.parameters(), lr=0.01)
     # The mean over the whole step's batch, whichever slice of it this rank holds.
@@ -171,9 +183,10 @@ def main(argv=None):
         store.wait(last)
     if last is not None and rank == 0:
         info = store.checkpoint_info(last)
-        print(f"checkpoint {last}: {info.kind}, {info.rows_written} rows, "
+        shard = " (rank 0's shard)" if world > 1 else ""
+        print(f"checkpoint {last}{shard}: {info.kind}, {info.rows_written} rows, "
               f"{info.bytes_written / 1e6:.1f} MB in {info.write_seconds * 1e3:.0f} ms")
-    d = digest(model, store, args)
+    d = digest(model, store, args, world)
     if rank == 0:
         print(f"digest {d}", flush=True)
     store.close()

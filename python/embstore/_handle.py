@@ -32,13 +32,15 @@ class Handle:
     def _free(destroy, value, what, keep, collective):
         if collective is not None:
             if collective(value):
-                warnings.warn(f"embstore: a sharded {what} was garbage collected with a "
-                              "checkpoint in flight: left unfreed (close sharded stores "
-                              "explicitly, on every rank)", ResourceWarning, stacklevel=2)
+                # Shown by default (a ResourceWarning is not): that checkpoint never commits.
+                warnings.warn(f"embstore: a sharded {what} was not closed (garbage collected, or "
+                              "the interpreter exits) while a checkpoint was in flight: it is "
+                              "left unfreed and that checkpoint does not commit. Close sharded "
+                              "stores explicitly, on every rank", RuntimeWarning)
                 return
-            warnings.warn(f"embstore: a sharded {what} was garbage collected unclosed (close "
-                          "sharded stores explicitly, on every rank)", ResourceWarning,
-                          stacklevel=2)
+            warnings.warn(f"embstore: a sharded {what} was not closed (garbage collected, or the "
+                          "interpreter exits): freed here. Close sharded stores explicitly, on "
+                          "every rank", ResourceWarning)
         destroy(value)
 
     @contextlib.contextmanager

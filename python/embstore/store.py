@@ -20,6 +20,7 @@ _INITS = {"zeros": 0, "constant": 1, "uniform": 2, "normal": 3}
 _KINDS = {"full": 1, "incremental": 2}
 _KIND_NAMES = {v: k for k, v in _KINDS.items()}
 LOOKUP_INSERT = 1
+_COMM_ERROR = 12  # EMBSTORE_COMM_ERROR
 
 
 def _choice(table, value, what):
@@ -147,6 +148,7 @@ class Store(Owner):
         cfg.spill_dir = _path_bytes(spill_dir, "spill_dir") if spill_dir is not None else None
         handle = ctypes.c_void_p()
         self._callbacks = callbacks
+        self._absorbed_failure = None
         check(self._checked(_lib.store_create(ctypes.byref(cfg), ctypes.byref(handle)),
                             _lib.store_create), "embstore_store_create")
         self._handle = Handle(handle.value, _lib.store_destroy, "store", keep=callbacks,
@@ -170,9 +172,18 @@ class Store(Owner):
         CommError from the communicator's exception, or that exception itself where it was not
         an error (KeyboardInterrupt, SystemExit) once the call has returned."""
         failure = self._callbacks.take_failure() if self._callbacks is not None else None
-        if failure is not None and result != 0:
-            if not isinstance(failure, Exception):
-                raise failure
+        if failure is not None and not isinstance(failure, Exception):
+            raise failure  # whatever the call returned
+        if result == 0:
+            if failure is not None:
+                # The library absorbed it: a checkpoint's collective commit failed inside a call
+                # that succeeded (step), and the checkpoint reports COMM_ERROR later (wait).
+                self._absorbed_failure = failure
+            return result
+        failure = failure or (self._absorbed_failure if result == _COMM_ERROR else None)
+        if failure is not None:
+            if failure is self._absorbed_failure:
+                self._absorbed_failure = None
             raise error_for(result, fn.__name__) from failure
         return result
 
@@ -185,6 +196,7 @@ class Store(Owner):
             super().close()
         except Error as e:
             failure = self._callbacks.take_failure() if self._callbacks is not None else None
+            failure = failure or self._absorbed_failure
             if failure is None:
                 raise
             if not isinstance(failure, Exception):
@@ -371,7 +383,8 @@ class Table:
         self.store = store
         self.name = name
         self._handle = handle
-        self.dim = self._call(_lib.table_dim)
+        with store._handle.use():  # a dim, not a status: not through _call's checks
+            self.dim = _lib.table_dim(handle)
 
     def _call(self, fn, *args):
         """fn(table handle, *args) while the store cannot be closed under it."""
@@ -413,24 +426,35 @@ class Table:
             k = _arrays.keys_buffer(keys)
             o = _arrays.output_buffer(k, k.shape + (self.dim,), out)
             self._check_memory((k, o))
-            return k, o
-        k, o = self._prepared(fn, prepare, (None, 1, None, 0, None))
-        check(self._call(fn, k.ptr, k.size, o.ptr, LOOKUP_INSERT if insert else 0,
-                         _arrays.stream_handle(stream, (k, o))), fn.__name__)
+            return k, o, _arrays.stream_handle(stream, (k, o))
+        k, o, handle = self._prepared(fn, prepare)
+        check(self._call(fn, k.ptr, k.size, o.ptr, LOOKUP_INSERT if insert else 0, handle),
+              fn.__name__)
         return o.owner
 
-    def _prepared(self, fn, prepare, refused):
-        """prepare()'s result. When it raises on a collective call of a store of several ranks,
-        this rank still enters the call, with arguments the library refuses (`refused`: NULL
-        keys for n = 1), so that the other ranks fail with INVALID_ARGUMENT naming this rank
-        instead of waiting for it in the communicator; then the error is raised here."""
+    def _prepared(self, fn, prepare):
+        """prepare()'s result. When it raises before a collective call of a store of several
+        ranks, this rank still enters the call (_refuse), then the error is raised here."""
         try:
             return prepare()
         except Exception:
-            if fn in (_lib.sharded_lookup, _lib.sharded_apply_gradients) and \
-                    self.store.world_size > 1:
-                self._call(fn, *refused)  # INVALID_ARGUMENT on every rank
+            if fn is _lib.sharded_lookup:
+                self._refuse("lookup")
+            elif fn is _lib.sharded_apply_gradients:
+                self._refuse("apply_gradients")
             raise
+
+    def _refuse(self, call):
+        """On a store of several ranks, makes the collective call ("lookup" or
+        "apply_gradients") with NULL keys for n = 1, which the library refuses on every rank:
+        the other ranks then fail with INVALID_ARGUMENT naming this one instead of waiting for
+        it in the communicator (for a rank whose own arguments failed Python's checks)."""
+        if self.store.world_size <= 1:
+            return
+        if call == "lookup":
+            self._call(_lib.sharded_lookup, None, 1, None, 0, None)
+        else:
+            self._call(_lib.sharded_apply_gradients, None, None, 1, None)
 
     def apply_gradients(self, keys, grads, *, stream=None):
         """Gradients of the rows of keys (shaped keys.shape + (dim,), or (n, dim)): duplicates
@@ -454,10 +478,9 @@ class Table:
                     1, f"grads: shape {g.shape} for keys of shape {k.shape} and dim {self.dim} "
                     f"(expected {k.shape + (self.dim,)} or {(k.size, self.dim)})")
             self._check_memory((k, g))
-            return k, g
-        k, g = self._prepared(fn, prepare, (None, None, 1, None))
-        check(self._call(fn, k.ptr, g.ptr, k.size, _arrays.stream_handle(stream, (k, g))),
-              fn.__name__)
+            return k, g, _arrays.stream_handle(stream, (k, g))
+        k, g, handle = self._prepared(fn, prepare)
+        check(self._call(fn, k.ptr, g.ptr, k.size, handle), fn.__name__)
 
     def stats(self):
         s = _lib.TableStats(struct_size=ctypes.sizeof(_lib.TableStats))

@@ -96,6 +96,16 @@ class _TableModule(nn.Module):
             return _TableLookup.apply(self._anchor, keys, self.table)
         return _lookup_of(self.table)(keys, insert=self.training)
 
+    def _checked_input(self, check):
+        """check()'s result (the input, checked). When it raises on a sharded store, this rank
+        still makes the forward's collective lookup, with arguments the library refuses, so
+        that the other ranks fail at once instead of waiting for it in the communicator."""
+        try:
+            return check()
+        except Exception:
+            self.table._refuse("lookup")
+            raise
+
     def extra_repr(self):
         return f"table={self.table.name!r}, dim={self.embedding_dim}"
 
@@ -116,7 +126,7 @@ class Embedding(_TableModule):
         super().__init__(store, name, embedding_dim, table_options)
 
     def forward(self, input):
-        rows = self._rows(_keys(input))
+        rows = self._rows(self._checked_input(lambda: _keys(input)))
         return rows.view(*input.shape, self.embedding_dim)
 
 
@@ -134,19 +144,40 @@ class EmbeddingBag(_TableModule):
         self.include_last_offset = include_last_offset
 
     def forward(self, input, offsets=None, per_sample_weights=None):
-        keys = _keys(input)
-        if per_sample_weights is not None and self.mode != "sum":
-            raise InvalidArgumentError(1, "per_sample_weights needs mode 'sum'")
+        keys, offsets, weights = self._checked_input(
+            lambda: self._check(input, offsets, per_sample_weights))
+        rows = self._rows(keys)
         if input.dim() == 2:
-            if offsets is not None:
-                raise InvalidArgumentError(1, "offsets must be None for a 2-D input")
             bags, length = input.shape
-            rows = self._rows(keys).view(bags, length, self.embedding_dim)
-            if per_sample_weights is not None:
-                rows = rows * per_sample_weights.reshape(bags, length, 1).to(rows.dtype)
+            rows = rows.view(bags, length, self.embedding_dim)
+            if weights is not None:
+                rows = rows * weights.reshape(bags, length, 1).to(rows.dtype)
             if length == 0:
                 return rows.new_zeros(bags, self.embedding_dim)
             return rows.sum(1) if self.mode == "sum" else rows.mean(1)
+        if weights is not None:
+            weights = weights.to(rows.dtype)
+        # Each looked-up row is used once: embedding_bag over the rows themselves pools them
+        # and gives each its gradient.
+        index = torch.arange(keys.numel(), device=rows.device)
+        return F.embedding_bag(index, rows, offsets, mode=self.mode,
+                               per_sample_weights=weights,
+                               include_last_offset=self.include_last_offset)
+
+    def _check(self, input, offsets, per_sample_weights):
+        """(keys, offsets as int64 or None, per_sample_weights), or raises for bad input."""
+        keys = _keys(input)
+        if per_sample_weights is not None:
+            if self.mode != "sum":
+                raise InvalidArgumentError(1, "per_sample_weights needs mode 'sum'")
+            if per_sample_weights.numel() != keys.numel():
+                raise InvalidArgumentError(
+                    1, f"per_sample_weights: {per_sample_weights.numel()} weights for "
+                    f"{keys.numel()} ids")
+        if input.dim() == 2:
+            if offsets is not None:
+                raise InvalidArgumentError(1, "offsets must be None for a 2-D input")
+            return keys, None, per_sample_weights
         if input.dim() != 1 or offsets is None:
             raise InvalidArgumentError(1, "input: 2-D, or 1-D with offsets")
         offsets = offsets.reshape(-1).to(torch.int64)
@@ -156,15 +187,7 @@ class EmbeddingBag(_TableModule):
         elif (offsets[0] != 0 or bool((offsets[1:] < offsets[:-1]).any()) or
               offsets[-1] > keys.numel()):
             raise InvalidArgumentError(1, "offsets: nondecreasing from 0, within the input")
-        rows = self._rows(keys)
-        if per_sample_weights is not None:
-            per_sample_weights = per_sample_weights.to(rows.dtype)
-        # Each looked-up row is used once: embedding_bag over the rows themselves pools them
-        # and gives each its gradient.
-        index = torch.arange(keys.numel(), device=rows.device)
-        return F.embedding_bag(index, rows, offsets, mode=self.mode,
-                               per_sample_weights=per_sample_weights,
-                               include_last_offset=self.include_last_offset)
+        return keys, offsets, per_sample_weights
 
 
 # ---------------------------------------------------------------------- process groups --

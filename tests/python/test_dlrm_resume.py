@@ -13,8 +13,11 @@ from support import TempDirTest
 
 try:
     import torch  # noqa: F401
+    import torch.distributed as dist
+    gloo = dist.is_available() and dist.is_gloo_available()
 except ImportError:  # pragma: no cover
     torch = None
+    gloo = False
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python",
                       "train_dlrm.py")
@@ -59,6 +62,7 @@ class ResumeTest(TempDirTest):
         self.assertIn(int(m.group(1)), (20, 40))
         self.assertEqual(digest_of(resumed), digest_of(whole))
 
+    @unittest.skipUnless(gloo, "needs torch.distributed with gloo")
     def test_two_processes_kill_and_resume_bit_identical_and_resume_on_one(self):
         whole = run(self.path("whole"), processes=2)
         self.assertEqual(whole.returncode, 0, whole.stderr)
@@ -85,6 +89,17 @@ class ResumeTest(TempDirTest):
         # order), so the equality above came from the two processes' checkpoint.
         alone = run(self.path("alone"))
         self.assertNotEqual(digest_of(alone), digest_of(whole))
+
+    @unittest.skipUnless(gloo, "needs torch.distributed with gloo")
+    def test_one_process_run_goes_on_on_two(self):
+        # Rank 1 has no trainer state in a checkpoint of one process: it gets rank 0's, and the
+        # example checks at the end that the two dense replicas stayed identical.
+        first = run(self.path("grow"), "--steps", "20")
+        self.assertEqual(first.returncode, 0, first.stderr)
+        grown = run(self.path("grow"), "--steps", "30", processes=2)
+        self.assertEqual(grown.returncode, 0, grown.stdout + grown.stderr)
+        self.assertIn("resumed from version 20 (step 20)", grown.stdout)
+        self.assertIsNotNone(digest_of(grown), grown.stdout)
 
     def test_a_different_run_differs(self):
         # The digest can tell runs apart: another seed gives another digest.
