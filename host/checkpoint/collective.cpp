@@ -330,8 +330,11 @@ void Checkpointer::settle(bool block) {
     const shard::LocalCheck why = shard::run_stage([] { throw; });
     status = why.status;
     message = job->what() + ": " + why.message;
-    // The exchange may have failed before this rank's writer was done: the job ends below, so
-    // the writer must finish with it first (its files are removed with the version).
+  }
+  {
+    // The job ends below: its writer must be done with it. It is when every rank reported done;
+    // after a failed exchange this rank's writer may still be at work (a settle that does not
+    // block), and the job once ended under it.
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [&] { return job->local_done; });
   }
