@@ -27,7 +27,6 @@ one's; at the end the ranks check that their dense replicas are identical.
 
 import argparse
 import hashlib
-import io
 import os
 import signal
 import sys
@@ -204,10 +203,7 @@ def load_trainer_state(store, rank, world, model, optimizer):
         return et.load_state(store, model=model, optimizer=optimizer)
     raw = [store.restore_attachment("trainer") if rank == 0 else None]
     dist.broadcast_object_list(raw, src=0)
-    state = torch.load(io.BytesIO(raw[0]), weights_only=True)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    return state
+    return et.load_state_bytes(raw[0], model=model, optimizer=optimizer)
 
 
 def sum_dense_gradients(model):

@@ -60,9 +60,9 @@ class _Callbacks:
     raised during the current call (to be chained to the CommError of that call: the library
     calls the callbacks on the thread of the call). Kept alive as long as the store."""
 
-    def __init__(self, comm):
+    def __init__(self, comm, world_size):
         self.comm = comm
-        self.world_size = int(comm.world_size)
+        self.world_size = world_size
         self._failures = threading.local()
 
         def all_gather(_context, send, n, recv):

@@ -7,7 +7,7 @@ import weakref
 
 from . import _arrays, _lib
 from ._handle import Handle, Owner
-from .comm import Communicator, _Callbacks
+from .comm import _Callbacks
 from .errors import Error, InvalidArgumentError, check, error_for
 
 LATEST = 2**64 - 1  # EMBSTORE_LATEST
@@ -131,10 +131,11 @@ class Store(Owner):
         _lib.store_config_init(ctypes.byref(cfg))
         callbacks = None
         if comm is not None:
-            callbacks = _comm_callbacks(comm)
+            _check_communicator(comm)
             cfg.rank = _int_arg(comm.rank, "comm.rank", minimum=0, maximum=2**31 - 1)
             cfg.world_size = _int_arg(comm.world_size, "comm.world_size", minimum=1,
                                       maximum=2**31 - 1)
+            callbacks = _Callbacks(comm, cfg.world_size)
             cfg.comm_callbacks = ctypes.addressof(callbacks.struct)  # copied at create
         cfg.backend = _choice(_BACKENDS, backend, "backend")
         cfg.device = _int_arg(device, "device")
@@ -438,23 +439,18 @@ class Table:
         try:
             return prepare()
         except Exception:
-            if fn is _lib.sharded_lookup:
-                self._refuse("lookup")
-            elif fn is _lib.sharded_apply_gradients:
-                self._refuse("apply_gradients")
+            self._refuse(fn)
             raise
 
-    def _refuse(self, call):
-        """On a store of several ranks, makes the collective call ("lookup" or
-        "apply_gradients") with NULL keys for n = 1, which the library refuses on every rank:
-        the other ranks then fail with INVALID_ARGUMENT naming this one instead of waiting for
-        it in the communicator (for a rank whose own arguments failed Python's checks)."""
-        if self.store.world_size <= 1:
-            return
-        if call == "lookup":
-            self._call(_lib.sharded_lookup, None, 1, None, 0, None)
-        else:
-            self._call(_lib.sharded_apply_gradients, None, None, 1, None)
+    def _refuse(self, fn):
+        """On a store of several ranks, makes the collective call fn (sharded_lookup or
+        sharded_apply_gradients; other calls: nothing) with NULL keys for n = 1, which the
+        library refuses on every rank: the other ranks then fail with INVALID_ARGUMENT naming
+        this one instead of waiting for it in the communicator (for a rank whose own arguments
+        failed Python's checks)."""
+        refused = _REFUSED_ARGS.get(fn.__name__)
+        if refused is not None and self.store.world_size > 1:
+            self._call(fn, *refused)
 
     def apply_gradients(self, keys, grads, *, stream=None):
         """Gradients of the rows of keys (shaped keys.shape + (dim,), or (n, dim)): duplicates
@@ -510,6 +506,12 @@ def _int_arg(value, what, minimum=None, maximum=None):
     return v
 
 
+# Arguments of the collective calls that the library refuses on every rank: NULL keys, n = 1.
+# (By name: ctypes functions are not hashable.)
+_REFUSED_ARGS = {"embstore_sharded_lookup": (None, 1, None, 0, None),
+                 "embstore_sharded_apply_gradients": (None, None, 1, None)}
+
+
 def _checkpoint_in_flight(handle):
     """Whether a store (a raw handle) has a checkpoint in flight: destroying a sharded one then
     is collective."""
@@ -517,17 +519,15 @@ def _checkpoint_in_flight(handle):
     return _lib.checkpoint_stats(handle, ctypes.byref(s)) != 0 or s.in_flight > 0
 
 
-def _comm_callbacks(comm):
-    """The C callbacks over comm, after checking that it looks like a Communicator."""
+def _check_communicator(comm):
+    """TypeError unless comm has what a Communicator has."""
     missing = [m for m in ("all_gather", "all_to_all", "rank", "world_size")
                if not hasattr(comm, m)]
     if missing:
         raise TypeError(f"comm: a Communicator is expected ({type(comm).__name__} has no "
                         f"{', '.join(missing)})")
-    if not isinstance(comm, Communicator) and not all(
-            callable(getattr(comm, m)) for m in ("all_gather", "all_to_all")):
+    if not all(callable(getattr(comm, m)) for m in ("all_gather", "all_to_all")):
         raise TypeError("comm: all_gather and all_to_all must be methods")
-    return _Callbacks(comm)
 
 
 def shard_of(keys, world_size):

@@ -40,32 +40,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import _lib
 from .comm import Communicator
 from .errors import InvalidArgumentError, NotFoundError
 from .store import LATEST
 
 
 class _TableLookup(torch.autograd.Function):
-    """rows = lookup(keys); backward: table.apply_gradients(keys, d rows). On a sharded store
-    the collective calls (sharded_lookup, sharded_apply_gradients)."""
+    """rows = lookup(keys); backward: apply_gradients(keys, d rows). The modules always make the
+    sharded calls: on a store of one rank the library makes them the plain ones."""
 
     @staticmethod
     def forward(ctx, anchor, keys, table):
         ctx.table = table
         ctx.save_for_backward(keys)
-        return _lookup_of(table)(keys, insert=True)
+        return table.sharded_lookup(keys, insert=True)
 
     @staticmethod
     def backward(ctx, grad_rows):
         (keys,) = ctx.saved_tensors
-        table = ctx.table
-        (table.sharded_apply_gradients if table.store.world_size > 1 else
-         table.apply_gradients)(keys, grad_rows)
+        ctx.table.sharded_apply_gradients(keys, grad_rows)
         return None, None, None
-
-
-def _lookup_of(table):
-    return table.sharded_lookup if table.store.world_size > 1 else table.lookup
 
 
 def _bind_table(store, name, dim, table_options):
@@ -94,7 +89,7 @@ class _TableModule(nn.Module):
         """The rows of keys (flat int64): through autograd when training with grad enabled."""
         if self.training and torch.is_grad_enabled():
             return _TableLookup.apply(self._anchor, keys, self.table)
-        return _lookup_of(self.table)(keys, insert=self.training)
+        return self.table.sharded_lookup(keys, insert=self.training)
 
     def _checked_input(self, check):
         """check()'s result (the input, checked). When it raises on a sharded store, this rank
@@ -103,7 +98,7 @@ class _TableModule(nn.Module):
         try:
             return check()
         except Exception:
-            self.table._refuse("lookup")
+            self.table._refuse(_lib.sharded_lookup)
             raise
 
     def extra_repr(self):
@@ -258,7 +253,12 @@ def load_state(store, name="trainer", **objects):
     modules and optimizers given as keyword arguments (load_state_dict); returns the whole saved
     dict (the other values in it). The bytes come from disk: they are unpickled with
     weights_only=True (tensors, numbers, strings and containers only)."""
-    raw = store.restore_attachment(name)
+    return load_state_bytes(store.restore_attachment(name), name, **objects)
+
+
+def load_state_bytes(raw, name="trainer", **objects):
+    """load_state from the attachment's bytes, read elsewhere (by another rank, say: a trainer
+    whose ranks hold replicas can send rank 0's to all). `name` is for errors only."""
     state = torch.load(io.BytesIO(raw), weights_only=True)
     if not isinstance(state, dict):
         raise InvalidArgumentError(1, f"attachment {name!r} does not hold a trainer state")
