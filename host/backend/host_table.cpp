@@ -18,6 +18,7 @@
 #include "cuda/row/arena.h"
 #include "cuda/row/bitmap.h"
 #include "cuda/row/eviction.h"
+#include "cuda/row/grad_sum.h"
 #include "cuda/row/index.h"
 #include "cuda/row/init.h"
 #include "cuda/row/optimizer.h"
@@ -646,12 +647,12 @@ class HostTable final : public Table {
     });
   }
 
-  // Positions of each row in batch order: groups_[g] = {row, first, last}, next_[i] = the next
-  // position of the same row. Keys without a row are counted and left out.
-  // With `mark`, each row's dirty bit is set here, in the serial pass that meets every updated
-  // row, rather than by the parallel update workers: a plain OR instead of atomics and cache
-  // lines passed between cores. The update follows in the same call under the table lock, so
-  // nothing can observe the bit before the row is written.
+  // Positions of each row in batch order: groups_[g] = {row, first, last, count}, next_[i] = the
+  // next position of the same row. Keys without a row are counted and left out. With `mark`, each
+  // row's dirty bit is set here, in the serial pass that meets every updated row, rather than by
+  // the parallel update workers: a plain OR instead of atomics and cache lines passed between
+  // cores. The update follows in the same call under the table lock, so nothing can observe the bit
+  // before the row is written.
   void group_by_row(const uint32_t* rows, size_t n, bool mark) {
     uint64_t* dirty = dirty_.data();
     uint64_t slots = 16;
@@ -671,18 +672,22 @@ class HostTable final : public Table {
       uint64_t s = (uint64_t{r} * 0x9E3779B97F4A7C15ull) >> shift;  // Fibonacci hashing
       while (group_map_[s] != 0 && groups_[group_map_[s] - 1].row != r) s = (s + 1) & (slots - 1);
       if (group_map_[s] == 0) {
-        groups_.push_back({r, static_cast<uint32_t>(i), static_cast<uint32_t>(i)});
+        groups_.push_back({r, static_cast<uint32_t>(i), static_cast<uint32_t>(i), 1});
         group_map_[s] = static_cast<uint32_t>(groups_.size());
         if (mark) row::bitmap_set<false>(dirty, r);
       } else {
         Group& g = groups_[group_map_[s] - 1];
         next_[g.last] = static_cast<uint32_t>(i);
         g.last = static_cast<uint32_t>(i);
+        ++g.count;
       }
     }
     skipped_ += skipped;
   }
 
+  // Each row's gradients summed by the blocked rule (cuda/row/grad_sum.h), then one fused update.
+  // A row of up to 32 occurrences is summed in batch order; a longer one through its tree's
+  // partial sums, on the same thread, so the result never depends on the thread count.
   template <row::OptKind Kind>
   void update_groups(const float* grads, uint64_t step) {
     const uint32_t dim = spec().dim;
@@ -691,16 +696,23 @@ class HostTable final : public Table {
     const row::ArenaRef arena = arena_;
     pool_.parallel_for(groups_.size(), kGrain / 4, [&](size_t begin, size_t end) {
       std::vector<float> sum(dim);
+      std::vector<float> partials;
       for (size_t gi = begin; gi < end; ++gi) {
         if (gi + kAhead < end) prefetch_row(arena.row(groups_[gi + kAhead].row), stride);
         const Group& g = groups_[gi];
         const float* grad = grads + size_t{g.first} * dim;
-        if (next_[g.first] != kEnd) {  // duplicates: sum in batch order
-          std::memcpy(sum.data(), grad, dim * sizeof(float));
-          for (uint32_t j = next_[g.first]; j != kEnd; j = next_[j]) {
-            const float* other = grads + size_t{j} * dim;
-            for (uint32_t c = 0; c < dim; ++c) sum[c] = sum[c] + other[c];
-          }
+        if (g.count > 1) {
+          const row::SumTree tree = row::SumTree::of(g.count);
+          partials.resize(size_t{tree.partials()} * dim);
+          uint32_t leaf = g.first;
+          row::tree_sum(
+              tree, dim,
+              [&] {
+                const float* at = grads + size_t{leaf} * dim;
+                leaf = next_[leaf];
+                return at;
+              },
+              partials.data(), sum.data());
           grad = sum.data();
         }
         float* value = arena.row(g.row);
@@ -839,7 +851,7 @@ class HostTable final : public Table {
   }
 
   struct Group {
-    uint32_t row, first, last;
+    uint32_t row, first, last, count;
   };
 
   // A chunk's rows in a spill file: the first value_bytes and meta_bytes of arena chunk

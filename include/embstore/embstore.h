@@ -281,11 +281,15 @@ EMBSTORE_API embstore_status_t embstore_lookup(embstore_table_t* table, const in
                                                size_t n, float* values_out, uint32_t flags,
                                                void* stream);
 
-/* Gradients of n rows (n x dim floats, row-major). Duplicate keys are summed in the order
-   they appear; then one fused pass per row updates value and optimizer state, marks the row
-   dirty and stamps the store's current step. Keys without a row are skipped and counted in
-   skipped_keys. The result is bit-identical for the same inputs on every run and every
-   host_threads.
+/* Gradients of n rows (n x dim floats, row-major). A key's occurrences in the batch are summed
+   by a fixed blocked rule: up to 32 occurrences one after the other in the order they appear;
+   more, as consecutive blocks of 32 summed that way, whose sums are then summed by the same rule
+   (so a key's occurrences are the leaves, in batch order, of a tree of fan-in 32, each node
+   adding its children left to right); then one fused pass per row updates value and optimizer
+   state, marks the row dirty and stamps the store's current step. Keys without a row are
+   skipped and counted in skipped_keys. The result is bit-identical for the same inputs on every
+   run, every host_threads and both backends. (Up to 0.4.0 every occurrence was added one after
+   the other: rows with more than 32 occurrences in a batch may differ in the last bits.)
    Returns OK; INVALID_ARGUMENT (NULL table, NULL keys or grads with n > 0); OUT_OF_MEMORY;
    DEVICE_ERROR. */
 EMBSTORE_API embstore_status_t embstore_apply_gradients(embstore_table_t* table,
@@ -334,7 +338,8 @@ EMBSTORE_API embstore_status_t embstore_sharded_lookup(embstore_table_t* table, 
                                                        void* stream);
 
 /* Applies the rank's n gradients: every occurrence goes to the owner of its key, which sums
-   what it receives in rank order, then batch order, and updates as embstore_apply_gradients.
+   what it receives in rank order, then batch order (the blocked rule of embstore_apply_gradients
+   over that sequence), and updates as embstore_apply_gradients.
    The tables of W ranks are therefore bit-identical to one process's after it applied the
    ranks' batches concatenated in rank order. Keys without a row are skipped and counted in the
    owner's skipped_keys. Returns OK; INVALID_ARGUMENT (on every rank); OUT_OF_MEMORY;
