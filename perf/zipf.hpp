@@ -2,6 +2,7 @@
 // tail) without a table of key_space probabilities.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -98,6 +99,19 @@ inline std::vector<int64_t> zipf_key_stream(size_t n, uint64_t key_space, double
   SplitMix64 rng(seed);
   std::vector<int64_t> keys(n);
   for (int64_t& k : keys) k = key_of_rank(sampler(rng));
+  return keys;
+}
+
+// n keys: ranks uniform over [1, key_space], mapped through key_of_rank. Deterministic in seed.
+inline std::vector<int64_t> uniform_key_stream(size_t n, uint64_t key_space, uint64_t seed) {
+  if (key_space == 0) throw std::invalid_argument("uniform: key space must be >= 1");
+  SplitMix64 rng(seed);
+  std::vector<int64_t> keys(n);
+  for (int64_t& k : keys) {
+    const uint64_t rank =
+        1 + static_cast<uint64_t>(rng.next_unit() * static_cast<double>(key_space));
+    k = key_of_rank(std::min(rank, key_space));
+  }
   return keys;
 }
 

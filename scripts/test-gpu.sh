@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one run within a time budget, for a machine lent for a short
-# while: binaries built elsewhere (a build tree with the CUDA backend) run here.
+# while: binaries built elsewhere (a build tree with the CUDA backend: scripts/pack-gpu.sh) run
+# here.
 #   scripts/test-gpu.sh [--build DIR] [--out DIR] [--budget SECONDS] [--no-perf]
-#                       [--no-sanitize] [--python PYTHON]
+#                       [--no-sanitize] [--host-perf] [--python PYTHON] [--bundle FILE]
 # Phases, in order, each given what is left of the budget:
 #   cuda      the behaviour tests with --backend cuda (in parallel), the Python package's tests
 #             against DIR's library (tests/python, test_cuda.py's CUDA paths among them), the
 #             kill-and-resume demo and the train-and-serve demo on the default backend (CUDA)
-#   perf      embstore-perf train and restore on CUDA; the host backend's training with 1, 4
-#             and all cores, checkpoints on and off (thread scaling, overlap on spare cores)
+#   perf      on CUDA: the training step's breakdown (embstore-perf step), the fused update
+#             (optimizer), train with incremental checkpoints every 10, 100 and 1000 steps,
+#             with admission (--admit-after 3), and with a policy set but no checkpoint due;
+#             the embedding step against nn.Embedding(sparse=True) + Adagrad (and FBGEMM's TBE
+#             where installed) with the Python door's cost per call
+#             (perf/peers/embedding_step.py); restore. With --host-perf also the host
+#             backend's training with 1, 4 and all cores, checkpoints on and off
 #   sanitize  compute-sanitizer: memcheck over every behaviour test, racecheck and synccheck
 #             over some, until the budget runs out (a check cut off is reported as such)
 # Writes OUT/summary.txt (a line per check: name, exit status, seconds), a log per check, and
-# OUT/*.json of the perf runs; prints the summary. Exits 1 when a check failed.
+# OUT/*.json of the perf runs; prints the summary; with --bundle, packs OUT into FILE (a
+# .tar.gz: one file to bring back). Exits 1 when a check failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=build
@@ -20,6 +27,8 @@ out=gpu-results
 budget=480
 perf=1
 sanitize=1
+host_perf=0
+bundle=""
 python=${PYTHON:-python3}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -28,9 +37,12 @@ while [ $# -gt 0 ]; do
     --budget) budget=$2; shift 2 ;;
     --no-perf) perf=0; shift ;;
     --no-sanitize) sanitize=0; shift ;;
+    --host-perf) host_perf=1; shift ;;
+    --bundle) bundle=$2; shift 2 ;;
     --python) python=$2; shift 2 ;;
     *) echo "usage: scripts/test-gpu.sh [--build DIR] [--out DIR] [--budget SECONDS]" \
-         "[--no-perf] [--no-sanitize] [--python PYTHON]" >&2; exit 2 ;;
+         "[--no-perf] [--no-sanitize] [--host-perf] [--python PYTHON] [--bundle FILE]" >&2
+       exit 2 ;;
   esac
 done
 build=$(cd "$build" && pwd)
@@ -86,16 +98,35 @@ wait
 # -- perf: alone on the machine --
 if [ "$perf" = 1 ]; then
   p="$build/perf/embstore-perf"
-  phase=$(( $(left) / 2 ))
-  check perf-train-cuda "$phase" "$p" train --backend cuda --dir "$tmp/train" \
-    --incremental-every 100 --steps 1500 --repeat 1 --json "$out/perf-train-cuda.json"
-  check perf-restore-cuda "$(( $(left) / 3 ))" "$p" restore --backend cuda --dir "$tmp/restore" \
-    --rows 4000000 --deltas 0,4 --repeat 2 --json "$out/perf-restore-cuda.json"
-  for threads in 1 4 0; do
-    check "perf-train-host-t$threads" "$(( $(left) / 4 ))" "$p" train --backend host \
-      --threads "$threads" --dir "$tmp/train-host" --incremental-every 100 --steps 400 \
-      --repeat 1 --json "$out/perf-train-host-t$threads.json"
+  # The training step's breakdown first: the figures a lent GPU is most wanted for.
+  check perf-step-cuda "$(( $(left) / 6 ))" "$p" step --backend cuda --steps 50 \
+    --json "$out/perf-step-cuda.json"
+  check perf-optimizer-cuda "$(( $(left) / 8 ))" "$p" optimizer --backend cuda \
+    --json "$out/perf-optimizer-cuda.json"
+  for k in 10 100 1000; do
+    check "perf-train-cuda-k$k" "$(( $(left) / 8 ))" "$p" train --backend cuda \
+      --dir "$tmp/train" --incremental-every "$k" --steps "$(( k >= 1000 ? 4000 : 1000 ))" \
+      --repeat 2 --json "$out/perf-train-cuda-k$k.json"
   done
+  check perf-train-cuda-admit3 "$(( $(left) / 8 ))" "$p" train --backend cuda \
+    --dir "$tmp/train" --admit-after 3 --incremental-every 100 --steps 1000 --repeat 2 \
+    --json "$out/perf-train-cuda-admit3.json"
+  # A policy set, no checkpoint due: what merely setting one costs a short run.
+  check perf-train-cuda-policy "$(( $(left) / 8 ))" "$p" train --backend cuda \
+    --dir "$tmp/train" --zipf 0.8 --incremental-every 1000000 --steps 600 --repeat 3 \
+    --json "$out/perf-train-cuda-policy.json"
+  check peers-embedding-step "$(( $(left) / 6 ))" env PYTHONPATH="$PWD/python" \
+    EMBSTORE_LIBRARY="$build/libembstore.so" "$python" perf/peers/embedding_step.py \
+    --device cuda --out "$out/peers-embedding-step.json"
+  check perf-restore-cuda "$(( $(left) / 6 ))" "$p" restore --backend cuda --dir "$tmp/restore" \
+    --rows 4000000 --deltas 0,4 --repeat 2 --json "$out/perf-restore-cuda.json"
+  if [ "$host_perf" = 1 ]; then
+    for threads in 1 4 0; do
+      check "perf-train-host-t$threads" "$(( $(left) / 4 ))" "$p" train --backend host \
+        --threads "$threads" --dir "$tmp/train-host" --incremental-every 100 --steps 400 \
+        --repeat 1 --json "$out/perf-train-host-t$threads.json"
+    done
+  fi
 fi
 
 # -- sanitize: what the budget leaves --
@@ -116,4 +147,8 @@ fi
 
 echo "== summary"
 cat "$summary"
+if [ -n "$bundle" ]; then
+  mkdir -p "$(dirname "$bundle")"
+  tar czf "$bundle" -C "$(dirname "$out")" "$(basename "$out")"
+fi
 ! grep -v " rc=0 \| skipped " "$summary" >/dev/null

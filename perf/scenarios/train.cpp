@@ -5,7 +5,8 @@
 // incremental checkpoint every --incremental-every steps (and a full one every --full-every;
 // the first is full in any case, and the rebaseline rule applies with its defaults). --repeat
 // N runs N of each, in the order off on, on off, off on, ..., so that a drift of the machine
-// over the run weighs on both; steps/s are over all runs of a kind.
+// over the run weighs on both; steps/s are over all runs of a kind, and each pair's cost (an
+// off run and an on run back to back) is reported too, with the pairs' median and range.
 //
 // --evict-idle-steps N and --max-capacity R give the table an eviction rule (idle steps, and
 // least recently used at R rows), on both kinds of run: the table's rows, the rows evicted and
@@ -105,7 +106,8 @@ class TrainScenario final : public Scenario {
     SplitMix64 rng(o.seed ^ 0x747261696eull);
     for (float& g : grads) g = static_cast<float>(rng.next_unit() * 0.02 - 0.01);
 
-    Run off, on;  // all runs of a kind together
+    Run off, on;                                                  // all runs of a kind together
+    std::vector<double> paired_costs, sps_runs_off, sps_runs_on;  // per pair of runs
     auto add = [](Run& all, Run r) {
       all.seconds += r.seconds;
       all.step_seconds.insert(all.step_seconds.end(), r.step_seconds.begin(), r.step_seconds.end());
@@ -122,15 +124,20 @@ class TrainScenario final : public Scenario {
       all.skipped += r.skipped;
     };
     for (unsigned i = 0; i < repeat_; ++i) {
+      double pair_sps[2] = {0, 0};  // off, on
       for (const bool checkpointing : {i % 2 == 1, i % 2 == 0}) {
         const std::string run_dir = fmt::format("{}/{}", dir, i);
         Run r = train(o, stream, grads, checkpointing ? run_dir : "");
+        pair_sps[checkpointing ? 1 : 0] = o.steps / r.seconds;
         report.say("  run {} checkpointing {}: {:.2f} steps/s", i + 1, checkpointing ? "on" : "off",
                    o.steps / r.seconds);
         add(checkpointing ? on : off, std::move(r));
         std::error_code ec;
         if (!keep_) std::filesystem::remove_all(run_dir, ec);
       }
+      sps_runs_off.push_back(pair_sps[0]);
+      sps_runs_on.push_back(pair_sps[1]);
+      paired_costs.push_back(1.0 - pair_sps[1] / pair_sps[0]);
     }
 
     const double sps_off = repeat_ * o.steps / off.seconds;
@@ -169,6 +176,16 @@ class TrainScenario final : public Scenario {
     report.set("steps_per_second_off", sps_off);
     report.set("steps_per_second_on", sps_on);
     report.set("steps_per_second_ratio", sps_on / sps_off);
+    // The spread of the pairs (each an off run and an on run back to back): on a shared machine
+    // one pair's cost says little; the median and the range say how far to trust it.
+    report.set("steps_per_second_runs_off", sps_runs_off);
+    report.set("steps_per_second_runs_on", sps_runs_on);
+    report.set("cost_fraction_pairs", paired_costs);
+    report.set("cost_fraction_paired_median", median(paired_costs));
+    report.set("cost_fraction_paired_min",
+               *std::min_element(paired_costs.begin(), paired_costs.end()));
+    report.set("cost_fraction_paired_max",
+               *std::max_element(paired_costs.begin(), paired_costs.end()));
     report.set("step_seconds_p99_off", percentile(off.step_seconds, 0.99));
     report.set("step_seconds_p99_on", percentile(on.step_seconds, 0.99));
     report.set("checkpoints", on.checkpoints.size());
@@ -213,6 +230,11 @@ class TrainScenario final : public Scenario {
         "{:.1f}% fewer",
         sps_off, sps_on, on.checkpoints.size(), fulls, deltas, on.stats.deferred,
         100.0 * (1.0 - sps_on / sps_off));
+    report.say(
+        "pairs of runs (off and on back to back): cost median {:.1f}%, range {:.1f}% .. {:.1f}%",
+        100.0 * median(paired_costs),
+        100.0 * *std::min_element(paired_costs.begin(), paired_costs.end()),
+        100.0 * *std::max_element(paired_costs.begin(), paired_costs.end()));
     report.say("training-thread stall per checkpoint: p99 {:.2f} ms, max {:.2f} ms",
                stall_p99 * 1e3, stall_max * 1e3);
     for (const embstore_checkpoint_info_t& c : on.checkpoints) {
