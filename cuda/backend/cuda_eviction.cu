@@ -1,5 +1,6 @@
 // The CUDA table's eviction (idle rules, making room at max_capacity, the free list) and the
-// counting of keys pending admission (on the host, in the table's KeyLedger).
+// counting of keys pending admission in a counting Bloom filter (on the host, in the table's
+// KeyLedger; exact counts are counted on the device: device_admission.cuh).
 #include "cuda/backend/cuda_table.cuh"
 #include "cuda/backend/kernels/eviction.cuh"
 #include "cuda/backend/kernels/lookup.cuh"
@@ -7,7 +8,11 @@
 
 namespace embstore::cuda_backend {
 
-void CudaTable::count_admission(const int64_t* keys, size_t n, uint64_t step, cudaStream_t stream) {
+// Counts the occurrences of the batch's keys without a row, in batch order, on the host:
+// admit_keys_ gets the keys that reached admit_after (copied to admit_), pending_pos_ the
+// positions of the others. Synchronous.
+void CudaTable::count_admission_on_host(const int64_t* keys, size_t n, uint64_t step,
+                                        cudaStream_t stream) {
   admit_keys_.clear();
   pending_pos_.clear();
   const size_t select_temp = select_bytes(MissingAt{}, n, stream);
@@ -54,30 +59,6 @@ void CudaTable::count_admission(const int64_t* keys, size_t n, uint64_t step, cu
   }
   check(cudaMemcpyAsync(admit_.get(), admit_keys_.data(), bytes, cudaMemcpyHostToDevice, stream),
         "cudaMemcpyAsync");
-}
-
-// cub::DeviceSelect::If's temporary storage for select(predicate, items).
-template <typename Predicate>
-size_t CudaTable::select_bytes(Predicate predicate, uint64_t items, cudaStream_t stream) const {
-  size_t bytes = 0;
-  check(cub::DeviceSelect::If(nullptr, bytes, thrust::counting_iterator<uint32_t>(0),
-                              static_cast<uint32_t*>(nullptr),
-                              static_cast<unsigned long long*>(nullptr),
-                              static_cast<int64_t>(items), predicate, stream),
-        "cub::DeviceSelect::If");
-  return bytes;
-}
-
-// The i of [0, items) for which predicate(i), in ascending order, to out; returns how many.
-// Synchronous.
-template <typename Predicate>
-uint64_t CudaTable::select(Predicate predicate, uint64_t items, uint32_t* out, void* temp,
-                           size_t temp_bytes, cudaStream_t stream) {
-  unsigned long long* selected = &device_counters()->selected;
-  check(cub::DeviceSelect::If(temp, temp_bytes, thrust::counting_iterator<uint32_t>(0), out,
-                              selected, static_cast<int64_t>(items), predicate, stream),
-        "cub::DeviceSelect::If");
-  return read_counters(stream).selected;
 }
 
 // Evicts the `need` least recently used live rows touched before `step` (ties: the lowest

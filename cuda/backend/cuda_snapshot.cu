@@ -477,7 +477,7 @@ bool CudaTable::load_admission(const io::AdmissionFile& counts, std::string* why
   // The keys that have a row, from the rows' metadata (once per restore), before the counts
   // change: a failure here leaves them as they were.
   std::vector<int64_t> keys;
-  if (ledger_.admission() != nullptr) {
+  if (ledger_.has_admission()) {
     const DeviceCounters d = read_counters(stream);
     std::vector<uint64_t> freed(row::bitmap_words(d.rows), 0);
     if (freed_.get() != nullptr && !freed.empty()) {

@@ -6,8 +6,23 @@
 
 namespace embstore::cuda_backend {
 
+namespace {
+
+// Exact admission counts live on the device; a Bloom filter's are counted on the host (its
+// conservative update depends on the order of the keys).
+std::unique_ptr<AdmissionCounts> device_counts_for(const TableSpec& spec, int device,
+                                                   const cudaStream_t* stream) {
+  if (spec.admit_after <= 1 || spec.admit_bloom_bytes != 0) return nullptr;
+  return std::make_unique<DeviceExactCounts>(spec.admit_after, device, stream);
+}
+
+}  // namespace
+
 CudaTable::CudaTable(TableSpec spec, int device)
-    : Table(std::move(spec)), device_(device), ledger_(this->spec()) {
+    : Table(std::move(spec)),
+      device_(device),
+      ledger_(this->spec(), device_counts_for(this->spec(), device, &own_stream_)),
+      device_counts_(dynamic_cast<DeviceExactCounts*>(ledger_.counts())) {
   DeviceGuard guard(device_);
   try {
     int sms = 0;
@@ -73,6 +88,7 @@ void CudaTable::release() noexcept {
   freed_.reset();
   free_list_.reset();
   admit_.reset();
+  admission_buffer_.reset();
   counters_.reset();
   scratch_.reset();
   captured_.reset();
@@ -122,14 +138,19 @@ DeviceCounters CudaTable::read_counters(cudaStream_t stream) {
 // call_keys), grows, or throws CAPACITY_EXCEEDED without inserting or evicting anything.
 // Synchronizes only when the cheap upper bound says it might need to grow or might pass the row
 // limit.
+// The cheap bound alone: true (and the bound raised) when up to n new rows fit for certain.
+// rows_bound_ bounds the ids handed out, so the live rows too.
+bool CudaTable::reserve_rows_cheaply(uint64_t n) {
+  const uint64_t limit = row::row_limit(spec().max_capacity);
+  if (rows_bound_ + n > capacity_rows() || rows_bound_ + n > limit) return false;
+  rows_bound_ += n;
+  return true;
+}
+
 void CudaTable::reserve_rows(const int64_t* keys, size_t n, uint64_t step, const int64_t* call_keys,
                              size_t call_n, cudaStream_t stream) {
+  if (reserve_rows_cheaply(n)) return;
   const uint64_t limit = row::row_limit(spec().max_capacity);
-  // rows_bound_ bounds the ids handed out, so the live rows too.
-  if (rows_bound_ + n <= capacity_rows() && rows_bound_ + n <= limit) {
-    rows_bound_ += n;
-    return;
-  }
   DeviceCounters d = read_counters(stream);  // syncs: every earlier insert is done
   rows_bound_ = d.rows;
   auto fresh_ids = [&](uint64_t rows) { return rows > d.free_rows ? rows - d.free_rows : 0; };
@@ -265,26 +286,90 @@ void CudaTable::lookup(const int64_t* keys, size_t n, float* values_out, bool in
   check_batch(n);
   Call call(*this, stream_ptr);
   const cudaStream_t stream = call.stream;
-
-  AdmissionCounter* const admission = insert ? ledger_.admission() : nullptr;
-  const bool admitting = admission != nullptr;
-  if (admitting) {
-    count_admission(keys, n, step, stream);
-    if (!admit_keys_.empty()) {
-      reserve_rows(admit_.get<int64_t>(), admit_keys_.size(), step, keys, n, stream);
-    }
-  } else if (insert) {
-    reserve_rows(keys, n, step, keys, n, stream);
+  if (!insert) {
+    ScratchLayout layout;
+    const size_t rows_at = layout.take(n * sizeof(uint32_t));
+    auto* rows = reinterpret_cast<uint32_t*>(scratch(layout.bytes, stream) + rows_at);
+    resolve_rows_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
+        index_ref(), keys, n, row::kNoRow, rows, nullptr, nullptr);
+    check_launch("resolve_rows_kernel");
+    gather(keys, n, rows, nullptr, values_out, stream);
+    return;
   }
-  const size_t pending_n = admitting ? pending_pos_.size() : 0;
+  if (device_counts_ != nullptr)
+    return lookup_counting_on_device(keys, n, values_out, step, stream);
+  if (ledger_.admission() != nullptr)
+    return lookup_counting_on_host(keys, n, values_out, step, stream);
+  reserve_rows(keys, n, step, keys, n, stream);
+  ScratchLayout layout;
+  const size_t rows_at = layout.take(n * sizeof(uint32_t));
+  const size_t created_at = layout.take(n * sizeof(uint8_t));
+  char* base = scratch(layout.bytes, stream);
+  insert_and_gather(keys, n, step, nullptr, reinterpret_cast<uint32_t*>(base + rows_at),
+                    reinterpret_cast<uint8_t*>(base + created_at), values_out, stream);
+}
+
+// Exact counting on the device (DeviceExactCounts): count the keys without a row, mark those
+// still pending, make room for the admitted ones, insert them, drop their counts. Nothing waits
+// for the device unless the table or the counts' table may have to grow.
+void CudaTable::lookup_counting_on_device(const int64_t* keys, size_t n, float* values_out,
+                                          uint64_t step, cudaStream_t stream) {
+  // Its own buffer, not scratch: making room below may use (and grow) scratch.
+  ScratchLayout layout;
+  const size_t rows_at = layout.take(n * sizeof(uint32_t));
+  const size_t slots_at = layout.take(n * sizeof(uint32_t));
+  const size_t pending_at = layout.take(n * sizeof(uint8_t));
+  const size_t created_at = layout.take(n * sizeof(uint8_t));
+  const size_t positions_at = layout.take(n * sizeof(uint32_t));
+  const size_t admitted_at = layout.take(n * sizeof(int64_t));
+  char* base = admission_buffer(layout.bytes, stream);
+  auto* rows = reinterpret_cast<uint32_t*>(base + rows_at);
+  auto* slot_of = reinterpret_cast<uint32_t*>(base + slots_at);
+  auto* pending = reinterpret_cast<uint8_t*>(base + pending_at);
+
+  resolve_rows_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
+      index_ref(), keys, n, row::kNoRow, rows, nullptr, nullptr);
+  check_launch("resolve_rows_kernel");
+  device_counts_->count(keys, rows, n, step, slot_of, pending, stream);
+  // Room for the admitted keys' rows: n bounds them; near the arena's capacity or the row
+  // limit, they are listed and counted exactly (waiting for the device).
+  if (!reserve_rows_cheaply(n)) {
+    const AdmittedAt admitted{slot_of, pending};
+    const size_t temp_bytes = select_bytes(admitted, n, stream);
+    ScratchLayout temp_layout;
+    const size_t temp_at = temp_layout.take(temp_bytes);
+    char* temp = scratch(temp_layout.bytes, stream) + temp_at;
+    auto* positions = reinterpret_cast<uint32_t*>(base + positions_at);
+    auto* admitted_keys = reinterpret_cast<int64_t*>(base + admitted_at);
+    const uint64_t m = select(admitted, n, positions, temp, temp_bytes, stream);
+    if (m > 0) {
+      gather_keys_kernel<kBlock>
+          <<<blocks_for(m), kBlock, 0, stream>>>(keys, positions, m, admitted_keys);
+      check_launch("gather_keys_kernel");
+      reserve_rows(admitted_keys, m, step, keys, n, stream);
+    }
+  }
+  insert_and_gather(keys, n, step, pending, rows, reinterpret_cast<uint8_t*>(base + created_at),
+                    values_out, stream);
+  device_counts_->drop_admitted(slot_of, pending, n, stream);
+}
+
+// Counting on the host (a counting Bloom filter): the keys without a row go to the host, are
+// counted there in batch order, and the admitted ones come back. Waits for the device.
+void CudaTable::lookup_counting_on_host(const int64_t* keys, size_t n, float* values_out,
+                                        uint64_t step, cudaStream_t stream) {
+  AdmissionCounter* const admission = ledger_.admission();
+  count_admission_on_host(keys, n, step, stream);
+  if (!admit_keys_.empty()) {
+    reserve_rows(admit_.get<int64_t>(), admit_keys_.size(), step, keys, n, stream);
+  }
+  const size_t pending_n = pending_pos_.size();
   ScratchLayout layout;
   const size_t rows_at = layout.take(n * sizeof(uint32_t));
   const size_t created_at = layout.take(n * sizeof(uint8_t));
   const size_t mask_at = layout.take(pending_n > 0 ? n : 0);
   const size_t pending_at = layout.take(pending_n * sizeof(uint32_t));
   char* base = scratch(layout.bytes, stream);
-  auto* rows = reinterpret_cast<uint32_t*>(base + rows_at);
-  auto* created = reinterpret_cast<uint8_t*>(base + created_at);
   uint8_t* pending = nullptr;
   if (pending_n > 0) {
     pending = reinterpret_cast<uint8_t*>(base + mask_at);
@@ -298,39 +383,53 @@ void CudaTable::lookup(const int64_t* keys, size_t n, float* values_out, bool in
         <<<blocks_for(pending_n), kBlock, 0, stream>>>(positions, pending_n, pending);
     check_launch("mark_positions_kernel");
   }
+  insert_and_gather(keys, n, step, pending, reinterpret_cast<uint32_t*>(base + rows_at),
+                    reinterpret_cast<uint8_t*>(base + created_at), values_out, stream);
+  // Every admitted key has its row now (reserve_rows made room for all of them).
+  for (const int64_t key : admit_keys_) admission->admitted(key);
+}
 
-  const uint32_t dim_shift = tile_shift_for(arena_.dim);
-  if (insert) {
-    const InsertParams params{free_list_.get<uint32_t>(), freed_.get<uint64_t>(), pending,
-                              spec().evicts()};
-    find_or_insert_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
-        index_ref(), arena_, keys, n, step, params, rows, created, device_counters());
-    check_launch("find_or_insert_kernel");
-    if (params.free_list != nullptr) {
-      settle_free_list_kernel<<<1, 1, 0, stream>>>(device_counters());
-      check_launch("settle_free_list_kernel");
-    }
-    const uint32_t shift = tile_shift_for(arena_.stride);
-    init_rows_kernel<kBlock><<<blocks_for(uint64_t{n} << shift), kBlock, 0, stream>>>(
-        arena_, spec().init, spec().opt, keys, rows, created, n, shift, dirty_.get<uint64_t>());
-    check_launch("init_rows_kernel");
-  } else {
-    resolve_rows_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
-        index_ref(), keys, n, row::kNoRow, rows, nullptr, nullptr);
-    check_launch("resolve_rows_kernel");
+// Finds or inserts the row of every position not pending (pending may be null), fills the new
+// rows, and reads the rows (a pending position: its key's initial values) into values_out.
+void CudaTable::insert_and_gather(const int64_t* keys, size_t n, uint64_t step,
+                                  const uint8_t* pending, uint32_t* rows, uint8_t* created,
+                                  float* values_out, cudaStream_t stream) {
+  const InsertParams params{free_list_.get<uint32_t>(), freed_.get<uint64_t>(), pending,
+                            spec().evicts()};
+  find_or_insert_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
+      index_ref(), arena_, keys, n, step, params, rows, created, device_counters());
+  check_launch("find_or_insert_kernel");
+  if (params.free_list != nullptr) {
+    settle_free_list_kernel<<<1, 1, 0, stream>>>(device_counters());
+    check_launch("settle_free_list_kernel");
   }
+  const uint32_t shift = tile_shift_for(arena_.stride);
+  init_rows_kernel<kBlock><<<blocks_for(uint64_t{n} << shift), kBlock, 0, stream>>>(
+      arena_, spec().init, spec().opt, keys, rows, created, n, shift, dirty_.get<uint64_t>());
+  check_launch("init_rows_kernel");
+  gather(keys, n, rows, pending, values_out, stream);
+}
+
+void CudaTable::gather(const int64_t* keys, size_t n, const uint32_t* rows, const uint8_t* pending,
+                       float* values_out, cudaStream_t stream) {
+  const uint32_t dim_shift = tile_shift_for(arena_.dim);
   gather_rows_kernel<kBlock><<<blocks_for(uint64_t{n} << dim_shift), kBlock, 0, stream>>>(
       arena_, rows, n, dim_shift, pending, spec().init, keys, values_out);
   check_launch("gather_rows_kernel");
-  // Every admitted key has its row now (reserve_rows made room for all of them).
-  if (admitting) {
-    for (const int64_t key : admit_keys_) admission->admitted(key);
-  }
 }
 
-// Counts the occurrences of the batch's keys without a row, in batch order, on the host:
-// admit_keys_ gets the keys that reached admit_after (copied to admit_), pending_pos_ the
-// positions of the others. Synchronous.
+// The admission path's grow-only buffer, at least `bytes`. Growing waits for the stream, which
+// (after the call's wait on the previous call) covers every earlier use of the old buffer.
+char* CudaTable::admission_buffer(size_t bytes, cudaStream_t stream) {
+  if (bytes > admission_buffer_.bytes()) {
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    const size_t grown = std::max(bytes, admission_buffer_.bytes() + admission_buffer_.bytes() / 2);
+    admission_buffer_.reset();
+    admission_buffer_ = DeviceBuffer(grown, "admission scratch");
+  }
+  return admission_buffer_.get<char>();
+}
+
 TableCounters CudaTable::counters() {
   std::lock_guard lock(mutex_);
   DeviceGuard guard(device_);

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "cuda/backend/device.cuh"
+#include "cuda/backend/device_admission.cuh"
 #include "cuda/backend/device_memory.cuh"
 #include "cuda/row/arena.h"
 #include "cuda/row/bitmap.h"
@@ -146,8 +147,20 @@ class CudaTable final : public Table {
   }
   void check_batch(size_t n) const;
   char* scratch(size_t bytes, cudaStream_t stream);
+  char* admission_buffer(size_t bytes, cudaStream_t stream);
   DeviceCounters read_counters(cudaStream_t stream);
-  void count_admission(const int64_t* keys, size_t n, uint64_t step, cudaStream_t stream);
+  // lookup with insert on a table with admission: exact counts on the device, or a Bloom
+  // filter's on the host; both end in insert_and_gather.
+  void lookup_counting_on_device(const int64_t* keys, size_t n, float* values_out, uint64_t step,
+                                 cudaStream_t stream);
+  void lookup_counting_on_host(const int64_t* keys, size_t n, float* values_out, uint64_t step,
+                               cudaStream_t stream);
+  void count_admission_on_host(const int64_t* keys, size_t n, uint64_t step, cudaStream_t stream);
+  void insert_and_gather(const int64_t* keys, size_t n, uint64_t step, const uint8_t* pending,
+                         uint32_t* rows, uint8_t* created, float* values_out, cudaStream_t stream);
+  void gather(const int64_t* keys, size_t n, const uint32_t* rows, const uint8_t* pending,
+              float* values_out, cudaStream_t stream);
+  bool reserve_rows_cheaply(uint64_t n);
   void reserve_rows(const int64_t* keys, size_t n, uint64_t step, const int64_t* call_keys,
                     size_t call_n, cudaStream_t stream);
   void make_room(uint64_t need, uint64_t step, const int64_t* call_keys, size_t call_n,
@@ -206,10 +219,14 @@ class CudaTable final : public Table {
   DeviceBuffer free_list_;
   std::vector<int64_t> evicted_keys_;
 
-  // Admission counts and tombstones, in host memory as on the host backend. An inserting
-  // lookup on a table with admission copies the keys without a row here and counts them in
-  // batch order: admit_keys_ (device copy admit_) get rows, pending_pos_ read initial values.
+  // Admission counts and tombstones. Exact counts are in device memory (device_counts_, owned
+  // by the ledger), counted by the lookup's kernels in admission_buffer_'s arrays. A Bloom
+  // filter's are in host memory as on the host backend: an inserting lookup copies the keys
+  // without a row here and counts them in batch order: admit_keys_ (device copy admit_) get
+  // rows, pending_pos_ read initial values. Tombstones are in host memory.
   KeyLedger ledger_;
+  DeviceExactCounts* device_counts_ = nullptr;
+  DeviceBuffer admission_buffer_;
   std::vector<uint32_t> missing_pos_, pending_pos_;
   std::vector<int64_t> missing_keys_, admit_keys_;
   DeviceBuffer admit_;
@@ -237,5 +254,31 @@ class CudaTable final : public Table {
   uint64_t drain_word_ = 0;
   uint64_t drain_end_word_ = 0;
 };
+
+// Row selections (eviction, admission), here so that every file of the table can use them.
+// cub::DeviceSelect::If's temporary storage for select(predicate, items).
+template <typename Predicate>
+inline size_t CudaTable::select_bytes(Predicate predicate, uint64_t items,
+                                      cudaStream_t stream) const {
+  size_t bytes = 0;
+  check(cub::DeviceSelect::If(nullptr, bytes, thrust::counting_iterator<uint32_t>(0),
+                              static_cast<uint32_t*>(nullptr),
+                              static_cast<unsigned long long*>(nullptr),
+                              static_cast<int64_t>(items), predicate, stream),
+        "cub::DeviceSelect::If");
+  return bytes;
+}
+
+// The i of [0, items) for which predicate(i), in ascending order, to out; returns how many.
+// Synchronous.
+template <typename Predicate>
+inline uint64_t CudaTable::select(Predicate predicate, uint64_t items, uint32_t* out, void* temp,
+                                  size_t temp_bytes, cudaStream_t stream) {
+  unsigned long long* selected = &device_counters()->selected;
+  check(cub::DeviceSelect::If(temp, temp_bytes, thrust::counting_iterator<uint32_t>(0), out,
+                              selected, static_cast<int64_t>(items), predicate, stream),
+        "cub::DeviceSelect::If");
+  return read_counters(stream).selected;
+}
 
 }  // namespace embstore::cuda_backend

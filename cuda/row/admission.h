@@ -1,5 +1,6 @@
-// Counting Bloom filter cells for feature admission: which counters a key counts in, and the
-// conservative update. Portable, so a device filter would count in the same cells.
+// Feature admission's portable pieces: the counting Bloom filter's cells and conservative
+// update (a device filter would count in the same cells), and the slots of exact counts that a
+// GPU updates concurrently (cuda/backend/device_admission.cuh) and the host rebuilds.
 #pragma once
 
 #include "cuda/row/hash.h"
@@ -48,6 +49,39 @@ EMBSTORE_HD uint32_t bloom_count(Cells&& counters, uint64_t cells, int64_t key, 
     }
   }
   return least + 1;
+}
+
+// ---- exact counts in an open-addressing table (linear probing, at most half full) --------
+// A slot has io::AdmissionEntry's layout; its count is its state: 0 empty, 1 .. kAdmitMaxCount
+// a key's count, kAdmitLocked while a thread claims the slot for a key, kAdmitGone once the
+// key's count was dropped (admitted, forgotten). A gone slot keeps its key (the next delta's
+// removals) and is not reused until the table is rebuilt, so a probe never stops early and a
+// slot never changes key under a reader. gen: the generation of the slot's last change.
+struct AdmitSlot {
+  int64_t key;
+  uint32_t count;
+  uint32_t gen;
+  uint64_t step;  // last seen
+};
+static_assert(sizeof(AdmitSlot) == 24);
+
+inline constexpr uint32_t kAdmitEmpty = 0;
+inline constexpr uint32_t kAdmitLocked = 0xFFFFFFFFu;
+inline constexpr uint32_t kAdmitGone = 0xFFFFFFFEu;
+inline constexpr uint32_t kAdmitMaxCount = 0xFFFFFFFDu;  // counts saturate here, on both backends
+inline constexpr uint32_t kNoAdmitSlot = 0xFFFFFFFFu;
+
+EMBSTORE_HD bool admit_live(uint32_t count) { return count != kAdmitEmpty && count < kAdmitGone; }
+EMBSTORE_HD uint32_t admit_increment(uint32_t count) {
+  return count < kAdmitMaxCount ? count + 1 : count;
+}
+EMBSTORE_HD uint64_t admit_home(int64_t key, uint64_t mask) { return hash_key(key) & mask; }
+
+// Places an entry whose key the table does not hold, one thread at a time (rebuilds, loads).
+EMBSTORE_HD void admit_place(AdmitSlot* slots, uint64_t mask, const AdmitSlot& entry) {
+  uint64_t s = admit_home(entry.key, mask);
+  while (slots[s].count != kAdmitEmpty) s = (s + 1) & mask;
+  slots[s] = entry;
 }
 
 }  // namespace embstore::row

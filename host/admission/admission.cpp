@@ -83,7 +83,7 @@ class ExactCounter final : public AdmissionCounter {
       e.key = key;
       ++size_;
     }
-    if (e.count < UINT32_MAX) ++e.count;
+    e.count = row::admit_increment(e.count);
     e.step = step;
     e.reserved = generation_;
     return e.count >= admit_after_;
@@ -112,6 +112,7 @@ class ExactCounter final : public AdmissionCounter {
     frozen_generation_ = generation_++;  // later changes are newer than the frozen view
     frozen_removed_ = std::move(removed_);
     removed_.clear();
+    freezing_ = true;
     return frozen;
   }
 
@@ -123,6 +124,7 @@ class ExactCounter final : public AdmissionCounter {
       removed_.insert(removed_.end(), frozen_removed_.begin(), frozen_removed_.end());
     }
     frozen_removed_.clear();
+    freezing_ = false;
   }
 
   bool load(const io::AdmissionFile& f, std::string* why) override {
@@ -135,7 +137,10 @@ class ExactCounter final : public AdmissionCounter {
       return false;
     }
     std::vector<Entry> entries = f.entries;
-    for (Entry& e : entries) e.reserved = 0;  // loaded counts are the next delta's base
+    for (Entry& e : entries) {
+      e.reserved = 0;                                    // loaded counts are the next delta's base
+      e.count = std::min(e.count, row::kAdmitMaxCount);  // 0.4.0 saturated at UINT32_MAX
+    }
     rebuild(std::max<size_t>(16, std::bit_ceil(2 * entries.size() + 2)), entries);
     has_base_ = true;
     removed_.clear();
@@ -203,13 +208,16 @@ class ExactCounter final : public AdmissionCounter {
     return s;
   }
 
-  // Keys removed since the base go into the next delta; with no base, it holds every count.
+  // Keys removed since the base go into the next delta; with no base, it holds every count. A
+  // checkpoint in flight may become the base: removals meanwhile are noted too (the first full
+  // checkpoint's used to be lost, and a delta on it kept their counts).
+  bool notes_removals() const { return has_base_ || freezing_; }
   void note_removed(int64_t key) {
-    if (has_base_) removed_.push_back(key);
+    if (notes_removals()) removed_.push_back(key);
   }
   // Room for `more` removals, grown geometrically, so that noting them cannot throw.
   void reserve_removed(size_t more) {
-    if (has_base_ && removed_.capacity() - removed_.size() < more) {
+    if (notes_removals() && removed_.capacity() - removed_.size() < more) {
       removed_.reserve(std::max(2 * removed_.capacity(), removed_.size() + more));
     }
   }
@@ -287,6 +295,7 @@ class ExactCounter final : public AdmissionCounter {
   // base_generation_, the one in flight frozen_generation_ (and took frozen_removed_).
   uint32_t generation_ = 1, base_generation_ = 0, frozen_generation_ = 0;
   bool has_base_ = false;  // a checkpoint committed, or a restore loaded, the counts
+  bool freezing_ = false;  // a frozen view is out (between freeze and end_freeze)
   std::vector<int64_t> removed_, frozen_removed_;  // keys removed since the base
   std::vector<size_t> shifts_;                     // erase_at's scratch
 };

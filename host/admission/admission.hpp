@@ -14,18 +14,13 @@
 
 namespace embstore {
 
-class AdmissionCounter {
+// The counts of keys pending admission as the table's ledger and its checkpoints see them,
+// wherever they are counted: on the host (AdmissionCounter, one occurrence at a time), or in a
+// CUDA table's device memory (cuda/backend/device_admission.cuh, a batch at a time).
+class AdmissionCounts {
  public:
-  // Exact counting, or a counting Bloom filter when spec.admit_bloom_bytes is set; null when
-  // spec.admit_after <= 1 (every key is admitted at once).
-  static std::unique_ptr<AdmissionCounter> make(const TableSpec& spec);
-  virtual ~AdmissionCounter() = default;
+  virtual ~AdmissionCounts() = default;
 
-  // Counts one occurrence of key at step; true once the key has reached admit_after (and at
-  // every later occurrence until admitted() drops it).
-  virtual bool count(int64_t key, uint64_t step) = 0;
-  // The key got its row.
-  virtual void admitted(int64_t key) = 0;
   // Drops the counts of keys last seen before step (exact counting only); returns how many.
   virtual uint64_t forget_before(uint64_t step) = 0;
   // Drops the counts of keys for which has_row(key) (exact counting only).
@@ -36,9 +31,9 @@ class AdmissionCounter {
   // The counts for a checkpoint, as they are now: every count (full), or what changed since
   // the last checkpoint that committed (delta: removed keys and changed counts; a Bloom
   // filter always goes whole). Shares the counters' memory instead of copying it (counting
-  // later copies the 64 KiB pieces it changes), so it costs the training thread a pointer per
-  // piece; counts() is the checkpoint worker's to pay. One at a time: end_freeze() tells its
-  // outcome.
+  // later copies the 64 KiB pieces it changes; device counts: one device-to-device copy), so
+  // it costs the training thread little; counts() is the checkpoint worker's to pay. One at a
+  // time: end_freeze() tells its outcome.
   class Frozen {
    public:
     virtual ~Frozen() = default;
@@ -60,6 +55,21 @@ class AdmissionCounter {
   // io::merge_admission_files). Returns false, loading nothing, with the reason in *why, when
   // they are a delta, were counted the other way, or by a filter of another size.
   virtual bool load(const io::AdmissionFile& counts, std::string* why) = 0;
+};
+
+// Counts kept and counted on the host, one occurrence at a time in batch order.
+class AdmissionCounter : public AdmissionCounts {
+ public:
+  // Exact counting, or a counting Bloom filter when spec.admit_bloom_bytes is set; null when
+  // spec.admit_after <= 1 (every key is admitted at once).
+  static std::unique_ptr<AdmissionCounter> make(const TableSpec& spec);
+
+  // Counts one occurrence of key at step; true once the key has reached admit_after (and at
+  // every later occurrence until admitted() drops it). Counts saturate at
+  // row::kAdmitMaxCount, as on the device.
+  virtual bool count(int64_t key, uint64_t step) = 0;
+  // The key got its row.
+  virtual void admitted(int64_t key) = 0;
 };
 
 }  // namespace embstore

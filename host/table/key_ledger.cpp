@@ -2,9 +2,19 @@
 
 namespace embstore {
 
+KeyLedger::KeyLedger(const TableSpec& spec, std::unique_ptr<AdmissionCounts> counts) {
+  if (counts) {
+    counts_ = std::move(counts);
+    return;
+  }
+  std::unique_ptr<AdmissionCounter> counter = AdmissionCounter::make(spec);
+  counter_ = counter.get();
+  counts_ = std::move(counter);
+}
+
 void KeyLedger::abort_capture() {
   if (frozen_) {
-    admission_->end_freeze(false);
+    counts_->end_freeze(false);
     frozen_.reset();
   }
 }
@@ -16,19 +26,19 @@ void KeyLedger::end_snapshot(bool failed) {
   }
   snapshot_evicted_keys_.clear();
   if (frozen_) {
-    admission_->end_freeze(!failed);
+    counts_->end_freeze(!failed);
     frozen_.reset();  // later counting stops copying what it changes
   }
 }
 
 bool KeyLedger::load_admission(const io::AdmissionFile& counts, std::string* why,
                                const std::function<bool(int64_t)>& has_row) {
-  if (!admission_) {
+  if (!counts_) {
     *why = "the table has no admission (admit_after <= 1)";
     return false;
   }
-  if (!admission_->load(counts, why)) return false;
-  admission_->drop_if(has_row);
+  if (!counts_->load(counts, why)) return false;
+  counts_->drop_if(has_row);
   return true;
 }
 

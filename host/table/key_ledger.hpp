@@ -19,11 +19,15 @@ namespace embstore {
 
 class KeyLedger {
  public:
-  explicit KeyLedger(const TableSpec& spec) : admission_(AdmissionCounter::make(spec)) {}
+  // Admission counted on the host (AdmissionCounter::make), or, when counts is given, kept by
+  // the backend (a CUDA table's device counts), which counts them itself.
+  explicit KeyLedger(const TableSpec& spec, std::unique_ptr<AdmissionCounts> counts = nullptr);
 
-  // Null: every key is admitted at once.
-  AdmissionCounter* admission() const { return admission_.get(); }
-  uint64_t pending_admission() const { return admission_ ? admission_->pending() : 0; }
+  // The host counter; null when every key is admitted at once or the backend counts.
+  AdmissionCounter* admission() const { return counter_; }
+  bool has_admission() const { return counts_ != nullptr; }
+  AdmissionCounts* counts() const { return counts_.get(); }
+  uint64_t pending_admission() const { return counts_ ? counts_->pending() : 0; }
 
   // Makes room for n tombstones, so that evicted() cannot fail for them: the caller evicts
   // between the two.
@@ -35,14 +39,14 @@ class KeyLedger {
   uint64_t evicted_total() const { return evicted_total_; }
   // An idle pass at cutoff_step: counts of keys idle as long go too (otherwise they only grow).
   void forget_before(uint64_t cutoff_step) {
-    if (admission_) admission_->forget_before(cutoff_step);
+    if (counts_) counts_->forget_before(cutoff_step);
   }
 
   // ---- a snapshot: begin_capture before the table's bits move (it allocates; a failure
   // changes nothing), then commit_capture, or abort_capture where the capture failed; then
   // end_snapshot.
   void begin_capture(bool full) {
-    if (admission_) frozen_ = admission_->freeze(full);
+    if (counts_) frozen_ = counts_->freeze(full);
   }
   void abort_capture();
   // The tombstones go with the snapshot: the checkpoint's worker sorts them out, not the
@@ -66,8 +70,9 @@ class KeyLedger {
                       const std::function<bool(int64_t)>& has_row);
 
  private:
-  std::unique_ptr<AdmissionCounter> admission_;
-  std::unique_ptr<const AdmissionCounter::Frozen> frozen_;  // shares the counts until they change
+  std::unique_ptr<AdmissionCounts> counts_;
+  AdmissionCounter* counter_ = nullptr;                    // counts_, when counted on the host
+  std::unique_ptr<const AdmissionCounts::Frozen> frozen_;  // shares the counts until they change
   std::vector<int64_t> evicted_keys_, snapshot_evicted_keys_;
   uint64_t evicted_total_ = 0;
 };

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/row/admission.h"
 #include "host/error.hpp"
 #include "host/table/table.hpp"
 #include "io/format/admission_file.hpp"
@@ -584,6 +585,64 @@ TEST_CASE("counts with no committed base go whole into a delta", "[admission]") 
   auto fresh = counter(2);
   REQUIRE_FALSE(fresh->load(parsed(bytes), &why));
   REQUIRE(why.find("delta") != std::string::npos);
+}
+
+TEST_CASE("a count dropped while the first checkpoint is in flight is removed by the next delta",
+          "[admission]") {
+  // The first checkpoint becomes the base when it commits: counts dropped meanwhile must be
+  // the next delta's removals, or a restore of the chain brings them back.
+  for (const bool first_commits : {true, false}) {
+    CAPTURE(first_commits);
+    auto c = counter(3);
+    c->count(1, 1);
+    c->count(2, 1);
+    c->count(3, 1);
+    const auto first = c->freeze(true);
+    c->admitted(1);                     // dropped while the first is in flight
+    REQUIRE(c->forget_before(2) == 2);  // 2 and 3: idle
+    c->count(3, 4);                     // counted again: a change too
+    c->end_freeze(first_commits);
+    const std::string bytes = file_bytes(c->freeze(false)->counts());
+    c->end_freeze(true);
+    const embstore::io::AdmissionFile f = parsed(bytes);
+    if (!first_commits) {  // no base yet: the counts go whole
+      REQUIRE(f.kind == embstore::io::AdmissionKind::kExact);
+      REQUIRE(f.entries.size() == 1);
+      continue;
+    }
+    REQUIRE(f.kind == embstore::io::AdmissionKind::kExactDelta);
+    REQUIRE(f.removed == std::vector<int64_t>{1, 2, 3});
+    REQUIRE(f.entries.size() == 1);
+    REQUIRE(f.entries[0].key == 3);
+    REQUIRE(f.entries[0].step == 4);
+    // The chain merges into the live counts.
+    embstore::io::AdmissionFile merged;
+    std::string why;
+    REQUIRE(embstore::io::merge_admission_files({file_bytes(first->counts()), bytes}, &merged,
+                                                &why) == 0);
+    auto restored = counter(3);
+    REQUIRE(restored->load(merged, &why));
+    REQUIRE(restored->pending() == c->pending());
+    REQUIRE(restored->pending() == 1);
+  }
+}
+
+TEST_CASE("exact counts saturate at 2^32 - 3, loaded ones too", "[admission]") {
+  // As on the device, whose slot states take the two values above (cuda/row/admission.h).
+  embstore::io::AdmissionFile f;
+  f.kind = embstore::io::AdmissionKind::kExact;
+  f.entries.push_back({7, 0xFFFFFFFFu, 0, 1});  // a count 0.4.0 could save
+  f.entries.push_back({8, 0xFFFFFFFCu, 0, 1});
+  auto c = counter(0xFFFFFFFFu);
+  std::string why;
+  REQUIRE(c->load(parsed(file_bytes(f)), &why));
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE_FALSE(c->count(7, 2));
+    REQUIRE_FALSE(c->count(8, 2));
+  }
+  for (const embstore::io::AdmissionEntry& e : c->save().entries) {
+    REQUIRE(e.count == embstore::row::kAdmitMaxCount);
+  }
 }
 
 TEST_CASE("a table created after the chain's full checkpoint restores its counts", "[admission]") {
