@@ -14,13 +14,7 @@ namespace embstore::cuda_backend {
 // The grow-only device staging buffer, at least `bytes`. Every earlier use of it has
 // finished (each user synchronizes before it returns); growing waits for the stream anyway.
 char* CudaTable::stage(size_t bytes, cudaStream_t stream) {
-  if (bytes > stage_.bytes()) {
-    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    const size_t grown = std::max(bytes, stage_.bytes() + stage_.bytes() / 2);
-    stage_.reset();
-    stage_ = DeviceBuffer(grown, "snapshot staging");
-  }
-  return stage_.get<char>();
+  return grow_only(stage_, bytes, "snapshot staging", stream);
 }
 
 uint64_t CudaTable::capture(bool full, SnapshotSink* sink, uint64_t* live_rows) {

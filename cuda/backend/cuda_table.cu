@@ -113,16 +113,9 @@ void CudaTable::check_batch(size_t n) const {
   }
 }
 
-// The grow-only scratch buffer, at least `bytes`. Growing waits for the stream, which (after
-// the CallScope wait) covers every earlier use of the old buffer.
+// The grow-only scratch buffer of the table's calls.
 char* CudaTable::scratch(size_t bytes, cudaStream_t stream) {
-  if (bytes > scratch_.bytes()) {
-    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    const size_t grown = std::max(bytes, scratch_.bytes() + scratch_.bytes() / 2);
-    scratch_.reset();
-    scratch_ = DeviceBuffer(grown, "scratch");
-  }
-  return scratch_.get<char>();
+  return grow_only(scratch_, bytes, "scratch", stream);
 }
 
 DeviceCounters CudaTable::read_counters(cudaStream_t stream) {
@@ -418,16 +411,9 @@ void CudaTable::gather(const int64_t* keys, size_t n, const uint32_t* rows, cons
   check_launch("gather_rows_kernel");
 }
 
-// The admission path's grow-only buffer, at least `bytes`. Growing waits for the stream, which
-// (after the call's wait on the previous call) covers every earlier use of the old buffer.
+// The admission path's grow-only buffer (its arrays live across calls that use scratch).
 char* CudaTable::admission_buffer(size_t bytes, cudaStream_t stream) {
-  if (bytes > admission_buffer_.bytes()) {
-    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    const size_t grown = std::max(bytes, admission_buffer_.bytes() + admission_buffer_.bytes() / 2);
-    admission_buffer_.reset();
-    admission_buffer_ = DeviceBuffer(grown, "admission scratch");
-  }
-  return admission_buffer_.get<char>();
+  return grow_only(admission_buffer_, bytes, "admission scratch", stream);
 }
 
 TableCounters CudaTable::counters() {

@@ -133,38 +133,21 @@ void DeviceExactCounts::install(const std::vector<row::AdmitSlot>& slots, uint64
   used_bound_ = live;
 }
 
-void DeviceExactCounts::note_shed(const row::AdmitSlot& gone) {
-  // As the host counter notes a removal: only where a delta can follow (a base, or a
-  // checkpoint in flight that may become one).
-  if (!has_base_ && !freezing_) return;
-  if (freezing_ && gone.gen <= frozen_generation_) {
-    // In the frozen view already; the next delta needs it only if that checkpoint fails.
-    if (has_base_ && gone.gen > base_generation_) frozen_removed_.push_back(gone.key);
-    return;
-  }
-  // Removed after the base (or, with a checkpoint in flight, after its view): a checkpoint
-  // in flight may become the base, so removals meanwhile are noted even without one.
-  if (freezing_ || gone.gen > base_generation_) removed_.push_back(gone.key);
-}
-
-void DeviceExactCounts::rebuild(uint64_t slot_count, cudaStream_t stream) {
-  const std::vector<row::AdmitSlot> old = download(stream);
+void DeviceExactCounts::reinstall(const std::vector<row::AdmitSlot>& slots, uint64_t slot_count,
+                                  cudaStream_t stream) {
   std::vector<row::AdmitSlot> fresh(slot_count, row::AdmitSlot{});
-  uint64_t live = 0;
-  for (const row::AdmitSlot& s : old) {
+  uint64_t live = 0, shed = 0;
+  for (const row::AdmitSlot& s : slots) {
     if (row::admit_live(s.count)) {
       row::admit_place(fresh.data(), slot_count - 1, s);
       ++live;
     }
+    shed += s.count == row::kAdmitGone;
   }
-  // Room for the shed keys before any is noted, so that noting cannot fail half-way.
-  size_t shed = 0;
-  for (const row::AdmitSlot& s : old) shed += s.count == row::kAdmitGone;
-  removed_.reserve(removed_.size() + shed);
-  frozen_removed_.reserve(frozen_removed_.size() + shed);
+  generations_.reserve_removed(shed);  // so that noting below cannot fail half-way
   install(fresh, live, stream);
-  for (const row::AdmitSlot& s : old) {
-    if (s.count == row::kAdmitGone) note_shed(s);
+  for (const row::AdmitSlot& s : slots) {
+    if (s.count == row::kAdmitGone) generations_.note_removed_at(s.key, s.gen);
   }
 }
 
@@ -175,12 +158,12 @@ void DeviceExactCounts::count(const int64_t* keys, const uint32_t* rows, uint64_
     const AdmitCounters c = read_counters(stream);  // waits for the earlier counting
     used_bound_ = c.claimed;
     if (c.claimed + n > slot_count_ / 2) {
-      rebuild(std::max(slot_count_, slots_for(c.claimed - c.gone + n)), stream);
+      reinstall(download(stream), std::max(slot_count_, slots_for(c.claimed - c.gone + n)), stream);
     }
   }
   used_bound_ += n;
   count_admission_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
-      ref(), keys, rows, n, step, generation_, slot_of, device_counters());
+      ref(), keys, rows, n, step, generations_.current(), slot_of, device_counters());
   check_launch("count_admission_kernel");
   mark_pending_kernel<kBlock>
       <<<blocks_for(n), kBlock, 0, stream>>>(ref(), slot_of, n, admit_after_, pending);
@@ -191,7 +174,7 @@ void DeviceExactCounts::drop_admitted(const uint32_t* slot_of, const uint8_t* pe
                                       cudaStream_t stream) {
   if (n == 0) return;
   drop_admitted_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
-      ref(), slot_of, pending, n, generation_, device_counters());
+      ref(), slot_of, pending, n, generations_.current(), device_counters());
   check_launch("drop_admitted_kernel");
 }
 
@@ -200,8 +183,8 @@ uint64_t DeviceExactCounts::forget_before(uint64_t step) {
   const cudaStream_t stream = *stream_;
   unsigned long long* forgotten = &device_counters()->forgotten;
   check(cudaMemsetAsync(forgotten, 0, sizeof(*forgotten), stream), "cudaMemsetAsync");
-  forget_admission_kernel<kBlock>
-      <<<blocks_for(slot_count_), kBlock, 0, stream>>>(ref(), step, generation_, device_counters());
+  forget_admission_kernel<kBlock><<<blocks_for(slot_count_), kBlock, 0, stream>>>(
+      ref(), step, generations_.current(), device_counters());
   check_launch("forget_admission_kernel");
   settle_forgotten_kernel<<<1, 1, 0, stream>>>(device_counters());
   check_launch("settle_forgotten_kernel");
@@ -217,25 +200,13 @@ void DeviceExactCounts::drop_if(const std::function<bool(int64_t)>& has_row) {
     if (!row::admit_live(s.count)) continue;
     if (has_row(s.key)) {
       s.count = row::kAdmitGone;
-      s.gen = generation_;
+      s.gen = generations_.current();
     } else {
       ++live;
     }
   }
-  // Rebuilt from the result: the dropped keys' gone slots are shed at once (noted as a
-  // rebuild notes them).
-  std::vector<row::AdmitSlot> fresh(slots_for(live), row::AdmitSlot{});
-  for (const row::AdmitSlot& s : slots) {
-    if (row::admit_live(s.count)) row::admit_place(fresh.data(), fresh.size() - 1, s);
-  }
-  size_t shed = 0;
-  for (const row::AdmitSlot& s : slots) shed += s.count == row::kAdmitGone;
-  removed_.reserve(removed_.size() + shed);
-  frozen_removed_.reserve(frozen_removed_.size() + shed);
-  install(fresh, live, stream);
-  for (const row::AdmitSlot& s : slots) {
-    if (s.count == row::kAdmitGone) note_shed(s);
-  }
+  // The dropped keys' gone slots are shed at once, as a rebuild sheds them.
+  reinstall(slots, slots_for(live), stream);
 }
 
 uint64_t DeviceExactCounts::pending() const {
@@ -256,26 +227,14 @@ std::unique_ptr<const AdmissionCounts::Frozen> DeviceExactCounts::freeze(bool fu
         "cudaMemcpyAsync (admission counts)");
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   // Without committed counts to build on (none yet, or a restore that loaded none), a delta
-  // carries every count too.
-  auto frozen =
-      std::make_unique<FrozenSlots>(*this, full || !has_base_, base_generation_, removed_);
-  frozen_generation_ = generation_++;  // later changes are newer than the frozen view
-  frozen_removed_ = std::move(removed_);
-  removed_.clear();
-  freezing_ = true;
+  // carries every count too (view().whole).
+  DeltaGenerations::Frozen f = generations_.view(full);
+  auto frozen = std::make_unique<FrozenSlots>(*this, f.whole, f.base, std::move(f.removed));
+  generations_.freeze();
   return frozen;
 }
 
-void DeviceExactCounts::end_freeze(bool committed) {
-  if (committed) {
-    base_generation_ = frozen_generation_;
-    has_base_ = true;
-  } else {
-    removed_.insert(removed_.end(), frozen_removed_.begin(), frozen_removed_.end());
-  }
-  frozen_removed_.clear();
-  freezing_ = false;
-}
+void DeviceExactCounts::end_freeze(bool committed) { generations_.end_freeze(committed); }
 
 bool DeviceExactCounts::load(const io::AdmissionFile& f, std::string* why) {
   if (f.kind == io::AdmissionKind::kBloom) {
@@ -294,11 +253,7 @@ bool DeviceExactCounts::load(const io::AdmissionFile& f, std::string* why) {
                      row::AdmitSlot{e.key, std::min(e.count, row::kAdmitMaxCount), 0, e.step});
   }
   install(slots, f.entries.size(), *stream_);
-  has_base_ = true;
-  removed_.clear();
-  frozen_removed_.clear();
-  base_generation_ = 0;
-  generation_ = frozen_generation_ = 1;
+  generations_.loaded();
   return true;
 }
 

@@ -21,6 +21,7 @@
 #include "cuda/backend/device_memory.cuh"
 #include "cuda/backend/kernels/admission.cuh"
 #include "host/admission/admission.hpp"
+#include "host/admission/delta_generations.hpp"
 
 namespace embstore::cuda_backend {
 
@@ -62,10 +63,10 @@ class DeviceExactCounts final : public AdmissionCounts {
   std::vector<row::AdmitSlot> download(cudaStream_t stream) const;
   // Replaces the table by slots (host memory) holding `live` live slots and no gone ones.
   void install(const std::vector<row::AdmitSlot>& slots, uint64_t live, cudaStream_t stream);
-  // The table again at slot_count slots, its gone slots shed (their keys noted).
-  void rebuild(uint64_t slot_count, cudaStream_t stream);
-  // A gone slot shed by a rebuild: its key goes into the delta that must tell of its removal.
-  void note_shed(const row::AdmitSlot& gone);
+  // The live slots of `slots` (a copy of the table) in a table of slot_count slots; its gone
+  // slots are shed, their keys noted for the delta that must carry their removal.
+  void reinstall(const std::vector<row::AdmitSlot>& slots, uint64_t slot_count,
+                 cudaStream_t stream);
 
   const uint32_t admit_after_;
   const int device_;
@@ -78,12 +79,9 @@ class DeviceExactCounts final : public AdmissionCounts {
   uint64_t used_bound_ = 0;  // >= the slots in use (claimed), so the table stays half empty
   DeviceBuffer snapshot_;    // the frozen view: one at a time
 
-  // As the host counter's: changes are stamped with generation_; the last committed checkpoint
-  // froze base_generation_, the one in flight (freezing_) frozen_generation_. removed_: keys
-  // whose gone slots a rebuild shed since then (the others are read from the gone slots).
-  uint32_t generation_ = 1, base_generation_ = 0, frozen_generation_ = 0;
-  bool has_base_ = false, freezing_ = false;
-  std::vector<int64_t> removed_, frozen_removed_;
+  // As the host counter's: slots are stamped with generations_.current(); the gone slots
+  // changed since the base are read from the frozen view, those a rebuild shed noted here.
+  DeltaGenerations generations_;
 };
 
 }  // namespace embstore::cuda_backend

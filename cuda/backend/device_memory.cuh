@@ -107,6 +107,19 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// A grow-only buffer of a table's calls, at least `bytes`: grown by half again (or to bytes),
+// after waiting for the stream, which (after the call's wait on the previous call) covers every
+// earlier use of the old buffer.
+inline char* grow_only(DeviceBuffer& buffer, size_t bytes, const char* what, cudaStream_t stream) {
+  if (bytes > buffer.bytes()) {
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    const size_t grown = std::max(bytes, buffer.bytes() + buffer.bytes() / 2);
+    buffer.reset();
+    buffer = DeviceBuffer(grown, what);
+  }
+  return buffer.get<char>();
+}
+
 // Offsets of the sub-buffers of one call's scratch, each aligned for CUB.
 struct ScratchLayout {
   size_t bytes = 0;

@@ -10,6 +10,7 @@
 #include "cuda/row/admission.h"
 #include "cuda/row/hash.h"
 #include "cuda/row/index.h"
+#include "host/admission/delta_generations.hpp"
 #include "host/error.hpp"
 #include "io/format/admission_file.hpp"
 
@@ -85,7 +86,7 @@ class ExactCounter final : public AdmissionCounter {
     }
     e.count = row::admit_increment(e.count);
     e.step = step;
-    e.reserved = generation_;
+    e.reserved = generations_.current();
     return e.count >= admit_after_;
   }
 
@@ -106,26 +107,15 @@ class ExactCounter final : public AdmissionCounter {
 
   std::unique_ptr<const Frozen> freeze(bool full) override {
     // Without committed counts to build on (none yet, or a restore that loaded none), a delta
-    // carries every count too.
-    auto frozen = std::make_unique<FrozenSlots>(slots_.share(), size_, full || !has_base_,
-                                                base_generation_, removed_);
-    frozen_generation_ = generation_++;  // later changes are newer than the frozen view
-    frozen_removed_ = std::move(removed_);
-    removed_.clear();
-    freezing_ = true;
+    // carries every count too (view().whole).
+    DeltaGenerations::Frozen f = generations_.view(full);
+    auto frozen =
+        std::make_unique<FrozenSlots>(slots_.share(), size_, f.whole, f.base, std::move(f.removed));
+    generations_.freeze();
     return frozen;
   }
 
-  void end_freeze(bool committed) override {
-    if (committed) {
-      base_generation_ = frozen_generation_;
-      has_base_ = true;
-    } else {
-      removed_.insert(removed_.end(), frozen_removed_.begin(), frozen_removed_.end());
-    }
-    frozen_removed_.clear();
-    freezing_ = false;
-  }
+  void end_freeze(bool committed) override { generations_.end_freeze(committed); }
 
   bool load(const io::AdmissionFile& f, std::string* why) override {
     if (f.kind == AdmissionKind::kBloom) {
@@ -142,11 +132,7 @@ class ExactCounter final : public AdmissionCounter {
       e.count = std::min(e.count, row::kAdmitMaxCount);  // 0.4.0 saturated at UINT32_MAX
     }
     rebuild(std::max<size_t>(16, std::bit_ceil(2 * entries.size() + 2)), entries);
-    has_base_ = true;
-    removed_.clear();
-    frozen_removed_.clear();
-    base_generation_ = 0;
-    generation_ = frozen_generation_ = 1;
+    generations_.loaded();
     return true;
   }
 
@@ -208,20 +194,6 @@ class ExactCounter final : public AdmissionCounter {
     return s;
   }
 
-  // Keys removed since the base go into the next delta; with no base, it holds every count. A
-  // checkpoint in flight may become the base: removals meanwhile are noted too (the first full
-  // checkpoint's used to be lost, and a delta on it kept their counts).
-  bool notes_removals() const { return has_base_ || freezing_; }
-  void note_removed(int64_t key) {
-    if (notes_removals()) removed_.push_back(key);
-  }
-  // Room for `more` removals, grown geometrically, so that noting them cannot throw.
-  void reserve_removed(size_t more) {
-    if (notes_removals() && removed_.capacity() - removed_.size() < more) {
-      removed_.reserve(std::max(2 * removed_.capacity(), removed_.size() + more));
-    }
-  }
-
   void erase_at(size_t hole) {
     // Backward shift: pull later entries of the probe run into the hole, so probes never
     // stop early at it. The moves are planned first, and every slot they write is made
@@ -233,9 +205,9 @@ class ExactCounter final : public AdmissionCounter {
       shifts_.push_back(s);
       h = s;
     }
-    reserve_removed(1);
+    generations_.reserve_removed(1);
     for (const size_t s : shifts_) slots_.mut(s);
-    note_removed(slots_[hole].key);
+    generations_.note_removed(slots_[hole].key);
     for (size_t k = 0; k + 1 < shifts_.size(); ++k) {
       slots_.mut(shifts_[k]) = slots_[shifts_[k + 1]];
     }
@@ -259,9 +231,9 @@ class ExactCounter final : public AdmissionCounter {
       }
     }
     if (gone.empty()) return 0;
-    reserve_removed(gone.size());
+    generations_.reserve_removed(gone.size());
     rebuild(std::max<size_t>(16, std::bit_ceil(2 * kept.size() + 2)), kept);
-    for (const int64_t key : gone) note_removed(key);
+    for (const int64_t key : gone) generations_.note_removed(key);
     return gone.size();
   }
 
@@ -291,13 +263,8 @@ class ExactCounter final : public AdmissionCounter {
   uint32_t admit_after_;
   CowArray<Entry> slots_;
   uint64_t size_ = 0;
-  // Changes are stamped with generation_; the last committed checkpoint froze
-  // base_generation_, the one in flight frozen_generation_ (and took frozen_removed_).
-  uint32_t generation_ = 1, base_generation_ = 0, frozen_generation_ = 0;
-  bool has_base_ = false;  // a checkpoint committed, or a restore loaded, the counts
-  bool freezing_ = false;  // a frozen view is out (between freeze and end_freeze)
-  std::vector<int64_t> removed_, frozen_removed_;  // keys removed since the base
-  std::vector<size_t> shifts_;                     // erase_at's scratch
+  DeltaGenerations generations_;  // entries' reserved field: the generation of their last change
+  std::vector<size_t> shifts_;    // erase_at's scratch
 };
 
 class BloomCounter final : public AdmissionCounter {

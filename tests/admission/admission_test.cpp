@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cuda/row/admission.h"
+#include "host/admission/delta_generations.hpp"
 #include "host/error.hpp"
 #include "host/table/table.hpp"
 #include "io/format/admission_file.hpp"
@@ -624,6 +625,42 @@ TEST_CASE("a count dropped while the first checkpoint is in flight is removed by
     REQUIRE(restored->load(merged, &why));
     REQUIRE(restored->pending() == c->pending());
     REQUIRE(restored->pending() == 1);
+  }
+}
+
+TEST_CASE("removals learned late go into the delta that must carry them", "[admission]") {
+  // DeltaGenerations::note_removed_at: a CUDA table learns of a gone slot's removal only when a
+  // rebuild sheds it, with the generation it was stamped with.
+  embstore::DeltaGenerations g;
+  g.note_removed_at(1, g.current());  // no base, nothing in flight: the next checkpoint is full
+  REQUIRE(g.view(false).whole);
+  REQUIRE(g.view(false).removed.empty());
+
+  g.freeze();                         // the first checkpoint: generation 1
+  g.note_removed_at(2, 1);            // before it: in its (whole) view
+  g.note_removed_at(3, g.current());  // after it: the next delta's
+  g.end_freeze(true);
+  auto next = g.view(false);
+  REQUIRE_FALSE(next.whole);
+  REQUIRE(next.base == 1);
+  REQUIRE(next.removed == std::vector<int64_t>{3});
+
+  for (const bool commits : {false, true}) {
+    CAPTURE(commits);
+    g.freeze();  // a delta in flight, its base as before
+    const uint32_t frozen = g.current() - 1;
+    g.note_removed_at(10, frozen);       // in that delta's view: needed again only if it fails
+    g.note_removed_at(11, g.current());  // after it
+    g.end_freeze(commits);
+    std::vector<int64_t> removed = g.view(false).removed;
+    std::sort(removed.begin(), removed.end());
+    if (commits) {
+      REQUIRE(removed == std::vector<int64_t>{11});
+    } else {
+      REQUIRE(removed == std::vector<int64_t>{3, 10, 11});
+    }
+    g.freeze();
+    g.end_freeze(true);  // a clean base for the next round
   }
 }
 
