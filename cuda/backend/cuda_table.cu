@@ -13,7 +13,7 @@ namespace {
 std::unique_ptr<AdmissionCounts> device_counts_for(const TableSpec& spec, int device,
                                                    const cudaStream_t* stream) {
   if (spec.admit_after <= 1 || spec.admit_bloom_bytes != 0) return nullptr;
-  return std::make_unique<DeviceExactCounts>(spec.admit_after, device, stream);
+  return std::make_unique<DeviceExactCounts>(spec.admit_after, device, stream, spec.name);
 }
 
 }  // namespace
@@ -324,22 +324,26 @@ void CudaTable::lookup_counting_on_device(const int64_t* keys, size_t n, float* 
       index_ref(), keys, n, row::kNoRow, rows, nullptr, nullptr);
   check_launch("resolve_rows_kernel");
   device_counts_->count(keys, rows, n, step, slot_of, pending, stream);
-  // Room for the admitted keys' rows: n bounds them; near the arena's capacity or the row
-  // limit, they are listed and counted exactly (waiting for the device).
+  // Room for the admitted keys' rows: n bounds them. Where the cheap bound fails, it is made
+  // exact first (as reserve_rows does: else every later call would come here again); near
+  // the arena's capacity or the row limit, the admitted keys are listed and counted exactly.
   if (!reserve_rows_cheaply(n)) {
-    const AdmittedAt admitted{slot_of, pending};
-    const size_t temp_bytes = select_bytes(admitted, n, stream);
-    ScratchLayout temp_layout;
-    const size_t temp_at = temp_layout.take(temp_bytes);
-    char* temp = scratch(temp_layout.bytes, stream) + temp_at;
-    auto* positions = reinterpret_cast<uint32_t*>(base + positions_at);
-    auto* admitted_keys = reinterpret_cast<int64_t*>(base + admitted_at);
-    const uint64_t m = select(admitted, n, positions, temp, temp_bytes, stream);
-    if (m > 0) {
-      gather_keys_kernel<kBlock>
-          <<<blocks_for(m), kBlock, 0, stream>>>(keys, positions, m, admitted_keys);
-      check_launch("gather_keys_kernel");
-      reserve_rows(admitted_keys, m, step, keys, n, stream);
+    rows_bound_ = read_counters(stream).rows;  // waits: every earlier insert is done
+    if (!reserve_rows_cheaply(n)) {
+      const AdmittedAt admitted{slot_of, pending};
+      const size_t temp_bytes = select_bytes(admitted, n, stream);
+      ScratchLayout temp_layout;
+      const size_t temp_at = temp_layout.take(temp_bytes);
+      char* temp = scratch(temp_layout.bytes, stream) + temp_at;
+      auto* positions = reinterpret_cast<uint32_t*>(base + positions_at);
+      auto* admitted_keys = reinterpret_cast<int64_t*>(base + admitted_at);
+      const uint64_t m = select(admitted, n, positions, temp, temp_bytes, stream);
+      if (m > 0) {
+        gather_keys_kernel<kBlock>
+            <<<blocks_for(m), kBlock, 0, stream>>>(keys, positions, m, admitted_keys);
+        check_launch("gather_keys_kernel");
+        reserve_rows(admitted_keys, m, step, keys, n, stream);
+      }
     }
   }
   insert_and_gather(keys, n, step, pending, rows, reinterpret_cast<uint8_t*>(base + created_at),

@@ -1,13 +1,15 @@
 // Exact admission counts in a CUDA table's device memory. The data path counts a batch at a time
 // on the caller's stream, with no host round trip (kernels/admission.cuh): the trainer's lookup
 // no longer waits for the device. The table's ledger and its checkpoints see the counts as
-// AdmissionCounts, with the host counter's semantics (generations for deltas, removals noted);
-// those operations are rare (capture, restore, idle passes, stats) and synchronous, on the
-// table's own stream, which the table orders after its calls.
+// AdmissionCounts, with the host counter's semantics (DeltaGenerations); those operations are
+// rare (capture, restore, idle passes, stats) and synchronous, on the table's own stream, which
+// the table orders after its calls.
 //
-// The table of row::AdmitSlot is rebuilt on the host when it must grow or shed its gone slots
-// (a copy each way, about every slots / 2 counted occurrences), which is also where the keys of
-// the gone slots it sheds are noted for the next delta.
+// The table of row::AdmitSlot stays at most half full. A count call adds its batch size to a
+// bound on the slots in use and reads the true count back (waiting for the device) only when
+// the bound passes half the table; the table is then rehashed on the device, its gone slots
+// shed (their keys noted for the delta that must carry their removal), at a size with room
+// for half its live keys and four batches more, so that reads stay rare.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,8 +30,9 @@ namespace embstore::cuda_backend {
 class DeviceExactCounts final : public AdmissionCounts {
  public:
   // stream: the table's own stream, read at each ledger operation (so it may be created after
-  // this object).
-  DeviceExactCounts(uint32_t admit_after, int device, const cudaStream_t* stream);
+  // this object). table: its name, for messages.
+  DeviceExactCounts(uint32_t admit_after, int device, const cudaStream_t* stream,
+                    std::string table);
   ~DeviceExactCounts() override;
   DeviceExactCounts(const DeviceExactCounts&) = delete;
   DeviceExactCounts& operator=(const DeviceExactCounts&) = delete;
@@ -55,32 +58,38 @@ class DeviceExactCounts final : public AdmissionCounts {
 
  private:
   class FrozenSlots;
+  struct Snapshot;
 
   AdmitTableRef ref() const { return AdmitTableRef{slots_.get<row::AdmitSlot>(), slot_count_ - 1}; }
   AdmitCounters* device_counters() const { return counters_.get<AdmitCounters>(); }
   unsigned blocks_for(uint64_t threads) const;
   AdmitCounters read_counters(cudaStream_t stream) const;
   std::vector<row::AdmitSlot> download(cudaStream_t stream) const;
-  // Replaces the table by slots (host memory) holding `live` live slots and no gone ones.
-  void install(const std::vector<row::AdmitSlot>& slots, uint64_t live, cudaStream_t stream);
-  // The live slots of `slots` (a copy of the table) in a table of slot_count slots; its gone
-  // slots are shed, their keys noted for the delta that must carry their removal.
-  void reinstall(const std::vector<row::AdmitSlot>& slots, uint64_t slot_count,
-                 cudaStream_t stream);
+  // The table's size for `live` live keys and batches of n: half of it holds them, half of them
+  // again and 4n more. Fails with OUT_OF_MEMORY past 2^31 slots (slot indices are 32-bit).
+  uint64_t slots_for(uint64_t live, uint64_t n) const;
+  // Replaces the table by `slots` (host memory), whose slots in use and gone ones are counted.
+  void install(const std::vector<row::AdmitSlot>& slots, uint64_t claimed, uint64_t gone,
+               cudaStream_t stream);
+  // Rehashes the live slots into a table of slot_count slots on the device; the gone ones are
+  // shed, their keys noted. `gone`: how many there are.
+  void rehash(uint64_t slot_count, uint64_t gone, cudaStream_t stream);
 
   const uint32_t admit_after_;
   const int device_;
   const cudaStream_t* const stream_;
+  const std::string table_;  // for messages
   uint64_t max_blocks_ = 1;
-  cudaStream_t copy_stream_ = nullptr;  // the checkpoint worker's copy of a frozen view
   DeviceBuffer slots_;
   uint64_t slot_count_ = 0;  // a power of two
   DeviceBuffer counters_;
   uint64_t used_bound_ = 0;  // >= the slots in use (claimed), so the table stays half empty
-  DeviceBuffer snapshot_;    // the frozen view: one at a time
+  // The last frozen view's copy, kept for the next capture (a capture that allocated would
+  // stall training): the counts' device memory twice over. A view still out keeps its own.
+  std::shared_ptr<Snapshot> snapshot_;
 
   // As the host counter's: slots are stamped with generations_.current(); the gone slots
-  // changed since the base are read from the frozen view, those a rebuild shed noted here.
+  // changed since the base are read from the frozen view, those a rehash shed noted here.
   DeltaGenerations generations_;
 };
 

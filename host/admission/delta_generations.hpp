@@ -56,6 +56,20 @@ class DeltaGenerations {
 
   // A freeze in two steps, so that whatever allocates comes before any change: view() (what
   // the frozen view holds), then freeze().
+  // The generation above which a removal learned late must be offered to note_removed_at
+  // (below or at it, note_removed_at drops it); false when no removal is noted now.
+  bool removals_after(uint32_t* gen) const {
+    if (has_base_) {
+      *gen = base_generation_;
+      return true;
+    }
+    if (freezing_) {
+      *gen = frozen_generation_;
+      return true;
+    }
+    return false;
+  }
+
   Frozen view(bool full) const { return Frozen{full || !has_base_, base_generation_, removed_}; }
   void freeze() noexcept {
     frozen_generation_ = generation_++;  // later changes are newer than the frozen view

@@ -425,9 +425,11 @@ EMBSTORE_API embstore_status_t embstore_table_stats(embstore_table_t* table,
    Checkpoints: a full checkpoint saves every count, a delta the changes since its parent (the
    keys whose counts were dropped, and the counts that changed); a Bloom filter goes whole into
    both. Restore loads them along the chain, so the restored counts are those at the restored
-   version, and training restored from any version goes on as it would have. A capture does not
-   copy the counts: it shares them in 64 KiB pieces, and counting copies a piece that a
-   checkpoint in flight still holds before it changes it. Admission alone evicts nothing.
+   version, and training restored from any version goes on as it would have. On the host a
+   capture does not copy the counts: it shares them in 64 KiB pieces, and counting copies a
+   piece that a checkpoint in flight still holds before it changes it. A CUDA table's exact
+   counts are copied at capture, device to device (24 bytes per slot of a table at most half
+   full), into a copy kept for the next capture. Admission alone evicts nothing.
    On CUDA, exact counts are kept in device memory and counted by the lookup's kernels, with the
    same results as the host backend's (a key's count is its occurrences, whatever order they are
    counted in): a lookup with EMBSTORE_LOOKUP_INSERT returns once its work is enqueued, and waits

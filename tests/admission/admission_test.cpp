@@ -632,13 +632,23 @@ TEST_CASE("removals learned late go into the delta that must carry them", "[admi
   // DeltaGenerations::note_removed_at: a CUDA table learns of a gone slot's removal only when a
   // rebuild sheds it, with the generation it was stamped with.
   embstore::DeltaGenerations g;
+  // removals_after() is the filter a device applies before offering removals: whatever it
+  // leaves out, note_removed_at would have dropped.
+  auto offered = [&](int64_t key, uint32_t gen) {
+    uint32_t after = 0;
+    if (g.removals_after(&after) && gen > after) g.note_removed_at(key, gen);
+  };
+  uint32_t after = 0;
+  REQUIRE_FALSE(g.removals_after(&after));
   g.note_removed_at(1, g.current());  // no base, nothing in flight: the next checkpoint is full
   REQUIRE(g.view(false).whole);
   REQUIRE(g.view(false).removed.empty());
 
-  g.freeze();                         // the first checkpoint: generation 1
-  g.note_removed_at(2, 1);            // before it: in its (whole) view
-  g.note_removed_at(3, g.current());  // after it: the next delta's
+  g.freeze();  // the first checkpoint: generation 1
+  REQUIRE(g.removals_after(&after));
+  REQUIRE(after == 1);
+  offered(2, 1);            // before it: in its (whole) view
+  offered(3, g.current());  // after it: the next delta's
   g.end_freeze(true);
   auto next = g.view(false);
   REQUIRE_FALSE(next.whole);
@@ -649,8 +659,11 @@ TEST_CASE("removals learned late go into the delta that must carry them", "[admi
     CAPTURE(commits);
     g.freeze();  // a delta in flight, its base as before
     const uint32_t frozen = g.current() - 1;
-    g.note_removed_at(10, frozen);       // in that delta's view: needed again only if it fails
-    g.note_removed_at(11, g.current());  // after it
+    REQUIRE(g.removals_after(&after));
+    REQUIRE(after == frozen - 1);  // the base
+    offered(9, after);             // in the base: never needed again
+    offered(10, frozen);           // in that delta's view: needed again only if it fails
+    offered(11, g.current());      // after it
     g.end_freeze(commits);
     std::vector<int64_t> removed = g.view(false).removed;
     std::sort(removed.begin(), removed.end());

@@ -31,6 +31,14 @@ struct AdmitCounters {
   unsigned long long claimed;    // slots in use, live or gone
   unsigned long long gone;       // of which gone
   unsigned long long forgotten;  // result slot of forget_before
+  unsigned long long listed;     // result slot of a rehash: the removals it listed
+};
+
+// A gone slot's key and the generation of its removal, which a rehash sheds.
+struct AdmitRemoval {
+  int64_t key;
+  uint32_t gen;
+  uint32_t unused;
 };
 
 // One thread per position: the occurrence of keys[i] is counted when rows[i] is kNoRow, and
@@ -156,6 +164,35 @@ static __global__ void __launch_bounds__(BlockSize)
 // After forget_admission_kernel (one thread): the forgotten slots are gone ones.
 static __global__ void settle_forgotten_kernel(AdmitCounters* counters) {
   counters->gone += counters->forgotten;
+}
+
+// Reinserts the live slots of `from` into the empty table `to` (keys are distinct, so a slot
+// claimed by CAS on its count is final, and nothing reads `to` until the kernel ends); counts
+// them in counters->claimed (zero before). The gone slots are shed: those whose removal is
+// newer than removals_after (when note) are listed in removals (counters->listed, zero before).
+template <int BlockSize>
+static __global__ void __launch_bounds__(BlockSize)
+    rehash_admission_kernel(AdmitTableRef from, AdmitTableRef to, bool note,
+                            uint32_t removals_after, AdmitRemoval* removals,
+                            AdmitCounters* counters) {
+  unsigned long long live = 0;
+  for (uint64_t s = grid_thread<BlockSize>(); s <= from.mask; s += grid_threads<BlockSize>()) {
+    const row::AdmitSlot e = from.slots[s];
+    if (row::admit_live(e.count)) {
+      uint64_t t = row::admit_home(e.key, to.mask);
+      while (atomicCAS(&to.slots[t].count, row::kAdmitEmpty, e.count) != row::kAdmitEmpty) {
+        t = (t + 1) & to.mask;
+      }
+      to.slots[t].key = e.key;
+      to.slots[t].gen = e.gen;
+      to.slots[t].step = e.step;
+      ++live;
+    } else if (e.count == row::kAdmitGone && note && e.gen > removals_after) {
+      const unsigned long long at = atomicAdd(&counters->listed, 1ull);
+      removals[at] = AdmitRemoval{e.key, e.gen, 0};
+    }
+  }
+  block_add<BlockSize>(live, &counters->claimed);
 }
 
 }  // namespace embstore::cuda_backend

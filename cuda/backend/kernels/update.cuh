@@ -93,15 +93,22 @@ __device__ __forceinline__ void store_node(float* dst, uint32_t dim, uint32_t la
 
 // Counts a finished child in its parent's arrivals; true for the warp whose child completed the
 // parent, which then reads the other children's sums. Called by every lane, after its stores.
+// The fences are those of the CUDA guide's last-block pattern, on both sides of the warp
+// barriers: every lane's sums are visible to the device before lane 0 counts them, and the
+// last warp reads (with __ldcg, past L1) only after the count that told it so.
 __device__ __forceinline__ bool last_to_arrive(uint32_t* arrivals, uint32_t children,
                                                uint32_t lane) {
-  __threadfence();  // this lane's sums are visible to the device before the count
+  __threadfence();
   __syncwarp();
   uint32_t before = 0;
-  if (lane == 0) before = atomicAdd(arrivals, 1u);
+  if (lane == 0) {
+    __threadfence();
+    before = atomicAdd(arrivals, 1u);
+  }
   before = __shfl_sync(kFullMask, before, 0);
   if (before + 1 != children) return false;
-  __threadfence();  // the children counted before are read after their count (with __ldcg)
+  __syncwarp();
+  __threadfence();
   return true;
 }
 
