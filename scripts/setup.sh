@@ -10,7 +10,7 @@
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config liburing-dev libfmt-dev catch2 nlohmann-json3-dev
-          libxxhash-dev libcli11-dev python3 openmpi-bin libopenmpi-dev)
+          libxxhash-dev libre2-dev libcli11-dev python3 openmpi-bin libopenmpi-dev)
 for arg in "$@"; do
   case "$arg" in
     --plot) packages+=(gnuplot-nox) ;;

@@ -8,6 +8,7 @@
 #include <limits>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -271,6 +272,7 @@ embstore_status_t embstore_lookup(embstore_table_t* table, const int64_t* keys, 
     require(keys, "keys");
     require(values_out, "values_out");
     check_batch(n);
+    const embstore::TableCalls::Scope in_flight(table->store->table_calls);
     check_own_shard(*table->store, keys, n, stream);
     table->impl->lookup(keys, n, values_out, (flags & EMBSTORE_LOOKUP_INSERT) != 0,
                         table->store->step.load(std::memory_order_relaxed), stream);
@@ -285,6 +287,7 @@ embstore_status_t embstore_apply_gradients(embstore_table_t* table, const int64_
     require(keys, "keys");
     require(grads, "grads");
     check_batch(n);
+    const embstore::TableCalls::Scope in_flight(table->store->table_calls);
     check_own_shard(*table->store, keys, n, stream);
     table->impl->apply_gradients(keys, grads, n, table->store->step.load(std::memory_order_relaxed),
                                  stream);
@@ -351,6 +354,10 @@ embstore_status_t embstore_step(embstore_store_t* store, uint64_t global_step) {
   return guarded(__func__, [&] {
     require(store, "store");
     const auto collective = collective_section(store);
+    // A sharded store's step is collective and serialized with its restore (comm_mutex): it
+    // must not fail on one rank alone.
+    std::optional<embstore::TableCalls::Scope> in_flight;
+    if (store->world_size == 1) in_flight.emplace(store->table_calls);
     const uint64_t previous = store->step.exchange(global_step, std::memory_order_relaxed);
     store->on_step(previous, global_step);
     std::string message;
@@ -369,6 +376,7 @@ embstore_status_t embstore_table_stats(embstore_table_t* table, embstore_table_s
       fail(EMBSTORE_INVALID_ARGUMENT, "stats struct_size is {}, expected {}", out->struct_size,
            sizeof(embstore_table_stats_t));
     }
+    const embstore::TableCalls::Scope in_flight(table->store->table_calls);
     const embstore::TableCounters c = table->impl->counters();
     if (out->struct_size >= sizeof(embstore_table_stats_t)) out->admitted = c.admitted;
     out->rows = c.rows;
@@ -384,6 +392,7 @@ embstore_status_t embstore_table_stats(embstore_table_t* table, embstore_table_s
 embstore_status_t embstore_table_evict(embstore_table_t* table, uint64_t* evicted_out) {
   return guarded(__func__, [&] {
     require(table, "table");
+    const embstore::TableCalls::Scope in_flight(table->store->table_calls);
     const uint64_t evicted = table->store->evict_idle(table);
     if (evicted_out) *evicted_out = evicted;
   });
@@ -513,6 +522,7 @@ embstore_status_t embstore_restore(embstore_store_t* store, const char* dir, uin
     require(dir, "dir");
     if (*dir == '\0') fail(EMBSTORE_INVALID_ARGUMENT, "dir is empty");
     const auto collective = collective_section(store);
+    const embstore::TableCalls::Replacement replacing(store->table_calls, store->world_size > 1);
     const uint64_t restored = store->checkpointer->restore(dir, version);
     if (restored_version_out) *restored_version_out = restored;
   });
@@ -581,6 +591,7 @@ embstore_status_t embstore_warm_start(embstore_store_t* store,
       warm[i].values_only = (flags & EMBSTORE_WARM_START_VALUES_ONLY) != 0;
     }
     const auto collective = collective_section(store);
+    const embstore::TableCalls::Replacement replacing(store->table_calls, store->world_size > 1);
     store->checkpointer->warm_start(warm);
   });
 }
@@ -698,6 +709,13 @@ embstore_status_t embstore_follower_poll(embstore_follower_t* follower, uint64_t
     require(follower, "follower");
     const uint64_t v = follower->impl->poll();
     if (version_out != nullptr) *version_out = v;
+  });
+}
+
+embstore_status_t embstore_follower_cancel(embstore_follower_t* follower) {
+  return guarded(__func__, [&] {
+    require(follower, "follower");
+    follower->impl->cancel();
   });
 }
 

@@ -65,7 +65,7 @@ class Checkpointer {
   struct WarmSource {
     std::string dir;
     uint64_t version = 0;
-    std::string tables_regex;  // ECMAScript, matching whole names
+    std::string tables_regex;  // RE2 syntax (host/table/table_regex.hpp), matching whole names
     bool values_only = false;
   };
   void warm_start(const std::vector<WarmSource>& sources);

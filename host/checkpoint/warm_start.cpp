@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <map>
 #include <memory>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -46,10 +45,10 @@ void Checkpointer::warm_start(const std::vector<WarmSource>& sources) {
   r.op = "warm start";
   r.new_run = false;  // warm start loads tables, not a training position: the step stays
   stages.run([&] {
-    std::vector<std::regex> regexes;
+    std::vector<TableRegex> regexes;
     for (size_t i = 0; i < sources.size(); ++i) {
       regexes.push_back(
-          compile_table_regex(sources[i].tables_regex, fmt::format("warm start source {}", i)));
+          TableRegex::compile(sources[i].tables_regex, fmt::format("warm start source {}", i)));
     }
     std::map<std::string, TableLoad> chosen;  // by name
     for (size_t i = 0; i < sources.size(); ++i) {
@@ -66,7 +65,7 @@ void Checkpointer::warm_start(const std::vector<WarmSource>& sources) {
       const RestorePlan& plan = *plans.back();
       bool matched = false;
       for (const TablePlan& t : plan.tables) {
-        if (!std::regex_match(t.entry->name, regexes[i])) continue;
+        if (!regexes[i].matches(t.entry->name)) continue;
         chosen[t.entry->name] = TableLoad{&plan, &t, source.values_only};
         matched = true;
       }

@@ -13,7 +13,6 @@
 #include "cuda/row/shard.h"
 #include "host/checkpoint/restore_plan.hpp"
 #include "host/error.hpp"
-#include "host/table/table_regex.hpp"
 #include "io/format/chain.hpp"
 #include "io/format/dir_lock.hpp"
 #include "io/format/lease.hpp"
@@ -47,8 +46,9 @@ bool listed(const io::CheckpointDir& dir, uint64_t version) {
 
 }  // namespace
 
-Follower::Follower(FollowerOptions options) : options_(std::move(options)) {
-  tables_ = compile_table_regex(options_.tables_regex, "follower");
+Follower::Follower(FollowerOptions options)
+    : options_(std::move(options)),
+      tables_(TableRegex::compile(options_.tables_regex, "follower")) {
   if (options_.lease_seconds > 0) lease_id_ = io::new_lease_id();
   // Made before the lease is written, so that nothing after it can fail and leave the lease.
   if (options_.poll_interval_ms > 0) {
@@ -135,7 +135,7 @@ std::shared_ptr<Follower::Serving> Follower::load_whole(io::CheckpointDir& dir, 
   const checkpoint::RestorePlan plan = checkpoint::plan_version(dir, index);
   std::map<std::string, uint32_t> dims;
   for (const checkpoint::TablePlan& t : plan.tables) {
-    if (!std::regex_match(t.entry->name, tables_)) continue;
+    if (!tables_.matches(t.entry->name)) continue;
     dims[t.entry->name] = t.spec.dim;
     const auto served = dims_of != nullptr ? dims_of->specs.find(t.entry->name)
                                            : std::map<std::string, TableSpec>::const_iterator();
@@ -242,7 +242,7 @@ std::map<std::string, TableChanges> Follower::read_changes(const io::ChainLink& 
 bool Follower::serves_same_tables(const io::Manifest& m, const Serving& serving) const {
   size_t matching = 0;
   for (const io::TableEntry& entry : m.tables) {
-    if (!std::regex_match(entry.name, tables_)) continue;
+    if (!tables_.matches(entry.name)) continue;
     if (serving.specs.count(entry.name) == 0) return false;  // created since the load
     ++matching;
   }
@@ -250,6 +250,7 @@ bool Follower::serves_same_tables(const io::Manifest& m, const Serving& serving)
 }
 
 uint64_t Follower::poll() {
+  if (stopping_) fail(EMBSTORE_BUSY, "the follower is being closed: its polls are cancelled");
   std::lock_guard lock(poll_mutex_);
   ++polls_;
   try {

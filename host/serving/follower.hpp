@@ -22,7 +22,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <regex>
 #include <string>
 #include <thread>
 
@@ -30,6 +29,7 @@
 #include "host/serving/pacer.hpp"
 #include "host/serving/served_rows.hpp"
 #include "host/table/table.hpp"
+#include "host/table/table_regex.hpp"
 
 namespace embstore::io {
 struct ChainLink;
@@ -41,7 +41,7 @@ namespace embstore::serving {
 
 struct FollowerOptions {
   std::string dir;
-  std::string tables_regex = ".*";      // ECMAScript, whole names
+  std::string tables_regex = ".*";      // RE2 syntax, whole names
   uint32_t rank = 0, world_size = 1;    // the serving layout: keys embstore_shard_of gives rank
   bool initial_values = false;          // keys without a row read as the initializer's values
   uint32_t poll_interval_ms = 0;        // 0: polls by poll() only; else a background thread polls
@@ -87,6 +87,9 @@ class Follower {
   // served. On failure (CORRUPT, IO_ERROR, NOT_FOUND when the directory went) it throws and the
   // version served stays the last one applied.
   uint64_t poll();
+  // Polls in flight give up at their next block or pace check, and later ones fail, with BUSY;
+  // lookups go on (embstore_follower_cancel).
+  void cancel() { stopping_ = true; }
   uint64_t version() const;
   // The dim of a table served; NOT_FOUND for another.
   uint32_t table_dim(const std::string& table) const;
@@ -113,7 +116,7 @@ class Follower {
   bool serves_key(int64_t key) const;
 
   FollowerOptions options_;
-  std::regex tables_;
+  TableRegex tables_;
   SharedSlot<Serving> serving_;
   std::mutex poll_mutex_;  // poll, and what it keeps below
   uint64_t xxh3_ = 0;      // the manifest checksum of the version served
@@ -124,7 +127,7 @@ class Follower {
   std::atomic<uint64_t> versions_applied_{0}, full_loads_{0}, lookups_{0}, polls_{0},
       chain_lost_{0};
   std::atomic<double> last_apply_seconds_{0};
-  std::atomic<bool> stopping_{false};  // set by the destructor: a paced poll gives up
+  std::atomic<bool> stopping_{false};  // set by cancel() and the destructor: polls give up
   mutable std::mutex stats_mutex_;     // what follows
   embstore_status_t last_poll_status_ = EMBSTORE_OK;
   std::string last_poll_error_;

@@ -14,8 +14,8 @@ namespace embstore::serving {
 // Spreads a poll's reading over time: add(bytes) after that many bytes were read sleeps until
 // bytes_per_second allows them (0: never sleeps). Lookups share the memory bandwidth and the
 // caches with the poll; spreading its bytes leaves them more of both, for a longer lag.
-// The sleep checks *cancel every few milliseconds and throws Error(INTERNAL) once it is set
-// (a follower being destroyed does not wait out a slow pace).
+// The sleep checks *cancel every few milliseconds and throws Error(BUSY) once it is set (a
+// follower being closed does not wait out a slow pace).
 class Pacer {
  public:
   explicit Pacer(uint64_t bytes_per_second, const std::atomic<bool>* cancel = nullptr)
@@ -37,7 +37,7 @@ inline void Pacer::add(uint64_t bytes) {
   const double due = bytes_ / static_cast<double>(rate_);
   for (;;) {
     if (cancel_ != nullptr && cancel_->load(std::memory_order_relaxed)) {
-      fail(EMBSTORE_INTERNAL, "a paced poll was cancelled: the follower is being destroyed");
+      fail(EMBSTORE_BUSY, "a paced poll was cancelled: the follower is being closed");
     }
     const double left =
         due - std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();

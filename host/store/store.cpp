@@ -1,6 +1,8 @@
 #include "host/store/store.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "host/backend/backends.hpp"
 #include "host/error.hpp"
@@ -10,14 +12,44 @@
 using embstore::fail;
 namespace io = embstore::io;
 
+embstore::TableCalls::Scope::Scope(TableCalls& calls) : calls_(calls) {
+  calls_.in_flight_.fetch_add(1);
+  if (calls_.replacing_.load()) {
+    calls_.in_flight_.fetch_sub(1);
+    fail(EMBSTORE_BUSY,
+         "the store's tables are being replaced (embstore_restore or embstore_warm_start on "
+         "another thread): call again once it has returned");
+  }
+}
+
+embstore::TableCalls::Replacement::Replacement(TableCalls& calls, bool wait) : calls_(calls) {
+  bool expected = false;
+  if (!calls_.replacing_.compare_exchange_strong(expected, true)) {
+    fail(EMBSTORE_BUSY, "another restore or warm start of this store is running");
+  }
+  for (uint64_t n; (n = calls_.in_flight_.load()) != 0;) {
+    if (!wait) {
+      calls_.replacing_.store(false);
+      fail(EMBSTORE_BUSY,
+           "{} call(s) on the store's tables are running on other threads: a restore or warm "
+           "start would replace the tables under them",
+           n);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
 embstore_store::embstore_store(const embstore_store_config_t& c) {
   if (c.struct_size < sizeof(embstore_store_config_t)) {
     fail(EMBSTORE_INVALID_ARGUMENT,
          "store config struct_size is {}, expected {}: fill it with embstore_store_config_init",
          c.struct_size, sizeof(embstore_store_config_t));
   }
-  if (c.host_threads < 0) {
-    fail(EMBSTORE_INVALID_ARGUMENT, "host_threads must be >= 0, is {}", c.host_threads);
+  if (c.host_threads < 0 ||
+      static_cast<unsigned>(c.host_threads) > embstore::ThreadPool::max_threads()) {
+    fail(EMBSTORE_INVALID_ARGUMENT,
+         "host_threads must be 0 (one per core) to {} (4 per core, at least 16), is {}",
+         embstore::ThreadPool::max_threads(), c.host_threads);
   }
   if (c.io_queue_depth < 1 || static_cast<unsigned>(c.io_queue_depth) > io::kMaxQueueDepth) {
     fail(EMBSTORE_INVALID_ARGUMENT, "io_queue_depth must be 1..{}, is {}", io::kMaxQueueDepth,

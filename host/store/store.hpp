@@ -25,6 +25,47 @@ struct embstore_table {
   double idle_pass_time = 0;  // when embstore_step last ran the idle rules (IdleClock time)
 };
 
+namespace embstore {
+
+// The calls that use a store's tables from any thread (lookups, updates, stats, eviction,
+// step) against restore and warm start, which replace the tables: neither runs under the
+// other. A call made while a replacement runs fails with BUSY; a replacement that finds calls
+// in flight fails with BUSY too, or waits for them where it must not fail alone (a sharded
+// store's collective restore).
+class TableCalls {
+ public:
+  // One call in flight, for its scope; throws Error(BUSY) during a replacement.
+  class Scope {
+   public:
+    explicit Scope(TableCalls& calls);
+    ~Scope() { calls_.in_flight_.fetch_sub(1); }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    TableCalls& calls_;
+  };
+  // A replacement, for its scope; throws Error(BUSY) when calls are in flight and !wait.
+  class Replacement {
+   public:
+    Replacement(TableCalls& calls, bool wait);
+    ~Replacement() { calls_.replacing_.store(false); }
+    Replacement(const Replacement&) = delete;
+    Replacement& operator=(const Replacement&) = delete;
+
+   private:
+    TableCalls& calls_;
+  };
+
+ private:
+  // Sequentially consistent: a call raises in_flight_ then reads replacing_, a replacement
+  // sets replacing_ then reads in_flight_, so at least one of two racing sees the other.
+  std::atomic<uint64_t> in_flight_{0};
+  std::atomic<bool> replacing_{false};
+};
+
+}  // namespace embstore
+
 struct embstore_store {
   // Validates config and picks the backend; throws embstore::Error.
   explicit embstore_store(const embstore_store_config_t& config);
@@ -63,6 +104,7 @@ struct embstore_store {
   std::unique_ptr<embstore::ThreadPool> pool;  // host backend only
   std::atomic<uint64_t> step{0};
   embstore::IdleClock idle_clock;
+  embstore::TableCalls table_calls;
 
  private:
   // Evicts the table's rows idle by its rules at (step, now); returns how many.

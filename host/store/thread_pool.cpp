@@ -1,21 +1,41 @@
 #include "host/store/thread_pool.hpp"
 
+#include <algorithm>
+
+#include "host/error.hpp"
+
 namespace embstore {
 
 ThreadPool::ThreadPool(unsigned threads) {
   if (threads == 0) threads = std::thread::hardware_concurrency();
   size_ = threads == 0 ? 1 : threads;
-  workers_.reserve(size_ - 1);
-  for (unsigned i = 1; i < size_; ++i) workers_.emplace_back([this] { worker(); });
+  try {
+    workers_.reserve(size_ - 1);
+    for (unsigned i = 1; i < size_; ++i) workers_.emplace_back([this] { worker(); });
+  } catch (const std::exception& e) {
+    // The workers started wait on this pool's condition variable: stop and join them before
+    // it goes (the destructor does not run for a constructor that throws).
+    const size_t started = workers_.size();
+    stop_workers();
+    fail(EMBSTORE_OUT_OF_MEMORY, "host_threads {}: started {} worker threads, then: {}", size_,
+         started, e.what());
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_workers(); }
+
+void ThreadPool::stop_workers() noexcept {
   {
     std::lock_guard lock(mutex_);
     stop_ = true;
   }
   wake_.notify_all();
   for (auto& t : workers_) t.join();
+  workers_.clear();
+}
+
+unsigned ThreadPool::max_threads() {
+  return std::max(16u, 4 * std::thread::hardware_concurrency());
 }
 
 void ThreadPool::do_parts() {

@@ -15,9 +15,13 @@ namespace embstore {
 
 class ThreadPool {
  public:
-  // threads: total parallelism including the calling thread; 0 means one per core.
+  // threads: total parallelism including the calling thread; 0 means one per core. Throws
+  // OUT_OF_MEMORY, having joined the threads it started, when a thread cannot be created.
   explicit ThreadPool(unsigned threads);
   ~ThreadPool();
+
+  // The most threads a store may ask for (its host_threads): 4 per core, at least 16.
+  static unsigned max_threads();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
@@ -40,6 +44,7 @@ class ThreadPool {
 
  private:
   void run(size_t parts, const std::function<void(size_t)>& body);
+  void stop_workers() noexcept;
   void worker();
   void do_parts();
 

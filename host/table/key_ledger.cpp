@@ -1,11 +1,24 @@
 #include "host/table/key_ledger.hpp"
 
+#include "host/error.hpp"
+#include "host/table/spill_file.hpp"
+
 namespace embstore {
 
 KeyLedger::KeyLedger(const TableSpec& spec, std::unique_ptr<AdmissionCounts> counts) {
   if (counts) {
     counts_ = std::move(counts);
     return;
+  }
+  // A Bloom filter is allocated whole, zeroed 64 KiB at a time: one larger than the memory
+  // available would only fail after touching all of it.
+  if (spec.admit_bloom_bytes != 0) {
+    if (const uint64_t available = available_memory_bytes(); spec.admit_bloom_bytes > available) {
+      fail(EMBSTORE_OUT_OF_MEMORY,
+           "table '{}': a Bloom filter of {} bytes (admit_bloom_bytes), {} bytes of memory "
+           "available",
+           spec.name, spec.admit_bloom_bytes, available);
+    }
   }
   std::unique_ptr<AdmissionCounter> counter = AdmissionCounter::make(spec);
   counter_ = counter.get();

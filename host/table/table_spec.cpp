@@ -113,12 +113,25 @@ TableSpec make_table_spec(const embstore_table_config_t& config) {
         fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': uniform init needs init_a <= init_b ({} > {})",
              s.name, c.init_a, c.init_b);
       }
+      // In the float arithmetic row::init_value_at uses: a + (b - a) * u.
+      if (const float span = c.init_b - c.init_a; !std::isfinite(span)) {
+        fail(EMBSTORE_INVALID_ARGUMENT,
+             "table '{}': uniform init's init_b - init_a ({} - {}) overflows a float: every value "
+             "would be infinite",
+             s.name, c.init_b, c.init_a);
+      }
       break;
     case EMBSTORE_INIT_NORMAL:
       if (c.init_b < 0.0f) {
         fail(EMBSTORE_INVALID_ARGUMENT,
              "table '{}': normal init needs a standard deviation init_b >= 0, is {}", s.name,
              c.init_b);
+      }
+      // a + b * z, with |z| below 9 for the polar method's draws (row::standard_normal).
+      if (const float reach = std::fabs(c.init_a) + 16.0f * c.init_b; !std::isfinite(reach)) {
+        fail(EMBSTORE_INVALID_ARGUMENT,
+             "table '{}': normal init's |init_a| + 16 init_b overflows a float ({}, {})", s.name,
+             c.init_a, c.init_b);
       }
       break;
     default:
@@ -133,9 +146,12 @@ TableSpec make_table_spec(const embstore_table_config_t& config) {
            "table '{}': admit_bloom_bytes is set but admit_after is {}: nothing to count", s.name,
            c.admit_after);
     }
-    if (c.admit_bloom_bytes < row::kBloomMinCells) {
-      fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': admit_bloom_bytes must be at least {}, is {}",
-           s.name, row::kBloomMinCells, c.admit_bloom_bytes);
+    if (c.admit_bloom_bytes < row::kBloomMinCells ||
+        c.admit_bloom_bytes > EMBSTORE_MAX_ADMIT_BLOOM_BYTES) {
+      fail(EMBSTORE_INVALID_ARGUMENT,
+           "table '{}': admit_bloom_bytes must be at least {} and at most {} (16 GiB), is {}",
+           s.name, row::kBloomMinCells, uint64_t{EMBSTORE_MAX_ADMIT_BLOOM_BYTES},
+           c.admit_bloom_bytes);
     }
     if (c.admit_after > row::kBloomMaxCount) {
       fail(EMBSTORE_INVALID_ARGUMENT,

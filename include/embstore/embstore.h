@@ -126,7 +126,8 @@ typedef struct embstore_store_config {
   size_t staging_bytes;       /* pinned staging budget of the checkpoint pipeline, at least
                                  1 MiB (a chunk holds the widest row); default 256 MiB */
   int io_queue_depth;         /* writes in flight per writer, 1..4096; default 16 */
-  int host_threads;           /* host backend worker threads, 0 (default): one per core */
+  int host_threads;           /* host backend worker threads, 0 (default): one per core; at
+                                 most 4 per core (at least 16) */
   /* Fields below came after 0.4.0. embstore_store_create gives a config whose struct_size ends
      before them their defaults; embstore_store_config_init writes every field of this header,
      so a program must be compiled against the header of the library it runs with. */
@@ -191,8 +192,10 @@ typedef enum {
 typedef enum {
   EMBSTORE_INIT_ZEROS = 0,
   EMBSTORE_INIT_CONSTANT = 1, /* init_a */
-  EMBSTORE_INIT_UNIFORM = 2,  /* [init_a, init_b) */
-  EMBSTORE_INIT_NORMAL = 3    /* mean init_a, standard deviation init_b */
+  EMBSTORE_INIT_UNIFORM = 2,  /* [init_a, init_b] (init_b itself only by float rounding);
+                                 init_b - init_a must be finite in float */
+  EMBSTORE_INIT_NORMAL = 3    /* mean init_a, standard deviation init_b; |init_a| + 16 init_b
+                                 must be finite in float (no value is then infinite) */
 } embstore_init_t;
 
 typedef struct embstore_table_config {
@@ -229,8 +232,11 @@ typedef struct embstore_table_config {
   /* Fields below were added in 0.3. */
   uint64_t admit_bloom_bytes; /* admission counts in a counting Bloom filter of this many
                                  one-byte counters instead of exactly (see "Admission");
-                                 0 (default): exact counting */
+                                 0 (default): exact counting; at most
+                                 EMBSTORE_MAX_ADMIT_BLOOM_BYTES */
 } embstore_table_config_t;
+
+#define EMBSTORE_MAX_ADMIT_BLOOM_BYTES (16ull << 30) /* 16 GiB: 16 bytes a key for 2^30 keys */
 
 /* Fills config with the defaults above. NULL is a no-op. */
 EMBSTORE_API void embstore_table_config_init(embstore_table_config_t* config);
@@ -240,9 +246,12 @@ EMBSTORE_API void embstore_table_config_init(embstore_table_config_t* config);
    range, initial_capacity above 4294967040 rows, max_capacity below initial_capacity, unknown
    optimizer or initializer, negative or non-finite hyperparameters, beta outside [0,1), Adam
    with epsilon 0, Adagrad (either kind) with both epsilon and initial_accumulator 0, NORMAL
-   with negative deviation, UNIFORM with init_b < init_a, negative or non-finite
-   evict_idle_seconds, evict_when_full not 0 or 1, admit_bloom_bytes set while admit_after <= 1,
-   below 64 or with admit_after above 255); ALREADY_EXISTS; OUT_OF_MEMORY; DEVICE_ERROR. */
+   with negative deviation, UNIFORM with init_b < init_a, an initializer whose values would
+   overflow a float (see embstore_init_t), negative or non-finite evict_idle_seconds,
+   evict_when_full not 0 or 1, admit_bloom_bytes set while admit_after <= 1, below 64, above
+   EMBSTORE_MAX_ADMIT_BLOOM_BYTES or with admit_after above 255); ALREADY_EXISTS;
+   OUT_OF_MEMORY (also at once for a Bloom filter larger than the memory available);
+   DEVICE_ERROR. */
 EMBSTORE_API embstore_status_t embstore_table_create(embstore_store_t* store,
                                                      const embstore_table_config_t* config,
                                                      embstore_table_t** table_out);
@@ -259,7 +268,11 @@ EMBSTORE_API uint32_t embstore_table_dim(const embstore_table_t* table);
    stream is a cudaStream_t (NULL: the legacy default stream) and is ignored on the host
    backend. On CUDA the calls are stream-ordered and return once the work is enqueued; on the
    host backend they return when the work is done. n == 0 is a no-op (pointers may then be
-   NULL); n above 2^32 - 1 (4294967295) is INVALID_ARGUMENT: split such a batch. */
+   NULL); n above 2^32 - 1 (4294967295) is INVALID_ARGUMENT: split such a batch.
+   A restore or warm start replaces the store's tables: lookups, updates, table stats,
+   embstore_table_evict and (on a store of one rank) embstore_step made on other threads while
+   one runs fail with BUSY, doing nothing, and one started while such calls run fails with BUSY
+   (a sharded store's restore waits for them instead: it cannot fail on one rank alone). */
 
 #define EMBSTORE_LOOKUP_INSERT 1u /* training: admitted keys without a row get a new row */
 
@@ -467,7 +480,21 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
    The invariant: embstore_checkpoint_wait returns OK only for a version that embstore_restore
    loads, with every table exactly as it was at the capture.
 
-   Checkpoints of a sharded store (world_size > 1). embstore_checkpoint, embstore_checkpoint_wait,
+   Files read from a checkpoint directory. A directory is often shared (followers read a
+   trainer's), so what another process plants there is read as hostile: every reader (restore,
+   warm start, followers, retention, leases, the writer's lock, every embstore-ckpt command)
+   opens a file only when it is a regular file, without following a link and without blocking
+   (a FIFO, a link to /dev/zero, a socket, a directory named like the file: CORRUPT, "not a
+   regular file"), and reads it only up to a size known beforehand: the size the manifest
+   gives (row files, admission counts, attachments) or the cap of its kind below. JSON nested
+   deeper than EMBSTORE_MAX_JSON_DEPTH levels is refused while it is parsed. A manifest that
+   asks for a Bloom filter its counts file cannot hold is CORRUPT. */
+#define EMBSTORE_MAX_MANIFEST_BYTES (64u << 20) /* MANIFEST.json */
+#define EMBSTORE_MAX_LEASE_BYTES 4096u          /* embstore.lease.<id> */
+#define EMBSTORE_MAX_LOCK_RECORD_BYTES 4096u    /* embstore.lock: only its first 4 KiB is read */
+#define EMBSTORE_MAX_JSON_DEPTH 32              /* manifests; a lease is one flat object */
+
+/* Checkpoints of a sharded store (world_size > 1). embstore_checkpoint, embstore_checkpoint_wait,
    embstore_step, embstore_restore and embstore_store_destroy are collective: every rank calls
    them in the same order, with the same dir (one directory of a file system every rank
    shares: NFS, Lustre, a local disk for ranks of one machine), and checkpoints at the same step.
@@ -652,7 +679,8 @@ EMBSTORE_API embstore_status_t embstore_checkpoint_info(embstore_store_t* store,
    worth beside the store; a failed restore reads them back, and if that read fails the restore
    returns IO_ERROR naming the tables whose rows are lost). Takes no lock: reading a directory
    while its writer goes on is safe, except that the writer's retention may delete the version
-   being read (restore then fails, and can be retried). Returns OK;
+   being read (restore then fails, and can be retried). Returns OK; BUSY (other threads are
+   inside calls on the store's tables, see "data path"; nothing was done);
    INVALID_ARGUMENT (NULL store or dir, dim or optimizer mismatch); NOT_FOUND (dir missing, no
    committed checkpoint, or no such version); CORRUPT (checksum, size or format mismatch, or a
    broken chain: file and offset in embstore_last_error()); IO_ERROR; COMM_ERROR;
@@ -668,12 +696,20 @@ EMBSTORE_API embstore_status_t embstore_restore_attachment(embstore_store_t* sto
                                                            const char* name, void* buf,
                                                            size_t capacity, size_t* bytes_out);
 
+/* Table regexes (a warm start source's and a follower's tables_regex) are RE2's syntax
+   (github.com/google/re2/wiki/Syntax), not ECMAScript's: no backreferences (\1) and no
+   lookaround ((?=...), (?!...), (?<=...)), which are INVALID_ARGUMENT; the rest of what table
+   names need (., *, +, ?, {n,m}, |, groups, classes, \d, \w, ^, $) is the same. A regex
+   matches in time linear in the name whatever its form, and is at most this many bytes long
+   (a longer one is INVALID_ARGUMENT). */
+#define EMBSTORE_MAX_TABLES_REGEX_BYTES 1024
+
 /* Warm start: loads chosen tables of other checkpoints into the store, for transfer learning
    and fine-tuning. Each source names a checkpoint directory, a version of it (EMBSTORE_LATEST:
-   the newest committed) and an ECMAScript regular expression, tables_regex, that must match a
-   table's whole name. Each table that sources match is loaded from the last source that
-   matches it (a later source overrides an earlier one, table by table); tables that no source
-   matches keep their rows and state; a matched table the store lacks is created with the
+   the newest committed) and a regular expression, tables_regex (RE2 syntax, above), that must
+   match a table's whole name. Each table that sources match is loaded from the last source
+   that matches it (a later source overrides an earlier one, table by table); tables that no
+   source matches keep their rows and state; a matched table the store lacks is created with the
    configuration its manifest records. A source whose version has no table its regex matches is
    NOT_FOUND: a regex that selects nothing is taken as a mistake.
    A loaded table replaces the store's table of that name whole (its rows the source lacks are
@@ -690,11 +726,12 @@ EMBSTORE_API embstore_status_t embstore_restore_attachment(embstore_store_t* sto
    Collective on a sharded store: every rank passes the same sources, and the ranks agree that
    they loaded the same tables of the same versions. Like embstore_restore, nothing changes
    unless every chosen table loaded and checked, memory is needed (or spilled) the same way, and
-   a checkpoint in flight is waited for. Returns OK; INVALID_ARGUMENT (NULL store; n == 0;
-   NULL sources; a source with struct_size too small, a NULL or empty dir, a NULL tables_regex
-   or one that does not compile, unknown flags; a dim mismatch, or an optimizer mismatch
-   without VALUES_ONLY); NOT_FOUND; CORRUPT; IO_ERROR; COMM_ERROR; CAPACITY_EXCEEDED;
-   OUT_OF_MEMORY; DEVICE_ERROR. */
+   a checkpoint in flight is waited for. Returns OK; BUSY (as embstore_restore); INVALID_ARGUMENT
+   (NULL store; n == 0;
+   NULL sources; a source with struct_size too small, a NULL or empty dir, a NULL tables_regex,
+   one longer than EMBSTORE_MAX_TABLES_REGEX_BYTES or one that does not compile, unknown flags;
+   a dim mismatch, or an optimizer mismatch without VALUES_ONLY); NOT_FOUND; CORRUPT;
+   IO_ERROR; COMM_ERROR; CAPACITY_EXCEEDED; OUT_OF_MEMORY; DEVICE_ERROR. */
 typedef struct embstore_warm_start_source {
   size_t struct_size;
   const char* dir;
@@ -745,8 +782,9 @@ typedef struct embstore_follower_config {
   embstore_backend_t backend; /* AUTO (default) and HOST: lookups take host pointers; CUDA:
                                  device pointers of `device` (the rows stay in host memory:
                                  each lookup copies its keys to the host and its rows back) */
-  const char* tables_regex;   /* ECMAScript, matching whole names; NULL or ".*" (default): every
-                                 table of the version loaded at create */
+  const char* tables_regex;   /* RE2 syntax (EMBSTORE_MAX_TABLES_REGEX_BYTES), matching whole
+                                 names; NULL or ".*" (default): every table of the version
+                                 loaded at create */
   int rank;                   /* the serving layout; default 0 */
   int world_size;             /* default 1: every key */
   uint32_t flags;             /* 0 (default): keys without a row read as zeros;
@@ -793,9 +831,10 @@ typedef struct embstore_follower_stats {
 /* Fills config with the defaults above. NULL is a no-op. */
 EMBSTORE_API void embstore_follower_config_init(embstore_follower_config_t* config);
 /* Returns OK; INVALID_ARGUMENT (NULL pointer, struct_size too small, empty dir, rank outside
-   world_size, unknown flags, a regex that does not compile, device < 0); UNSUPPORTED (CUDA
-   without a usable device or a CUDA build); NOT_FOUND (no directory, no committed version, no
-   table matching); CORRUPT; IO_ERROR; OUT_OF_MEMORY. */
+   world_size, unknown flags, a regex longer than EMBSTORE_MAX_TABLES_REGEX_BYTES or that does
+   not compile, device < 0); UNSUPPORTED (CUDA without a usable device or a CUDA build);
+   NOT_FOUND (no directory, no committed version, no table matching); CORRUPT; IO_ERROR;
+   OUT_OF_MEMORY. */
 EMBSTORE_API embstore_status_t embstore_follower_create(const embstore_follower_config_t* config,
                                                         embstore_follower_t** out);
 /* Reads the rows of keys (n x dim floats out) of one version: host memory, or on CUDA device
@@ -829,6 +868,11 @@ EMBSTORE_API embstore_status_t embstore_follower_stats(embstore_follower_t* foll
 /* Stops the background thread and removes the lease. NULL is a no-op. No lookup or poll of the
    caller's may be running. */
 EMBSTORE_API embstore_status_t embstore_follower_destroy(embstore_follower_t* follower);
+/* For a caller about to destroy the follower while another thread may be in
+   embstore_follower_poll: that poll returns soon (a paced poll stops waiting out its pace) with
+   BUSY, applying nothing, and later polls fail with BUSY; lookups go on, serving the version
+   they served. Not reversible. Returns OK; INVALID_ARGUMENT (NULL follower). */
+EMBSTORE_API embstore_status_t embstore_follower_cancel(embstore_follower_t* follower);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "io/engine/fault.hpp"
+#include "io/engine/regular_file.hpp"
 
 // ThreadSanitizer does not see liburing map and unmap its rings (raw system calls), so when a
 // ring is unmapped on one thread and a new one mapped at the same address on another, the new
@@ -104,21 +105,34 @@ int Channel::open(const std::string& path, int flags, mode_t mode, const IoOptio
   auto note = [&notes](const std::string& s) { notes += (notes.empty() ? "" : "; ") + s; };
 
   flags |= O_CLOEXEC;
+  // A reader opens only a regular file (a FIFO planted in a checkpoint directory would block
+  // the open): regular_file.hpp. Returns the descriptor or -errno.
+  auto open_file = [&](int extra) {
+    if (write) {
+      const int fd = ::open(path.c_str(), flags | extra, mode);
+      return fd >= 0 ? fd : -errno;
+    }
+    int fd = -1;
+    const int r = open_regular(path, extra, &fd);
+    return r < 0 ? r : fd;
+  };
   if (options.direct) {
-    fd_ = ::open(path.c_str(), flags | O_DIRECT, mode);
-    if (fd_ >= 0) {
+    const int fd = open_file(O_DIRECT);
+    if (fd >= 0) {
+      fd_ = fd;
       direct_ = true;
-    } else if (errno == EINVAL) {
+    } else if (fd == -EINVAL) {
       note("O_DIRECT refused (-EINVAL): buffered");
     } else {
-      return -errno;
+      return fd;
     }
   } else {
     note("O_DIRECT off by option");
   }
   if (fd_ < 0) {
-    fd_ = ::open(path.c_str(), flags, mode);
-    if (fd_ < 0) return -errno;
+    const int fd = open_file(0);
+    if (fd < 0) return fd;
+    fd_ = fd;
   }
 
   // On huge pages (mapping.hpp): an O_DIRECT request then needs few segments.

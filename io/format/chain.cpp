@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "io/engine/engine.hpp"
+#include "io/engine/regular_file.hpp"
 #include "io/format/xxh3.hpp"
 
 namespace embstore::io {
@@ -232,6 +233,9 @@ int read_row_file(const std::string& path, const FileEntry& f, const TableEntry&
   if (int r = check_file_size(path, f, detail); r < 0) return r;
   std::unique_ptr<RowFileReader> reader;
   if (int r = RowFileReader::open(path, reads, &reader, check_behind); r < 0) {
+    if (r == kNotRegularFile || r == -ELOOP) {  // swapped since the check above
+      return corrupt(detail, path + ": " + regular_file_error(r));
+    }
     return path_error(path, r, detail);
   }
   RowBlock b;
@@ -351,7 +355,18 @@ int read_checked_file(const std::string& vdir, const FileEntry& f, std::string* 
                       std::string* detail) {
   const std::string path = vdir + "/" + f.path;
   if (int r = check_file_size(path, f, detail); r < 0) return r;
-  if (int r = read_whole_file(path, data); r < 0) return path_error(path, r, detail);
+  // At most what the manifest says: a file swapped for a FIFO or an endless one since the check
+  // must not hang or fill the reader.
+  if (int r = read_regular(path, f.bytes, data); r < 0) {
+    if (r == kNotRegularFile || r == -ELOOP) {
+      return corrupt(detail, path + ": " + regular_file_error(r));
+    }
+    if (r == -EFBIG) {
+      return corrupt(detail, fmt::format("{}: grew past the {} bytes the manifest says while read",
+                                         path, f.bytes));
+    }
+    return path_error(path, r, detail);
+  }
   if (data->size() != f.bytes) {
     return corrupt(detail, fmt::format("{}: read {} bytes, the manifest says {}: it changed while "
                                        "read",

@@ -1,5 +1,6 @@
 #include "io/format/dir_lock.hpp"
 
+#include <embstore/embstore.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <signal.h>
@@ -16,6 +17,7 @@
 #include <utility>
 
 #include "io/engine/engine.hpp"
+#include "io/engine/regular_file.hpp"
 #include "io/format/commit.hpp"
 #include "io/format/layout.hpp"
 
@@ -24,7 +26,7 @@ namespace {
 
 using detail::errno_text;
 
-constexpr size_t kMaxRecordBytes = 4096;
+constexpr size_t kMaxRecordBytes = EMBSTORE_MAX_LOCK_RECORD_BYTES;
 constexpr const char* kRecordTitle = "embstore writer lock";
 
 std::mutex g_fault_mutex;
@@ -183,8 +185,8 @@ int acquire_held_file(const std::string& dir, const std::string& record, int* fd
       return r;
     }
     std::string existing;
-    const int rfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (rfd >= 0) {
+    int rfd = -1;
+    if (open_regular(path, 0, &rfd) == 0) {  // a planted FIFO must not block: no record then
       read_record(rfd, &existing);
       ::close(rfd);
     }
@@ -200,8 +202,8 @@ int acquire_held_file(const std::string& dir, const std::string& record, int* fd
     const std::string aside = fmt::format("{}/.tmp-stale-lock-{:016x}", dir, nonce);
     if (::rename(path.c_str(), aside.c_str()) < 0) continue;  // gone meanwhile: try again
     std::string moved;
-    const int afd = ::open(aside.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (afd >= 0) {
+    int afd = -1;
+    if (open_regular(aside, 0, &afd) == 0) {
       read_record(afd, &moved);
       ::close(afd);
     }
@@ -243,11 +245,16 @@ int DirLock::acquire(const std::string& dir, const std::string& what, std::uniqu
                      std::string* detail) {
   const std::string path = dir + "/" + kLockFileName;
   const std::string record = format_record(this_process(what));
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
   if (fd < 0) {
     const int r = neg_errno();
     *detail = fmt::format("{}: cannot open the directory's lock: {}", path, errno_text(r));
     return r;
+  }
+  if (struct stat st; ::fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    *detail = fmt::format("{}: the directory's lock is not a regular file: remove it", path);
+    return kNotRegularFile;
   }
   int r = injected();
   if (r == 0) {
@@ -306,22 +313,24 @@ DirLock::~DirLock() {
 int lock_holder(const std::string& dir, LockOwner* owner) {
   std::string record;
   const std::string held = dir + "/" + kHeldFileName;
-  int fd = ::open(held.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd >= 0) {  // a file system without locks: the file is the lock
-    const int r = read_record(fd, &record);
+  int fd = -1;
+  int r = open_regular(held, 0, &fd);
+  if (r == 0) {  // a file system without locks: the file is the lock
+    r = read_record(fd, &record);
     ::close(fd);
     if (r < 0) return r;
     *owner = LockOwner{};
     parse_record(record, owner);
     return 1;
   }
+  if (r != -ENOENT) return r;
   const std::string path = dir + "/" + kLockFileName;
-  fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return errno == ENOENT ? 0 : neg_errno();
+  r = open_regular(path, 0, &fd);
+  if (r < 0) return r == -ENOENT ? 0 : r;
   struct flock fl {};
   fl.l_type = F_WRLCK;
   fl.l_whence = SEEK_SET;
-  int r = ::fcntl(fd, F_OFD_GETLK, &fl) < 0 ? neg_errno() : 0;
+  r = ::fcntl(fd, F_OFD_GETLK, &fl) < 0 ? neg_errno() : 0;
   if (r == 0 && fl.l_type == F_UNLCK) {
     ::close(fd);
     return 0;

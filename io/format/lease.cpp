@@ -1,6 +1,7 @@
 #include "io/format/lease.hpp"
 
 #include <dirent.h>
+#include <embstore/embstore.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/random.h>
@@ -13,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "io/engine/engine.hpp"
+#include "io/engine/regular_file.hpp"
+#include "io/format/bounded_json.hpp"
 #include "io/format/chain.hpp"
 #include "io/format/dir_lock.hpp"
 #include "io/format/layout.hpp"
@@ -22,7 +25,8 @@ namespace {
 
 using detail::errno_text;
 
-constexpr size_t kMaxLeaseBytes = 4096;
+constexpr size_t kMaxLeaseBytes = EMBSTORE_MAX_LEASE_BYTES;
+constexpr int kMaxLeaseDepth = 4;  // a lease is one flat object
 constexpr size_t kMaxIdLength = 64;
 constexpr const char* kTmpSuffix = ".tmp";
 constexpr int kLeaseFormat = 1;
@@ -51,31 +55,6 @@ int write_all(int fd, const std::string& text) {
     done += static_cast<size_t>(n);
   }
   return 0;
-}
-
-// 0 and the file's text; -EFBIG past kMaxLeaseBytes.
-int read_small_file(const std::string& path, std::string* text) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return neg_errno();
-  text->clear();
-  char buf[1024];
-  int r = 0;
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      r = neg_errno();
-      break;
-    }
-    if (n == 0) break;
-    text->append(buf, static_cast<size_t>(n));
-    if (text->size() > kMaxLeaseBytes) {
-      r = -EFBIG;
-      break;
-    }
-  }
-  ::close(fd);
-  return r;
 }
 
 }  // namespace
@@ -117,7 +96,7 @@ int parse_lease(const std::string& text, Lease* out, std::string* why) {
   }
   Lease l;
   try {
-    const nlohmann::json j = nlohmann::json::parse(text);
+    const nlohmann::json j = parse_bounded_json(text, kMaxLeaseDepth);
     if (!j.is_object()) throw std::runtime_error("not a JSON object");
     const auto number = [&](const char* key) -> const nlohmann::json& {
       const auto it = j.find(key);
@@ -200,10 +179,13 @@ int read_leases(const std::string& dir, std::vector<Lease>* out,
   for (const std::string& id : ids) {
     std::string text, why;
     Lease l;
-    int r = read_small_file(lease_path(dir, id), &text);
+    // A planted FIFO or link to /dev/zero must not hang or fill a trainer's retention.
+    int r = read_regular(lease_path(dir, id), kMaxLeaseBytes, &text);
     if (r == -ENOENT) continue;  // removed since the listing
     if (r == -EFBIG)
       why = fmt::format("more than a lease's {} bytes", kMaxLeaseBytes);
+    else if (r == kNotRegularFile || r == -ELOOP)
+      why = regular_file_error(r);
     else if (r < 0)
       why = errno_text(r);
     else if (parse_lease(text, &l, &why) == 0) {

@@ -1,6 +1,7 @@
 #include "io/format/manifest.hpp"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -14,6 +15,9 @@
 #include <random>
 #include <stdexcept>
 
+#include "io/engine/regular_file.hpp"
+#include "io/format/admission_file.hpp"
+#include "io/format/bounded_json.hpp"
 #include "io/format/layout.hpp"
 #include "io/format/xxh3.hpp"
 
@@ -248,7 +252,7 @@ std::string format_manifest(const Manifest& m, uint64_t* xxh3) {
 
 int parse_manifest(const std::string& text, Manifest* out, std::string* detail) {
   try {
-    json j = json::parse(text);
+    json j = parse_bounded_json(text, kMaxManifestDepth);
     const uint64_t expected = get_hex64(j, "manifest_xxh3");
     j.erase("manifest_xxh3");
     if (body_checksum(j) != expected) throw Bad("checksum mismatch (manifest_xxh3)");
@@ -346,6 +350,17 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
           for (const json& f : counts) e.admission.push_back(file_from(f));
         }
       }
+      // A Bloom filter's counts file is its header and the whole filter: a manifest asking for
+      // a filter its files cannot hold is forged or damaged (before anything is allocated).
+      if (e.config.admit_bloom_bytes != 0) {
+        for (const FileEntry& f : e.admission) {
+          if (f.bytes != kAdmissionHeaderBytes + e.config.admit_bloom_bytes) {
+            throw Bad("table '" + e.name + "': admit_bloom_bytes " +
+                      std::to_string(e.config.admit_bloom_bytes) + " but its counts file '" +
+                      printable(f.path) + "' holds " + std::to_string(f.bytes) + " bytes");
+          }
+        }
+      }
       m.tables.push_back(std::move(e));
     }
     const json& attachments = member(j, "attachments");
@@ -365,6 +380,8 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
     *out = std::move(m);
     for (TableEntry& t : out->tables) t.config.name = t.name.c_str();
     return 0;
+  } catch (const JsonTooDeep& e) {
+    if (detail) *detail = e.what();
   } catch (const json::exception& e) {
     if (detail) *detail = e.what();
   } catch (const Bad& e) {
@@ -387,7 +404,16 @@ int write_manifest(const std::string& version_dir, const Manifest& m, uint64_t* 
 
 int read_manifest(const std::string& version_dir, Manifest* out, std::string* detail) {
   std::string text;
-  if (int r = read_whole_file(version_dir + "/" + kManifestName, &text); r < 0) return r;
+  const std::string path = version_dir + "/" + kManifestName;
+  if (int r = read_regular(path, kMaxManifestBytes, &text); r < 0) {
+    if (detail != nullptr && (r == kNotRegularFile || r == -ELOOP || r == -EFBIG)) {
+      *detail = r == -EFBIG ? fmt::format("{}: larger than {} bytes", path, kMaxManifestBytes)
+                            : fmt::format("{}: {}", path, regular_file_error(r));
+    }
+    // A manifest that is not a regular file, or too large to be one of ours, is a corrupt
+    // version: it is read like any other.
+    return r == kNotRegularFile || r == -ELOOP || r == -EFBIG ? -EBADMSG : r;
+  }
   return parse_manifest(text, out, detail);
 }
 
@@ -410,28 +436,10 @@ int write_whole_file(const std::string& path, const void* data, size_t bytes) {
   return ::close(fd) == 0 ? 0 : -errno;
 }
 
-int read_whole_file(const std::string& path, std::string* out) {
-  FdCloser f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (f.fd < 0) return -errno;
-  std::string text;
-  char buf[65536];
-  for (;;) {
-    const ssize_t n = ::read(f.fd, buf, sizeof(buf));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return -errno;
-    }
-    if (n == 0) break;
-    text.append(buf, static_cast<size_t>(n));
-  }
-  *out = std::move(text);
-  return 0;
-}
-
 int checksum_file(const std::string& path, uint64_t* xxh3, uint64_t* bytes,
                   void (*progress)(uint64_t, void*), void* ctx) {
-  FdCloser f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (f.fd < 0) return -errno;
+  FdCloser f{-1};
+  if (int r = open_regular(path, 0, &f.fd); r < 0) return r;
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
                                                                  &XXH3_freeState);
   if (!state) return -ENOMEM;

@@ -96,13 +96,19 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail);
 // Writes <version_dir>/MANIFEST.json (not fsynced: the commit protocol fsyncs every file);
 // *xxh3 (may be null) = its manifest_xxh3.
 int write_manifest(const std::string& version_dir, const Manifest& m, uint64_t* xxh3 = nullptr);
-// -ENOENT when the file is missing, -EBADMSG when it does not parse or check.
+// The largest manifest read (EMBSTORE_MAX_MANIFEST_BYTES): about 200 bytes per file entry, so
+// room for 300,000 files (tables x ranks x kinds).
+inline constexpr size_t kMaxManifestBytes = EMBSTORE_MAX_MANIFEST_BYTES;
+// JSON nested deeper than this does not parse (a manifest nests 4 deep); nlohmann's dump, which
+// the manifest checksum runs, recurses once per level.
+inline constexpr int kMaxManifestDepth = EMBSTORE_MAX_JSON_DEPTH;
+
+// -ENOENT when the file is missing, -EBADMSG (the reason in *detail) when it does not parse or
+// check, is not a regular file (io/engine/regular_file.hpp) or is larger than kMaxManifestBytes.
 int read_manifest(const std::string& version_dir, Manifest* out, std::string* detail);
 
 // Writes bytes to path (created or truncated, mode 0644), without fsync.
 int write_whole_file(const std::string& path, const void* data, size_t bytes);
-// Reads all of path into *out.
-int read_whole_file(const std::string& path, std::string* out);
 // XXH3_64bits of a file's contents, streamed; progress(bytes_done) after each piece when set.
 int checksum_file(const std::string& path, uint64_t* xxh3, uint64_t* bytes,
                   void (*progress)(uint64_t bytes_done, void* ctx) = nullptr, void* ctx = nullptr);

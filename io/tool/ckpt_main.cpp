@@ -65,20 +65,27 @@ VersionSpec parse_version_spec(const std::string& text) {
     s.latest = true;
     return s;
   }
-  bool full = false;
-  if (io::parse_version_dir_name(text, &s.version, &full)) {
-    s.full = full;
+  // The largest number is the library's "latest" (EMBSTORE_LATEST): only 'latest' says that.
+  auto checked = [&](uint64_t v) {
+    if (v == io::kLatestVersion) {
+      throw Usage(fmt::format("--version '{}': out of range (at most {}); 'latest' for the newest",
+                              text, io::kLatestVersion - 1));
+    }
+    s.version = v;
     return s;
+  };
+  bool full = false;
+  uint64_t version = 0;
+  if (io::parse_version_dir_name(text, &version, &full)) {
+    s.full = full;
+    return checked(version);
   }
   if (!text.empty() && text.size() <= 20 &&
       text.find_first_not_of("0123456789") == std::string::npos) {
     errno = 0;
     char* end = nullptr;
     const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
-    if (errno == 0 && *end == '\0') {
-      s.version = v;
-      return s;
-    }
+    if (errno == 0 && *end == '\0') return checked(v);
   }
   throw Usage(fmt::format(
       "--version '{}': expected a version number, a version directory name such as {} or "

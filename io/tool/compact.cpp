@@ -11,6 +11,7 @@
 // a trainer writing there makes compact fail, and the other way round.
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -37,6 +38,26 @@ namespace {
 using checkpoint::RestorePlan;
 using checkpoint::TablePlan;
 
+// Every rank's writer is open at once: their staging together stays within kReshardStaging,
+// and no rank's larger than its share of the data (a rank holding 1 row does not stage 16 MiB:
+// W = 1000 ranks of a 200-row checkpoint took 16 GB). One output rank (compact) keeps the
+// writer's defaults.
+constexpr size_t kReshardStaging = size_t{256} << 20;
+
+io::WriterOptions rank_writer_options(uint32_t world, uint64_t rows_per_rank, uint32_t dim,
+                                      uint32_t state_dim) {
+  io::WriterOptions options;
+  if (world == 1) return options;
+  const uint64_t row_bytes = 8 + 4 * (uint64_t{dim} + state_dim);
+  const size_t one_row = io::detail::align_up(io::kRowBlockHeaderBytes + row_bytes);
+  options.queue_depth = 2;
+  const uint64_t share = kReshardStaging / (uint64_t{world} * options.queue_depth);
+  const uint64_t data = io::kRowBlockHeaderBytes + rows_per_rank * row_bytes;
+  options.buffer_bytes = std::max<size_t>(
+      one_row, io::detail::align_up(std::min<uint64_t>({options.buffer_bytes, share, data})));
+  return options;
+}
+
 // Writes table's rows at the plan's version into the ranks' writers (each row to the writer of
 // the rank that owns its key) and returns its manifest entry.
 io::TableEntry write_table(const RestorePlan& plan, const TablePlan& t,
@@ -45,9 +66,12 @@ io::TableEntry write_table(const RestorePlan& plan, const TablePlan& t,
   const uint32_t world = static_cast<uint32_t>(ranks.size());
   std::string detail;
   std::vector<std::unique_ptr<io::RowFileWriter>> files(world);
+  const uint64_t rows_per_rank = source.table_rows / world + 1;
+  const io::WriterOptions options =
+      rank_writer_options(world, rows_per_rank, source.config.dim, source.state_dim);
   for (uint32_t r = 0; r < world; ++r) {
-    if (ranks[r]->open_rows(source.name, source.config.dim, source.state_dim,
-                            source.table_rows / world + 1, 0, {}, &files[r], &detail) < 0) {
+    if (ranks[r]->open_rows(source.name, source.config.dim, source.state_dim, rows_per_rank, 0,
+                            options, &files[r], &detail) < 0) {
       throw Problem(detail);
     }
   }

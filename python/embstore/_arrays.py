@@ -29,10 +29,20 @@ class Buffer:
         return n
 
 
+def _check_unsigned_keys(a, name):
+    """Unsigned 64-bit keys of 2^63 and above have no int64 value: converting them would make
+    2^64 - 1 the key -1."""
+    if a.dtype.kind == "u" and a.dtype.itemsize == 8 and a.size and int(a.max()) >= 2**63:
+        raise ValueError(f"{name}: unsigned keys of 2^63 and above do not fit int64 keys "
+                         f"(the largest is {int(a.max())})")
+
+
 def _torch_buffer(t, torch_dtype, name):
     import torch  # the caller passed a tensor, so torch is imported
 
     t = t.detach()
+    if getattr(torch, "uint64", None) is not None and t.dtype == torch.uint64:
+        _check_unsigned_keys(t.cpu().numpy(), name)
     if t.dtype != torch_dtype:
         # An empty float tensor converts, as an empty numpy array does (torch.tensor([]) is
         # float: a rank's empty batch of ids may well be one).
@@ -50,15 +60,17 @@ def _torch_buffer(t, torch_dtype, name):
 def _numpy_buffer(x, dtype, name):
     a = np.asarray(x)
     if a.dtype != dtype:
-        integer_expected = np.issubdtype(dtype, np.integer)
-        if integer_expected and not np.issubdtype(a.dtype, np.integer):
-            if a.size == 0:
+        # By kind, not numpy's type tree: timedelta64 is an integer there.
+        integer_expected = np.dtype(dtype).kind == "i"
+        if integer_expected and a.dtype.kind not in "iu":
+            if a.size == 0 and a.dtype.kind in "iufb":
                 a = a.astype(dtype)
             else:
                 raise TypeError(f"{name}: integers expected, got an array of {a.dtype}")
-        elif not integer_expected and not (np.issubdtype(a.dtype, np.floating) or
-                                           np.issubdtype(a.dtype, np.integer)):
+        elif not integer_expected and a.dtype.kind not in "iuf":
             raise TypeError(f"{name}: numbers expected, got an array of {a.dtype}")
+        if integer_expected:
+            _check_unsigned_keys(a, name)
         a = a.astype(dtype)
     # C-contiguous and aligned for the C side (copies only an array that is not); keeps 0-d.
     a = np.require(a, dtype, ["C", "A"])

@@ -11,10 +11,13 @@ from .errors import InvalidArgumentError, check
 
 
 class Handle:
-    def __init__(self, value, destroy, what, keep=None, collective=None):
+    def __init__(self, value, destroy, what, keep=None, collective=None, cancel=None):
         self._value = value
         self._destroy = destroy
         self._what = what
+        # cancel(value): makes the calls in flight return soon (a follower's paced poll), so
+        # that close() does not wait them out.
+        self._cancel = cancel
         self._cond = threading.Condition()
         self._calls = 0
         self._closing = False
@@ -63,11 +66,16 @@ class Handle:
         return self._closing
 
     def close(self, call):
-        """Refuses new calls, waits for those in flight, then frees the handle once."""
+        """Refuses new calls, cancels those in flight where the handle can (a follower's
+        polls), waits for them, then frees the handle once."""
         with self._cond:
             if self._closing:
                 return
             self._closing = True
+            busy = self._calls > 0
+        if busy and self._cancel is not None:
+            self._cancel(self._value)
+        with self._cond:
             while self._calls:
                 self._cond.wait()
             self._finalizer.detach()

@@ -176,6 +176,7 @@ follower_table_dim = _declare("embstore_follower_table_dim", c_status, _P, c_cha
                               POINTER(c_uint32))
 follower_stats = _declare("embstore_follower_stats", c_status, _P, POINTER(FollowerStats))
 follower_destroy = _declare("embstore_follower_destroy", c_status, _P)
+follower_cancel = _declare("embstore_follower_cancel", c_status, _P)
 
 
 CONFIG_STRUCTS = ((CommCallbacks, comm_callbacks_init), (StoreConfig, store_config_init),

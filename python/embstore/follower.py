@@ -31,7 +31,9 @@ class FollowerStats:
 class Follower(Owner):
     """Follower(dir, tables=".*", backend="auto", rank=0, world_size=1, initial_values=False,
     interval_only=False, poll_interval_ms=0, lease_seconds=60, apply_bytes_per_second=0,
-    device=0). Lookups from any number of threads; close() (or a with block) stops it."""
+    device=0). tables: a regex (RE2 syntax: no backreferences or lookaround; at most 1024 bytes)
+    that the names of the tables served match whole. Lookups from any number of threads; close()
+    (or a with block) stops it."""
 
     def __init__(self, dir, *, tables=".*", backend="auto", rank=0, world_size=1,
                  initial_values=False, interval_only=False, poll_interval_ms=0, lease_seconds=60,
@@ -58,7 +60,10 @@ class Follower(Owner):
         handle = ctypes.c_void_p()
         check(_lib.follower_create(ctypes.byref(cfg), ctypes.byref(handle)),
               "embstore_follower_create")
-        self._handle = Handle(handle.value, _lib.follower_destroy, "follower")
+        # close() cancels a poll in flight on another thread (a paced one would otherwise keep
+        # it waiting for as long as its pace takes); that poll raises BusyError.
+        self._handle = Handle(handle.value, _lib.follower_destroy, "follower",
+                              cancel=_lib.follower_cancel)
         self._cuda = cfg.backend == _BACKENDS["cuda"]
         self._device = device
         self._dims = {}

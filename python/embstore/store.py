@@ -101,7 +101,8 @@ class CheckpointInfo:
 @dataclasses.dataclass
 class WarmStartSource:
     """One source of Store.warm_start: tables of `dir` (at `version`, LATEST: the newest) whose
-    whole names match the ECMAScript regex `tables`; values_only: no optimizer state."""
+    whole names match the regex `tables` (RE2 syntax: no backreferences or lookaround; at most
+    1024 bytes); values_only: no optimizer state."""
     dir: str
     tables: str = ".*"
     version: int = LATEST

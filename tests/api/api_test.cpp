@@ -1,5 +1,6 @@
 // The C API's contract: lifecycle, defaults, status names, and a status plus a message for
 // every bad argument.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <climits>
 #include <cmath>
@@ -142,6 +143,12 @@ TEST_CASE("bad store arguments", "[api]") {
   embstore_store_config_init(&c);
   c.host_threads = -1;
   require_failed(embstore_store_create(&c, &store), EMBSTORE_INVALID_ARGUMENT, "host_threads");
+  // At most 4 a core (at least 16): 100,000 used to start about 32k threads, or deadlock
+  // where thread creation failed part-way.
+  c.host_threads = 100000;
+  require_failed(embstore_store_create(&c, &store), EMBSTORE_INVALID_ARGUMENT, "host_threads");
+  c.host_threads = static_cast<int>(std::max(16u, 4 * std::thread::hardware_concurrency())) + 1;
+  require_failed(embstore_store_create(&c, &store), EMBSTORE_INVALID_ARGUMENT, "4 per core");
 
   // Every limit the header documents.
   for (int depth : {0, -1, 4097}) {
@@ -269,12 +276,27 @@ TEST_CASE("bad table configs", "[api]") {
   c.init = EMBSTORE_INIT_NORMAL;
   c.init_b = -1.0f;
   expect(c, EMBSTORE_INVALID_ARGUMENT, "deviation");
+  // Ranges whose float arithmetic overflows: every value would be infinite.
+  c = good;
+  c.init = EMBSTORE_INIT_UNIFORM;
+  c.init_a = -3e38f;
+  c.init_b = 3e38f;
+  expect(c, EMBSTORE_INVALID_ARGUMENT, "overflows");
+  c = good;
+  c.init = EMBSTORE_INIT_NORMAL;
+  c.init_a = 0.0f;
+  c.init_b = 1e38f;
+  expect(c, EMBSTORE_INVALID_ARGUMENT, "overflows");
   c = good;
   c.admit_bloom_bytes = 1 << 16;  // a filter with nothing to count
   expect(c, EMBSTORE_INVALID_ARGUMENT, "admit_bloom_bytes");
   c.admit_after = 2;
   c.admit_bloom_bytes = 63;
   expect(c, EMBSTORE_INVALID_ARGUMENT, "at least 64");
+  c.admit_bloom_bytes = EMBSTORE_MAX_ADMIT_BLOOM_BYTES + 1;  // refused before any allocation
+  expect(c, EMBSTORE_INVALID_ARGUMENT, "at most");
+  c.admit_bloom_bytes = uint64_t{1} << 40;
+  expect(c, EMBSTORE_INVALID_ARGUMENT, "16 GiB");
   c.admit_bloom_bytes = 64;
   c.admit_after = 256;  // one-byte counters
   expect(c, EMBSTORE_INVALID_ARGUMENT, "at most 255");

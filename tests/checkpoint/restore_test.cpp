@@ -5,7 +5,10 @@
 #include <linux/magic.h>
 #include <sys/vfs.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <thread>
 
 #include "host/backend/host_buffer.hpp"
 #include "tests/checkpoint/checkpoint_fixtures.hpp"
@@ -276,4 +279,72 @@ TEST_CASE("restore_spill decides whether a restore needs a spill file", "[checkp
     StoreGuard b(store_spilling(EMBSTORE_SPILL_ALWAYS, nowhere.c_str()));
     REQUIRE(restore_ok(b, dir.path(), EMBSTORE_LATEST) == 4);
   }
+}
+
+TEST_CASE("restore and warm start never replace tables under calls on other threads",
+          "[checkpoint][restore]") {
+  // They replace the store's tables: a lookup on another thread used to read a freed index.
+  // Now either side that finds the other running returns BUSY.
+  if (backend() != EMBSTORE_BACKEND_HOST) {
+    WARN("host backend only: the gate is the C API's, the same on CUDA");
+    return;
+  }
+  TempDir dir;
+  uint64_t rows = 0;
+  write_chain(dir.path(), &rows);
+  StoreGuard store(make_store());
+  restore_ok(store, dir.path(), EMBSTORE_LATEST);
+  embstore_table_t* t = get_table(store, "emb");
+  const std::vector<int64_t> keys = key_range(2000);
+
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> calls{0}, busy_calls{0}, other{0};
+  std::thread caller([&] {
+    std::vector<float> out(keys.size() * 8), grads(keys.size() * 8, 0.01f);
+    embstore_table_stats_t s;
+    s.struct_size = sizeof(s);
+    while (!stop.load()) {
+      for (const embstore_status_t st :
+           {embstore_lookup(t, keys.data(), keys.size(), out.data(), EMBSTORE_LOOKUP_INSERT,
+                            nullptr),
+            embstore_apply_gradients(t, keys.data(), grads.data(), keys.size(), nullptr),
+            embstore_table_stats(t, &s)}) {
+        ++calls;
+        if (st == EMBSTORE_BUSY) {
+          ++busy_calls;
+        } else if (st != EMBSTORE_OK) {
+          ++other;
+        }
+      }
+    }
+  });
+  uint64_t restores = 0, busy_restores = 0;
+  embstore_warm_start_source_t source;
+  embstore_warm_start_source_init(&source);
+  source.dir = dir.path().c_str();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (std::chrono::steady_clock::now() < until) {
+    uint64_t v = 0;
+    for (const embstore_status_t st : {embstore_restore(store, dir.path().c_str(), 2, &v),
+                                       embstore_warm_start(store, &source, 1)}) {
+      ++restores;
+      if (st == EMBSTORE_BUSY) {
+        if (busy_restores++ == 0) {
+          REQUIRE(std::string(embstore_last_error()).find("other threads") != std::string::npos);
+        }
+      } else if (st != EMBSTORE_OK) {
+        ok(st);  // fails, saying why
+      }
+    }
+  }
+  stop = true;
+  caller.join();
+  CAPTURE(restores, busy_restores, calls.load(), busy_calls.load());
+  REQUIRE(other.load() == 0);
+  REQUIRE(busy_restores + busy_calls.load() > 0);  // they met
+  REQUIRE(busy_restores < restores);               // and each side also got through
+  REQUIRE(busy_calls.load() < calls.load());
+  // Alone again, everything works.
+  restore_ok(store, dir.path(), EMBSTORE_LATEST);
+  REQUIRE(stats(get_table(store, "emb")).rows == rows);
 }

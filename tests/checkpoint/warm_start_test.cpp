@@ -311,5 +311,73 @@ TEST_CASE("A source built before the flags field is read without flags", "[warm_
   ok(embstore_store_destroy(s));
 }
 
+// Table regexes come from callers: at most EMBSTORE_MAX_TABLES_REGEX_BYTES, RE2's syntax,
+// matched in time linear in the name. The patterns below backtrack exponentially in the name's
+// length in std::regex (tens of seconds at 31 bytes; the 128-byte name never finishes), and
+// 25,000 nested parentheses overflowed its compiler's stack: a regression crashes this test or
+// holds it until ctest's timeout.
+TEST_CASE("Table regexes of warm start sources: a length limit, RE2 syntax, linear time",
+          "[warm_start][regex]") {
+  TempDir dir;
+  const std::string a30b = std::string(30, 'a') + "b";
+  const std::string a127b = std::string(127, 'a') + "b";  // the longest name
+  {
+    embstore_store_t* s = make_store();
+    for (const std::string& name : {a30b, a127b}) {
+      lookup_ok(make_table(s, config_for(name.c_str(), 4, EMBSTORE_OPT_SGD)), {1, 2, 3});
+    }
+    checkpoint_ok(s, dir.path());
+    ok(embstore_store_destroy(s));
+  }
+  embstore_store_t* s = make_store();
+  const auto warm = [&](const std::string& regex) {
+    const embstore_warm_start_source_t src = source(dir.path(), regex.c_str());
+    return embstore_warm_start(s, &src, 1);
+  };
+  const auto has = [&](const std::string& name) {
+    embstore_table_t* t = nullptr;
+    return embstore_table_get(s, name.c_str(), &t) == EMBSTORE_OK;
+  };
+
+  SECTION("at most EMBSTORE_MAX_TABLES_REGEX_BYTES") {
+    std::string longest = a30b + "|";
+    longest.resize(EMBSTORE_MAX_TABLES_REGEX_BYTES, 'x');
+    require_status(warm(longest + "x"), EMBSTORE_INVALID_ARGUMENT,
+                   "1025 bytes, more than EMBSTORE_MAX_TABLES_REGEX_BYTES (1024)");
+    require_status(warm(std::string(100000, 'a')), EMBSTORE_INVALID_ARGUMENT,
+                   "EMBSTORE_MAX_TABLES_REGEX_BYTES");
+    CHECK_FALSE(has(a30b));
+    ok(warm(longest));
+    CHECK(has(a30b));
+    CHECK_FALSE(has(a127b));
+  }
+  SECTION("deep nesting") {
+    require_status(warm(std::string(25000, '(') + "a" + std::string(25000, ')')),
+                   EMBSTORE_INVALID_ARGUMENT, "EMBSTORE_MAX_TABLES_REGEX_BYTES");
+    const std::string nested = std::string(500, '(') + "a+b" + std::string(500, ')');
+    REQUIRE(nested.size() <= EMBSTORE_MAX_TABLES_REGEX_BYTES);
+    ok(warm(nested));
+    CHECK(has(a30b));
+    CHECK(has(a127b));
+  }
+  SECTION("patterns that backtrack exponentially match nothing, promptly") {
+    for (const char* regex : {"(a+)+$", "(a|a)*$", "(.*a){20}$", "((a*)*)*c", "(a|aa)+", "(a*)*"}) {
+      INFO("tables_regex " << regex);
+      require_status(warm(regex), EMBSTORE_NOT_FOUND, "no table of");
+    }
+    CHECK_FALSE(has(a30b));
+    ok(warm("(a+)+b"));  // while what they should match, they match
+    CHECK(has(a30b));
+    CHECK(has(a127b));
+  }
+  SECTION("no backreferences or lookaround") {
+    require_status(warm("(a)\\1*b"), EMBSTORE_INVALID_ARGUMENT, "not an RE2 regular expression");
+    require_status(warm("(?=a)a*b"), EMBSTORE_INVALID_ARGUMENT, "not an RE2 regular expression");
+    require_status(warm(".*(?<!b)"), EMBSTORE_INVALID_ARGUMENT, "not an RE2 regular expression");
+    CHECK_FALSE(has(a30b));
+  }
+  ok(embstore_store_destroy(s));
+}
+
 }  // namespace
 }  // namespace embstore_test::checkpoint

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "io/engine/regular_file.hpp"
 #include "tests/io/io_fixtures.hpp"
 
 using namespace embstore::io;
@@ -42,7 +43,7 @@ Manifest sample() {
   t.config.seed = std::numeric_limits<uint64_t>::max();
   t.config.max_capacity = (uint64_t{1} << 60) + 1;
   t.config.admit_after = 4;
-  t.config.admit_bloom_bytes = (uint64_t{1} << 40) + 3;
+  t.config.admit_bloom_bytes = 1024;  // its counts file: the 24-byte header and the filter
   t.state_dim = 28;
   t.state_layout = state_layout(EMBSTORE_OPT_ADAM);
   t.rows = 7;
@@ -107,7 +108,7 @@ TEST_CASE("manifest: every field round-trips exactly", "[io][manifest]") {
   REQUIRE(t.rows == 7);
   REQUIRE(t.table_rows == 9);
   REQUIRE(t.config.admit_after == 4);
-  REQUIRE(t.config.admit_bloom_bytes == (uint64_t{1} << 40) + 3);
+  REQUIRE(t.config.admit_bloom_bytes == 1024);
   REQUIRE(t.admission.size() == 1);
   REQUIRE(t.admission[0].path == "tables/emb.v2-x/admission.counts");
   REQUIRE(t.admission[0].bytes == 1048);
@@ -228,7 +229,7 @@ TEST_CASE("manifest: written and read back through a file", "[io][manifest]") {
   uint64_t sum = 0, bytes = 0;
   REQUIRE(checksum_file(dir.file(kManifestName), &sum, &bytes) == 0);
   std::string text;
-  REQUIRE(read_whole_file(dir.file(kManifestName), &text) == 0);
+  REQUIRE(read_regular(dir.file(kManifestName), kMaxManifestBytes, &text) == 0);
   REQUIRE(bytes == text.size());
   REQUIRE(sum == XXH3_64bits(text.data(), text.size()));
   REQUIRE(checksum_file(dir.file("missing"), &sum, &bytes) == -ENOENT);
@@ -276,4 +277,30 @@ TEST_CASE("manifest: rank fields only where several ranks wrote", "[io][manifest
                               }),
                        &back, &detail) == -EBADMSG);
   CHECK(detail.find("is not an array") != std::string::npos);
+}
+
+TEST_CASE("manifest: a Bloom filter its counts file cannot hold is refused", "[io][manifest]") {
+  // A forged manifest must not make a reader allocate a filter (2^40 bytes here) that no file
+  // backs: the counts file of a Bloom table is exactly its header and the filter.
+  Manifest m = sample();
+  m.tables[0].config.admit_bloom_bytes = uint64_t{1} << 40;
+  Manifest back;
+  std::string detail;
+  REQUIRE(parse_manifest(format_manifest(m), &back, &detail) == -EBADMSG);
+  REQUIRE(detail.find("admit_bloom_bytes") != std::string::npos);
+  m.tables[0].config.admit_bloom_bytes = 1024;
+  REQUIRE(parse_manifest(format_manifest(m), &back, &detail) == 0);
+}
+
+TEST_CASE("manifest: JSON nested deeper than the limit is refused, not a crash", "[io][manifest]") {
+  // nlohmann's dump recursed once a level: 100,000 levels overflowed the stack of every reader.
+  for (const size_t depth : {size_t{kMaxManifestDepth} + 1, size_t{100000}}) {
+    CAPTURE(depth);
+    const std::string text = R"({"manifest_xxh3":"0000000000000000","x":)" +
+                             std::string(depth, '[') + std::string(depth, ']') + "}";
+    Manifest back;
+    std::string detail;
+    REQUIRE(parse_manifest(text, &back, &detail) == -EBADMSG);
+    REQUIRE(detail.find("nested deeper") != std::string::npos);
+  }
 }

@@ -119,6 +119,26 @@ class CheckpointTest(TempDirTest):
             with self.assertRaises(embstore.InvalidArgumentError):
                 store.warm_start([embstore.WarmStartSource(src, tables="(")])
 
+    def test_warm_start_regex(self):
+        # RE2: linear in the name (std::regex took tens of seconds on these), at most 1024 bytes,
+        # no backreferences.
+        src = self.path("src")
+        name = "a" * 30 + "b"
+        with embstore.Store("host") as store:
+            store.create_table(name, 4).lookup([1], insert=True)
+            store.step(1)
+            store.checkpoint(src, wait=True)
+        with embstore.Store("host") as store:
+            for regex in ["(a+)+$", "(a|a)*$", "(.*a){20}$", "((a*)*)*c"]:
+                with self.assertRaises(embstore.NotFoundError):
+                    store.warm_start([embstore.WarmStartSource(src, tables=regex)])
+            for regex in [name + "|" + "x" * (1024 - len(name)), r"(a)\1*b"]:
+                with self.assertRaises(embstore.InvalidArgumentError):
+                    store.warm_start([embstore.WarmStartSource(src, tables=regex)])
+            longest = name + "|" + "x" * (1023 - len(name))
+            store.warm_start([embstore.WarmStartSource(src, tables=longest)])
+            self.assertEqual(store[name].lookup([1]).shape, (1, 4))
+
     def test_ckpt_tool_is_shipped(self):
         with embstore.Store("host") as store:
             store.create_table("t", 2).lookup([1, 2], insert=True)

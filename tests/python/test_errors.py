@@ -65,6 +65,23 @@ class ErrorTest(TempDirTest):
         with self.assertRaises(ValueError):
             self.t.lookup([1, 2], out=np.empty((4, 2), np.float32).T)
 
+    def test_keys_that_are_not_int64_values(self):
+        # 2^64 - 1 used to be the key -1, and timedelta64 arrays were taken as keys.
+        self.t.lookup([1, 2], insert=True)
+        for keys in (np.array([2**64 - 1], np.uint64), np.array([1, 2**63], np.uint64),
+                     [2**63], [2**64 - 1]):
+            with self.subTest(keys=keys), self.assertRaises(ValueError) as caught:
+                self.t.lookup(keys)
+            self.assertIn("2^63", str(caught.exception))
+        np.testing.assert_array_equal(self.t.lookup(np.array([1, 2], np.uint64)),
+                                      self.t.lookup([1, 2]))  # below 2^63: the same keys
+        for keys in (np.array([1, 2], "timedelta64[s]"), np.array([1], "datetime64[D]"),
+                     np.array([True]), np.array([1 + 2j])):
+            with self.subTest(dtype=keys.dtype), self.assertRaises(TypeError):
+                self.t.lookup(keys)
+        with self.assertRaises(TypeError):
+            self.t.apply_gradients([1], np.array([[1, 2, 3, 4]], "timedelta64[s]"))
+
     def test_bad_store_configs(self):
         with self.assertRaises(embstore.InvalidArgumentError):
             embstore.Store("host", staging_bytes=1024)

@@ -285,4 +285,96 @@ TEST_CASE("Follower arguments are checked", "[serving][follower]") {
   embstore_follower_destroy(f);
 }
 
+// A follower's tables_regex comes from its caller: at most EMBSTORE_MAX_TABLES_REGEX_BYTES,
+// RE2's syntax, matched in time linear in the name. The patterns below backtrack exponentially
+// in the name's length in std::regex (tens of seconds at 31 bytes; the 128-byte name never
+// finishes), and 25,000 nested parentheses overflowed its compiler's stack: a regression
+// crashes this test or holds it until ctest's timeout.
+TEST_CASE("A follower's tables_regex: a length limit, RE2 syntax, linear time",
+          "[serving][follower][regex]") {
+  embstore_test::TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  const std::string a30b = std::string(30, 'a') + "b";
+  const std::string a127b = std::string(127, 'a') + "b";  // the longest name
+  {
+    embstore_store_t* s = host_store();
+    for (const std::string& name : {a30b, a127b}) {
+      embstore_table_config_t c;
+      embstore_table_config_init(&c);
+      c.name = name.c_str();
+      c.dim = 4;
+      embstore_table_t* t = nullptr;
+      REQUIRE(embstore_table_create(s, &c, &t) == EMBSTORE_OK);
+      const int64_t keys[] = {1, 2, 3};
+      float rows[3 * 4];
+      REQUIRE(embstore_lookup(t, keys, 3, rows, EMBSTORE_LOOKUP_INSERT, nullptr) == EMBSTORE_OK);
+    }
+    uint64_t v = 0;
+    REQUIRE(embstore_checkpoint(s, dir.c_str(), EMBSTORE_CKPT_FULL, &v) == EMBSTORE_OK);
+    REQUIRE(embstore_checkpoint_wait(s, v) == EMBSTORE_OK);
+    embstore_store_destroy(s);
+  }
+  // The status of a follower of regex; where it was created, which of the tables it serves.
+  struct Outcome {
+    embstore_status_t status;
+    std::string error;
+    bool a30b = false, a127b = false;
+  };
+  const auto follow_regex = [&](const std::string& regex) {
+    embstore_follower_config_t c = follower_config(dir);
+    c.tables_regex = regex.c_str();
+    c.lease_seconds = 0;
+    embstore_follower_t* f = nullptr;
+    Outcome o{embstore_follower_create(&c, &f), embstore_last_error()};
+    if (o.status == EMBSTORE_OK) {
+      uint32_t dim = 0;
+      o.a30b = embstore_follower_table_dim(f, a30b.c_str(), &dim) == EMBSTORE_OK;
+      o.a127b = embstore_follower_table_dim(f, a127b.c_str(), &dim) == EMBSTORE_OK;
+      embstore_follower_destroy(f);
+    }
+    return o;
+  };
+  const auto is = [](const Outcome& o, embstore_status_t status, const std::string& mentions) {
+    INFO("last_error: " << o.error);
+    CHECK(o.status == status);
+    CHECK(o.error.find(mentions) != std::string::npos);
+  };
+
+  // At most EMBSTORE_MAX_TABLES_REGEX_BYTES.
+  std::string longest = a30b + "|";
+  longest.resize(EMBSTORE_MAX_TABLES_REGEX_BYTES, 'x');
+  is(follow_regex(longest + "x"), EMBSTORE_INVALID_ARGUMENT,
+     "1025 bytes, more than EMBSTORE_MAX_TABLES_REGEX_BYTES (1024)");
+  is(follow_regex(std::string(100000, 'a')), EMBSTORE_INVALID_ARGUMENT,
+     "EMBSTORE_MAX_TABLES_REGEX_BYTES");
+  Outcome o = follow_regex(longest);
+  REQUIRE(o.status == EMBSTORE_OK);
+  CHECK(o.a30b);
+  CHECK_FALSE(o.a127b);
+  // Deep nesting: over the limit, or compiled without recursion.
+  is(follow_regex(std::string(25000, '(') + "a" + std::string(25000, ')')),
+     EMBSTORE_INVALID_ARGUMENT, "EMBSTORE_MAX_TABLES_REGEX_BYTES");
+  const std::string nested = std::string(500, '(') + "a+b" + std::string(500, ')');
+  REQUIRE(nested.size() <= EMBSTORE_MAX_TABLES_REGEX_BYTES);
+  o = follow_regex(nested);
+  REQUIRE(o.status == EMBSTORE_OK);
+  CHECK(o.a30b);
+  CHECK(o.a127b);
+  // Patterns that backtrack exponentially match nothing, promptly; and what they should match,
+  // they match.
+  for (const char* regex : {"(a+)+$", "(a|a)*$", "(.*a){20}$", "((a*)*)*c", "(a|aa)+", "(a*)*"}) {
+    INFO("tables_regex " << regex);
+    is(follow_regex(regex), EMBSTORE_NOT_FOUND, "no table matches");
+  }
+  o = follow_regex("(a|a)*b");
+  REQUIRE(o.status == EMBSTORE_OK);
+  CHECK(o.a30b);
+  CHECK(o.a127b);
+  // No backreferences or lookaround.
+  for (const char* regex : {"(a)\\1*b", "(?=a)a*b", ".*(?<!b)"}) {
+    INFO("tables_regex " << regex);
+    is(follow_regex(regex), EMBSTORE_INVALID_ARGUMENT, "not an RE2 regular expression");
+  }
+}
+
 }  // namespace

@@ -420,3 +420,51 @@ TEST_CASE("Ranks passing different lookup flags fail together", "[sharded]") {
   CHECK(got[1] == EMBSTORE_INVALID_ARGUMENT);
   CHECK(rows[0] + rows[1] == 0);  // nothing inserted anywhere
 }
+
+namespace {
+
+// A communicator that exchanges nothing and says it did: every buffer comes back zeroed.
+int zeros_all_gather(void*, const void*, size_t bytes, void* recv) {
+  std::memset(recv, 0, 2 * bytes);
+  return 0;
+}
+int zeros_all_to_all(void*, const void*, const size_t*, void* recv, const size_t* recv_bytes) {
+  std::memset(recv, 0, recv_bytes[0] + recv_bytes[1]);
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("A communicator that hands back zeros fails collectives with COMM_ERROR, never OK",
+          "[sharded]") {
+  // It used to make a restore from a directory without a checkpoint return OK (version 0), and
+  // a checkpoint return OK without writing one.
+  embstore_test::TempDir dir;
+  embstore_comm_callbacks_t callbacks;
+  embstore_comm_callbacks_init(&callbacks);
+  callbacks.all_gather = zeros_all_gather;
+  callbacks.all_to_all = zeros_all_to_all;
+  for (int rank : {0, 1}) {
+    CAPTURE(rank);
+    embstore_store_config_t c;
+    embstore_store_config_init(&c);
+    c.backend = EMBSTORE_BACKEND_HOST;
+    c.rank = rank;
+    c.world_size = 2;
+    c.comm_callbacks = &callbacks;
+    embstore_store_t* store = nullptr;
+    const embstore_status_t created = embstore_store_create(&c, &store);
+    if (created != EMBSTORE_OK) {
+      REQUIRE(created == EMBSTORE_COMM_ERROR);
+      continue;
+    }
+    uint64_t version = 12345;
+    const embstore_status_t restored =
+        embstore_restore(store, dir.path().c_str(), EMBSTORE_LATEST, &version);
+    INFO(embstore_last_error());
+    CHECK(restored == EMBSTORE_COMM_ERROR);
+    CHECK(embstore_checkpoint(store, dir.path().c_str(), EMBSTORE_CKPT_FULL, &version) !=
+          EMBSTORE_OK);
+    embstore_store_destroy(store);
+  }
+}

@@ -430,3 +430,18 @@ TEST_CASE("ls marks the versions whose chain is broken as not restorable") {
     CHECK(restores(c.dir(), version) == (restorable == "yes"));
   }
 }
+
+TEST_CASE("verify takes 'latest' by name only: the largest number is refused") {
+  // 18446744073709551615 is the library's EMBSTORE_LATEST: as a number it used to mean latest.
+  Checkpoints c;
+  for (const std::string& v :
+       {std::string("18446744073709551615"), std::string("18446744073709551615.full")}) {
+    const Result r = run_tool({"verify", c.dir(), "--version", v});
+    INFO(describe(r));
+    CHECK(r.status == 2);
+    CHECK(contains(r.err, "out of range"));
+  }
+  const Result r = run_tool({"verify", c.dir(), "--version", "latest"});
+  INFO(describe(r));
+  CHECK(r.status == 0);
+}

@@ -6,7 +6,6 @@
 
 #include "io/format/layout.hpp"
 #include "io/format/row_file.hpp"
-
 #include "tests/shard/collective_scenario.hpp"
 #include "tests/shard/thread_group.hpp"
 #include "tests/tool/tool_fixtures.hpp"
@@ -113,4 +112,20 @@ TEST_CASE("reshard refuses a layout without a rank that has attachments, and wri
     INFO(o.first);
     CHECK(o.failures == 0);
   }
+}
+
+TEST_CASE("reshard's staging follows the data, not the ranks") {
+  // Every output rank's writer is open at once; each used to stage 16 MiB whatever it held:
+  // 3.3 GB for 200 ranks of a checkpoint of a few hundred rows.
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/ckpt";
+  write_checkpoint(dir, 3, /*attaching=*/1);
+  const std::string out = tmp.path() + "/out-200";
+  const Result r =
+      run_tool({"reshard", dir, "--version", "6", "--world-size", "200", "--out", out});
+  INFO(describe(r));
+  REQUIRE(r.status == 0);
+  REQUIRE(run_tool({"verify", out}).status == 0);
+  CAPTURE(r.max_rss_kib);
+  REQUIRE(r.max_rss_kib < 400 * 1024);  // 200 x 16 MiB was 3.2 GB
 }

@@ -6,6 +6,7 @@
 
 #include <embstore/embstore.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,6 +63,7 @@ inline std::string read_file(const std::string& path) {
 struct Result {
   int status = -1;  // exit status; -1 when killed by a signal
   std::string out, err;
+  long max_rss_kib = 0;  // the process's peak resident memory
 };
 
 // Runs embstore-ckpt with args, stdout and stderr captured through files (never a terminal,
@@ -88,9 +90,11 @@ inline Result run_tool(const std::vector<std::string>& args) {
     _exit(127);
   }
   int wstatus = 0;
-  REQUIRE(waitpid(pid, &wstatus, 0) == pid);
+  struct rusage usage {};
+  REQUIRE(wait4(pid, &wstatus, 0, &usage) == pid);
   Result r;
   r.status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
+  r.max_rss_kib = usage.ru_maxrss;
   r.out = read_file(out_path);
   r.err = read_file(err_path);
   return r;
