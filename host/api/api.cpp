@@ -258,7 +258,7 @@ embstore_status_t embstore_table_get(embstore_store_t* store, const char* name,
 }
 
 uint32_t embstore_table_dim(const embstore_table_t* table) {
-  return table ? table->impl->spec().dim : 0;
+  return table ? table->dim : 0;  // not table->impl: a restore may replace it meanwhile
 }
 
 embstore_status_t embstore_lookup(embstore_table_t* table, const int64_t* keys, size_t n,
@@ -310,10 +310,11 @@ embstore_status_t embstore_sharded_lookup(embstore_table_t* table, const int64_t
       check_batch(n);
     });
     const bool insert = (flags & EMBSTORE_LOOKUP_INSERT) != 0;
+    embstore_store* store = table->store;
+    // Under comm_mutex: a restore on another thread replaces table->impl while it holds it.
+    std::lock_guard lock(store->comm_mutex);
     // Occurrences count one by one toward admission: an insert there sends each of them.
     const bool per_occurrence = insert && table->impl->spec().admit_after > 1;
-    embstore_store* store = table->store;
-    std::lock_guard lock(store->comm_mutex);
     const uint64_t step = store->step.load(std::memory_order_relaxed);
     if (store->device_exchange) {
       store->device_exchange->sharded_lookup(*table->impl, *store->comm, check, keys, n, values_out,

@@ -353,6 +353,17 @@ void Checkpointer::load_tables(const Replacement& r, SpillFile* spill_file,
     part("to prepare its part of the tables", [&] {
       // An existing table keeps its own configuration (checked by check_replaced_tables).
       TableSpec spec = existing != nullptr ? existing->spec() : t.spec;
+      // Built once, at its final size: no growth or rehash while it loads (a rank of several
+      // holds about its share of the rows).
+      const uint64_t all_rows = rows_to_reserve(plan, t);
+      const uint64_t rows =
+          world == 1 ? all_rows : all_rows / world + all_rows / (4 * world) + 1024;
+      // A new table's initial_capacity comes from the manifest, which the files must back: it
+      // is at most what it loads, so that a forged one cannot make the table allocate (and, on
+      // the host, zero an index for) billions of rows it will never hold.
+      if (existing == nullptr) {
+        spec.initial_capacity = std::min(spec.initial_capacity, std::max<uint64_t>(rows, 1024));
+      }
       // Values only: each row's state is a new row's, of the loading table's optimizer.
       if (l.values_only) fresh_state = new_row_state(spec);
       if (spill_file != nullptr && existing != nullptr && existing->can_spill()) {
@@ -361,10 +372,7 @@ void Checkpointer::load_tables(const Replacement& r, SpillFile* spill_file,
         existing->spill(*spill_file);
       }
       impl = store_.make_table(std::move(spec));
-      // Built once, at its final size: no growth or rehash while it loads (a rank of several
-      // holds about its share of the rows).
-      const uint64_t rows = rows_to_reserve(plan, t);
-      impl->reserve(world == 1 ? rows : rows / world + rows / (4 * world) + 1024);
+      impl->reserve(rows);
       // Newest version first. A table that knows its keys (both backends) skips the older rows
       // of a key itself; otherwise the chain reader drops them, with a set of every key.
       options.sink_skips_held = impl->skips_held_keys();

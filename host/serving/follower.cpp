@@ -159,6 +159,7 @@ std::shared_ptr<Follower::Serving> Follower::load_whole(io::CheckpointDir& dir, 
     std::vector<float> values;
     uint64_t rows = 0;
     const io::RowSink sink = [&](const io::RowBlock& b, std::string*) {
+      throw_if_cancelled();
       keys.clear();
       values.clear();
       for (uint32_t i = 0; i < b.rows; ++i) {
@@ -214,6 +215,7 @@ std::map<std::string, TableChanges> Follower::read_changes(const io::ChainLink& 
     c.keys.reserve(rows);
     c.values.reserve(rows * entry.config.dim);
     const io::RowSink sink = [&](const io::RowBlock& b, std::string*) {
+      throw_if_cancelled();
       const bool upserts = b.kind != io::RowBlockKind::kTombstones;
       pacer.add(uint64_t{b.rows} *
                 (sizeof(int64_t) + (upserts ? sizeof(float) * (b.dim + b.state_dim) : 0)));
@@ -249,9 +251,14 @@ bool Follower::serves_same_tables(const io::Manifest& m, const Serving& serving)
   return matching == serving.specs.size();  // else one was dropped
 }
 
-uint64_t Follower::poll() {
+void Follower::throw_if_cancelled() const {
   if (stopping_) fail(EMBSTORE_BUSY, "the follower is being closed: its polls are cancelled");
+}
+
+uint64_t Follower::poll() {
+  throw_if_cancelled();
   std::lock_guard lock(poll_mutex_);
+  throw_if_cancelled();  // it waited for the poll that was cancelled
   ++polls_;
   try {
     const uint64_t v = poll_locked();
@@ -313,6 +320,7 @@ uint64_t Follower::poll_locked() {
   // changed go through its overlay, and spreading the merge would keep them there for longer.
   Pacer pacer(options_.apply_bytes_per_second, &stopping_);
   for (size_t i = at; i-- > 0;) {  // oldest first
+    throw_if_cancelled();          // the versions applied before stay
     const io::ChainLink& link = chain[i];
     renew_lease(serving->rows.version(), false);  // a paced poll of many deltas may take long
     // Read and checked whole before any of it is served.

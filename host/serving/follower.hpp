@@ -87,8 +87,8 @@ class Follower {
   // served. On failure (CORRUPT, IO_ERROR, NOT_FOUND when the directory went) it throws and the
   // version served stays the last one applied.
   uint64_t poll();
-  // Polls in flight give up at their next block or pace check, and later ones fail, with BUSY;
-  // lookups go on (embstore_follower_cancel).
+  // Polls in flight give up at their next block of rows, pace check or version, and later ones
+  // fail, with BUSY; lookups go on (embstore_follower_cancel).
   void cancel() { stopping_ = true; }
   uint64_t version() const;
   // The dim of a table served; NOT_FOUND for another.
@@ -127,6 +127,7 @@ class Follower {
   std::atomic<uint64_t> versions_applied_{0}, full_loads_{0}, lookups_{0}, polls_{0},
       chain_lost_{0};
   std::atomic<double> last_apply_seconds_{0};
+  void throw_if_cancelled() const;     // Error(BUSY) once cancel() or the destructor ran
   std::atomic<bool> stopping_{false};  // set by cancel() and the destructor: polls give up
   mutable std::mutex stats_mutex_;     // what follows
   embstore_status_t last_poll_status_ = EMBSTORE_OK;

@@ -184,6 +184,7 @@ embstore_table* embstore_store::adopt_table(std::unique_ptr<embstore::Table> imp
   auto table = std::make_unique<embstore_table>();
   table->store = this;
   table->impl = std::move(impl);
+  table->dim = table->impl->spec().dim;
   table->idle_pass_time = idle_clock.now();
   embstore_table* handle = table.get();
   tables_.emplace(handle->impl->spec().name, std::move(table));

@@ -22,6 +22,7 @@
 struct embstore_table {
   embstore_store* store;
   std::unique_ptr<embstore::Table> impl;
+  uint32_t dim = 0;           // impl's, kept here: a restore replaces impl, never with another dim
   double idle_pass_time = 0;  // when embstore_step last ran the idle rules (IdleClock time)
 };
 

@@ -51,7 +51,9 @@ typedef enum embstore_status {
   EMBSTORE_IO_ERROR = 6,          /* read, write, fsync, rename failed (errno text in last_error) */
   EMBSTORE_CORRUPT = 7,           /* checksum or format mismatch (file and offset in last_error) */
   EMBSTORE_UNSUPPORTED = 8,       /* not built, no device, or not implemented in this version */
-  EMBSTORE_BUSY = 9,              /* another writer holds the checkpoint directory (it is named) */
+  EMBSTORE_BUSY = 9,              /* another writer holds the checkpoint directory (it is named);
+                                     a restore and calls on the store's tables met (see
+                                     "data path"); a cancelled follower's poll */
   EMBSTORE_DEVICE_ERROR = 10,     /* CUDA or NCCL failure */
   EMBSTORE_INTERNAL = 11,         /* a bug in embstore: please report it with last_error */
   EMBSTORE_COMM_ERROR = 12        /* an exchange through the store's communicator failed (MPI
@@ -271,8 +273,12 @@ EMBSTORE_API uint32_t embstore_table_dim(const embstore_table_t* table);
    NULL); n above 2^32 - 1 (4294967295) is INVALID_ARGUMENT: split such a batch.
    A restore or warm start replaces the store's tables: lookups, updates, table stats,
    embstore_table_evict and (on a store of one rank) embstore_step made on other threads while
-   one runs fail with BUSY, doing nothing, and one started while such calls run fails with BUSY
-   (a sharded store's restore waits for them instead: it cannot fail on one rank alone). */
+   one runs fail with BUSY, doing nothing (also during the moment a restore that is itself
+   refused holds its place), and one started while such calls run, or while another restore of
+   the store runs, fails with BUSY (a sharded store's restore waits for such calls instead: it
+   cannot fail on one rank alone; its sharded calls are serialized with it). So each of these
+   calls may return BUSY, but only when the caller runs restores on one thread and the calls on
+   another. */
 
 #define EMBSTORE_LOOKUP_INSERT 1u /* training: admitted keys without a row get a new row */
 
@@ -484,11 +490,17 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
    trainer's), so what another process plants there is read as hostile: every reader (restore,
    warm start, followers, retention, leases, the writer's lock, every embstore-ckpt command)
    opens a file only when it is a regular file, without following a link and without blocking
-   (a FIFO, a link to /dev/zero, a socket, a directory named like the file: CORRUPT, "not a
-   regular file"), and reads it only up to a size known beforehand: the size the manifest
-   gives (row files, admission counts, attachments) or the cap of its kind below. JSON nested
-   deeper than EMBSTORE_MAX_JSON_DEPTH levels is refused while it is parsed. A manifest that
-   asks for a Bloom filter its counts file cannot hold is CORRUPT. */
+   (a FIFO, a link to /dev/zero, a socket, a directory named like the file: the version is
+   CORRUPT, "not a regular file"; a lease is skipped; the writer's lock is an IO_ERROR that
+   names it), and reads it only up to a size known beforehand: the size the manifest gives
+   (admission counts, attachments; row files a block at a time, each block at most 64 MiB) or
+   the cap of its kind below. A manifest larger than the cap is never written (that checkpoint
+   fails). JSON nested deeper than EMBSTORE_MAX_JSON_DEPTH levels is refused while it is
+   parsed. A manifest that asks for a Bloom filter its counts file cannot hold is CORRUPT, and a
+   table a restore creates takes from its manifest an initial_capacity of at most the rows it
+   loads. Configurations are checked at restore as at create: a checkpoint of a table whose
+   configuration this version refuses (an initializer whose values overflow, a filter above
+   EMBSTORE_MAX_ADMIT_BLOOM_BYTES) is CORRUPT. */
 #define EMBSTORE_MAX_MANIFEST_BYTES (64u << 20) /* MANIFEST.json */
 #define EMBSTORE_MAX_LEASE_BYTES 4096u          /* embstore.lease.<id> */
 #define EMBSTORE_MAX_LOCK_RECORD_BYTES 4096u    /* embstore.lock: only its first 4 KiB is read */
@@ -852,7 +864,8 @@ EMBSTORE_API embstore_status_t embstore_follower_lookup(embstore_follower_t* fol
    create are not served until the next whole load. A table served keeps its dim: a newer
    full checkpoint that changes it is refused with INVALID_ARGUMENT (create a new follower).
    Returns OK; CORRUPT; IO_ERROR; NOT_FOUND (the directory or its versions went);
-   INVALID_ARGUMENT (a dim changed); OUT_OF_MEMORY. */
+   INVALID_ARGUMENT (a dim changed); OUT_OF_MEMORY; BUSY (embstore_follower_cancel was
+   called). */
 EMBSTORE_API embstore_status_t embstore_follower_poll(embstore_follower_t* follower,
                                                       uint64_t* version_out);
 EMBSTORE_API embstore_status_t embstore_follower_version(embstore_follower_t* follower,
@@ -869,9 +882,12 @@ EMBSTORE_API embstore_status_t embstore_follower_stats(embstore_follower_t* foll
    caller's may be running. */
 EMBSTORE_API embstore_status_t embstore_follower_destroy(embstore_follower_t* follower);
 /* For a caller about to destroy the follower while another thread may be in
-   embstore_follower_poll: that poll returns soon (a paced poll stops waiting out its pace) with
-   BUSY, applying nothing, and later polls fail with BUSY; lookups go on, serving the version
-   they served. Not reversible. Returns OK; INVALID_ARGUMENT (NULL follower). */
+   embstore_follower_poll: that poll returns soon with BUSY (at its next block of rows, pace
+   check or version; a paced poll stops waiting out its pace), applying no further version
+   (deltas it applied before stay applied), and later polls fail with BUSY; lookups go on,
+   serving what the follower served. Not reversible. The caller still waits for the cancelled
+   poll to return before embstore_follower_destroy. Returns OK; INVALID_ARGUMENT (NULL
+   follower). */
 EMBSTORE_API embstore_status_t embstore_follower_cancel(embstore_follower_t* follower);
 
 #ifdef __cplusplus

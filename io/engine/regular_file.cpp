@@ -9,7 +9,8 @@ namespace embstore::io {
 
 int open_regular(const std::string& path, int extra_flags, int* fd, struct stat* st) {
   const int f = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | extra_flags);
-  if (f < 0) return -errno;
+  // A socket cannot be opened at all (ENXIO): it is not a regular file either.
+  if (f < 0) return errno == ENXIO ? kNotRegularFile : -errno;
   struct stat s;
   int r = ::fstat(f, &s) < 0 ? -errno : 0;
   if (r == 0 && !S_ISREG(s.st_mode)) r = kNotRegularFile;

@@ -323,8 +323,13 @@ int lock_holder(const std::string& dir, LockOwner* owner) {
     parse_record(record, owner);
     return 1;
   }
-  if (r != -ENOENT) return r;
-  const std::string path = dir + "/" + kLockFileName;
+  // A .held that is not a regular file (a FIFO, a link) is held as acquire_held_file sees it
+  // (it cannot create one), by a writer that has not said who.
+  if (r == kNotRegularFile || r == -ELOOP) {
+    *owner = LockOwner{};
+    return 1;
+  }
+  const std::string path = dir + "/" + kLockFileName;  // no .held (or unreadable): the lock
   r = open_regular(path, 0, &fd);
   if (r < 0) return r == -ENOENT ? 0 : r;
   struct flock fl {};

@@ -133,7 +133,11 @@ int write_lease(const std::string& dir, const Lease& lease, std::string* detail)
     return -EINVAL;
   }
   const std::string path = lease_path(dir, lease.id), tmp = path + kTmpSuffix;
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  // A new file of its own: whatever is planted at the tmp name (a FIFO would block the open,
+  // holding the follower's poll) goes first, and O_EXCL refuses one planted meanwhile.
+  ::unlink(tmp.c_str());
+  const int fd =
+      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
   if (fd < 0) {
     const int r = neg_errno();
     *detail = fmt::format("{}: {}", tmp, errno_text(r));

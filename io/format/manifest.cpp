@@ -353,6 +353,10 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
       // A Bloom filter's counts file is its header and the whole filter: a manifest asking for
       // a filter its files cannot hold is forged or damaged (before anything is allocated).
       if (e.config.admit_bloom_bytes != 0) {
+        if (e.admission.empty()) {
+          throw Bad("table '" + e.name + "': admit_bloom_bytes " +
+                    std::to_string(e.config.admit_bloom_bytes) + " but no counts file");
+        }
         for (const FileEntry& f : e.admission) {
           if (f.bytes != kAdmissionHeaderBytes + e.config.admit_bloom_bytes) {
             throw Bad("table '" + e.name + "': admit_bloom_bytes " +
@@ -399,6 +403,8 @@ int write_manifest(const std::string& version_dir, const Manifest& m, uint64_t* 
   } catch (...) {
     return -ENOMEM;
   }
+  // Readers refuse a larger one: a version that could never be read must not commit.
+  if (text.size() > kMaxManifestBytes) return -EFBIG;
   return write_whole_file(version_dir + "/" + kManifestName, text.data(), text.size());
 }
 

@@ -94,7 +94,7 @@ std::string format_manifest(const Manifest& m, uint64_t* xxh3 = nullptr);
 int parse_manifest(const std::string& text, Manifest* out, std::string* detail);
 
 // Writes <version_dir>/MANIFEST.json (not fsynced: the commit protocol fsyncs every file);
-// *xxh3 (may be null) = its manifest_xxh3.
+// *xxh3 (may be null) = its manifest_xxh3. -EFBIG, writing nothing, past kMaxManifestBytes.
 int write_manifest(const std::string& version_dir, const Manifest& m, uint64_t* xxh3 = nullptr);
 // The largest manifest read (EMBSTORE_MAX_MANIFEST_BYTES): about 200 bytes per file entry, so
 // room for 300,000 files (tables x ranks x kinds).

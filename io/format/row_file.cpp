@@ -356,6 +356,12 @@ int RowFileReader::next_block(RowBlock* out) {
   if (payload_bytes > rest || padded - kRowBlockHeaderBytes > rest) {
     return corrupt(at, "truncated block");
   }
+  // Before the block is read into memory: a forged header over a large (even sparse) file
+  // must not make the reader allocate what no writer writes.
+  if (padded > kMaxRowBlockBytes) {
+    return corrupt(at, "a block of " + std::to_string(padded) + " bytes, more than a writer's " +
+                           std::to_string(kMaxRowBlockBytes));
+  }
 
   const bool behind = behind_ != nullptr;
   if (const int e = take(padded - kRowBlockHeaderBytes, &p, /*hash=*/!behind); e < 0) {

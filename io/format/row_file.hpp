@@ -65,6 +65,10 @@ struct HashDeleter {
 inline constexpr char kRowFileMagic[8] = {'E', 'M', 'B', 'R', 'O', 'W', 'S', '1'};
 inline constexpr uint32_t kRowFileVersion = 1;
 inline constexpr size_t kRowBlockHeaderBytes = 64;
+// The largest block a reader takes: writers' blocks fit their staging buffer (1 MiB, or the
+// widest row's record, 48 KiB, and a header), so this leaves a wide margin and still bounds
+// what a forged header can make a reader allocate.
+inline constexpr size_t kMaxRowBlockBytes = size_t{64} << 20;
 
 enum class RowBlockKind : uint32_t { kUpserts = 0, kTombstones = 1 };
 

@@ -143,7 +143,11 @@ int VersionWriter::write_attachment(const std::string& name, const void* data, s
 int VersionWriter::write_manifest(Manifest* m, std::string* detail) {
   m->format_version = kFormat;
   if (int r = io::write_manifest(staging_, *m, &m->xxh3); r < 0) {
-    return failed(detail, r, fmt::format("writing {}", kManifestName));
+    return failed(detail, r,
+                  r == -EFBIG ? fmt::format("writing {}: larger than the {} bytes readers take "
+                                            "(EMBSTORE_MAX_MANIFEST_BYTES: fewer tables or ranks)",
+                                            kManifestName, kMaxManifestBytes)
+                              : fmt::format("writing {}", kManifestName));
   }
   return 0;
 }

@@ -50,7 +50,10 @@ io::WriterOptions rank_writer_options(uint32_t world, uint64_t rows_per_rank, ui
   if (world == 1) return options;
   const uint64_t row_bytes = 8 + 4 * (uint64_t{dim} + state_dim);
   const size_t one_row = io::detail::align_up(io::kRowBlockHeaderBytes + row_bytes);
-  options.queue_depth = 2;
+  // The default depth for a few ranks (16 of 1 MiB each, within the budget up to 16 ranks),
+  // shallower for many.
+  options.queue_depth = static_cast<unsigned>(std::clamp<uint64_t>(
+      kReshardStaging / (uint64_t{world} * options.buffer_bytes), 2, options.queue_depth));
   const uint64_t share = kReshardStaging / (uint64_t{world} * options.queue_depth);
   const uint64_t data = io::kRowBlockHeaderBytes + rows_per_rank * row_bytes;
   options.buffer_bytes = std::max<size_t>(

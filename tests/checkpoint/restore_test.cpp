@@ -303,7 +303,9 @@ TEST_CASE("restore and warm start never replace tables under calls on other thre
     std::vector<float> out(keys.size() * 8), grads(keys.size() * 8, 0.01f);
     embstore_table_stats_t s;
     s.struct_size = sizeof(s);
-    while (!stop.load()) {
+    for (uint64_t round = 0; !stop.load(); ++round) {
+      // Now and then a pause, so that restores get through on a machine of one or two cores.
+      if (round % 8 == 7) std::this_thread::sleep_for(std::chrono::microseconds(500));
       for (const embstore_status_t st :
            {embstore_lookup(t, keys.data(), keys.size(), out.data(), EMBSTORE_LOOKUP_INSERT,
                             nullptr),

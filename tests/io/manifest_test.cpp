@@ -116,6 +116,8 @@ TEST_CASE("manifest: every field round-trips exactly", "[io][manifest]") {
   // Tables without admission list no file, and read back without one.
   Manifest plain = m;
   plain.tables[0].admission.clear();
+  plain.tables[0].config.admit_after = 0;  // a Bloom table always has its counts file
+  plain.tables[0].config.admit_bloom_bytes = 0;
   REQUIRE(format_manifest(plain).find("admission.counts") == std::string::npos);
   REQUIRE(parse_manifest(format_manifest(plain), &back, &detail) == 0);
   REQUIRE(back.tables[0].admission.empty());
@@ -288,6 +290,10 @@ TEST_CASE("manifest: a Bloom filter its counts file cannot hold is refused", "[i
   std::string detail;
   REQUIRE(parse_manifest(format_manifest(m), &back, &detail) == -EBADMSG);
   REQUIRE(detail.find("admit_bloom_bytes") != std::string::npos);
+  Manifest without = sample();  // a filter and no counts file at all
+  without.tables[0].admission.clear();
+  REQUIRE(parse_manifest(format_manifest(without), &back, &detail) == -EBADMSG);
+  REQUIRE(detail.find("no counts file") != std::string::npos);
   m.tables[0].config.admit_bloom_bytes = 1024;
   REQUIRE(parse_manifest(format_manifest(m), &back, &detail) == 0);
 }

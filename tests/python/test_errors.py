@@ -81,6 +81,16 @@ class ErrorTest(TempDirTest):
                 self.t.lookup(keys)
         with self.assertRaises(TypeError):
             self.t.apply_gradients([1], np.array([[1, 2, 3, 4]], "timedelta64[s]"))
+        try:
+            import torch
+        except ImportError:  # pragma: no cover - the CI venv has torch
+            return
+        if hasattr(torch, "uint64"):
+            with self.assertRaises(ValueError):
+                self.t.lookup(torch.tensor([1, 2**63], dtype=torch.uint64))
+            np.testing.assert_array_equal(
+                self.t.lookup(torch.tensor([1, 2], dtype=torch.uint64)).numpy(),
+                self.t.lookup([1, 2]))
 
     def test_bad_store_configs(self):
         with self.assertRaises(embstore.InvalidArgumentError):

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -378,3 +379,41 @@ TEST_CASE("A follower's tables_regex: a length limit, RE2 syntax, linear time",
 }
 
 }  // namespace
+
+TEST_CASE("A cancelled follower's poll gives up at once, later polls fail, lookups go on",
+          "[serving][follower]") {
+  // embstore_follower_cancel: what Python's close() calls, so that a paced poll on another
+  // thread does not keep it waiting for as long as its pace takes.
+  Run run;
+  embstore_follower_config_t c = follower_config(run.dir);
+  c.apply_bytes_per_second = 64;  // a delta of a few KB: about a minute
+  embstore_follower_t* f = follow_with(c);
+  const std::vector<int64_t> keys = {1, 2, 3};
+  std::vector<float> before(keys.size() * 4), after(keys.size() * 4);
+  REQUIRE(embstore_follower_lookup(f, "items", keys.data(), keys.size(), before.data(), nullptr) ==
+          EMBSTORE_OK);
+  run.trainer.step(2);
+  run.trainer.checkpoint(run.dir, EMBSTORE_CKPT_INCREMENTAL);
+
+  std::atomic<int> polled{-1};
+  std::thread poller([&] {
+    uint64_t v = 0;
+    polled = embstore_follower_poll(f, &v);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // pacing its reads
+  const auto cancelled = std::chrono::steady_clock::now();
+  REQUIRE(embstore_follower_cancel(f) == EMBSTORE_OK);
+  poller.join();
+  CHECK(std::chrono::steady_clock::now() - cancelled < std::chrono::seconds(5));
+  CHECK(polled.load() == EMBSTORE_BUSY);
+  uint64_t v = 0;
+  CHECK(embstore_follower_poll(f, &v) == EMBSTORE_BUSY);
+  CHECK(std::string(embstore_last_error()).find("being closed") != std::string::npos);
+  REQUIRE(embstore_follower_lookup(f, "items", keys.data(), keys.size(), after.data(), nullptr) ==
+          EMBSTORE_OK);
+  CHECK(after == before);  // still version 1: the cancelled poll applied nothing
+  REQUIRE(embstore_follower_version(f, &v) == EMBSTORE_OK);
+  CHECK(v == 1);
+  CHECK(embstore_follower_cancel(nullptr) == EMBSTORE_INVALID_ARGUMENT);
+  REQUIRE(embstore_follower_destroy(f) == EMBSTORE_OK);
+}
