@@ -38,7 +38,7 @@
 #include "io/format/dir_lock.hpp"
 #include "io/format/manifest.hpp"
 #include "io/format/row_file.hpp"
-#include "io/tool/ckpt.hpp"
+#include "tools/ckpt/ckpt.hpp"
 
 namespace embstore::ckpt {
 

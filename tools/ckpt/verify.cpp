@@ -32,7 +32,7 @@
 #include "io/format/chain.hpp"
 #include "io/format/manifest.hpp"
 #include "io/format/row_file.hpp"
-#include "io/tool/ckpt.hpp"
+#include "tools/ckpt/ckpt.hpp"
 
 namespace embstore::ckpt {
 namespace {

@@ -30,7 +30,7 @@
 #include "io/format/manifest.hpp"
 #include "io/format/row_file.hpp"
 #include "io/format/version_writer.hpp"
-#include "io/tool/ckpt.hpp"
+#include "tools/ckpt/ckpt.hpp"
 
 namespace embstore::ckpt {
 namespace {

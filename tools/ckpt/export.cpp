@@ -18,7 +18,7 @@
 #include "host/checkpoint/restore_plan.hpp"
 #include "host/error.hpp"
 #include "io/format/chain.hpp"
-#include "io/tool/ckpt.hpp"
+#include "tools/ckpt/ckpt.hpp"
 
 namespace embstore::ckpt {
 namespace {
