@@ -11,6 +11,7 @@
 #include "io/engine/engine.hpp"
 #include "io/format/chain.hpp"
 #include "io/format/commit.hpp"
+#include "tools/ckpt/progress.hpp"
 
 namespace embstore::ckpt {
 
@@ -56,14 +57,16 @@ checkpoint::RestorePlan plan_of(io::CheckpointDir& checkpoints, const std::strin
 // embstore-ckpt compact DIR --version V --out OUT (world_size 1), and
 // embstore-ckpt reshard DIR --version V --world-size W --out OUT.
 int cmd_compact(const std::string& dir, const std::string& version_text, const std::string& out,
-                uint32_t world_size = 1);
+                uint32_t world_size, ProgressWhen progress);
 
 // embstore-ckpt export DIR --version V --table T --out PREFIX (export.cpp).
 int cmd_export(const std::string& dir, const std::string& version_text, const std::string& table,
-               const std::string& prefix);
+               const std::string& prefix, ProgressWhen progress);
 
-// embstore-ckpt verify DIR [--version V] (verify.cpp).
-int cmd_verify(const std::string& dir, const std::optional<std::string>& version_text);
+// embstore-ckpt verify DIR [--version V] [--json] (verify.cpp). With json, one JSON object on
+// stdout: {"directory", "ok", "versions": [{"name", "ok", "status", "problem", ...}]}.
+int cmd_verify(const std::string& dir, const std::optional<std::string>& version_text,
+               ProgressWhen progress, bool json);
 
 // Why restore of versions()[index] would fail before it reads a row: its plan (manifests,
 // links, world size, configurations) and every file it would read there with its size, as

@@ -2,11 +2,11 @@
 // (docs/DESIGN.md, "On-disk layout and commit") with the io/ layer's own readers, and the
 // chain resolution that restore uses (io/format/chain.hpp).
 //
-//   embstore-ckpt ls DIR                 RESTORABLE: restore's checks short of reading data;
+//   embstore-ckpt ls DIR [--json]        RESTORABLE: restore's checks short of reading data;
 //                                        RANKS: the world size that wrote the version
-//   embstore-ckpt verify DIR [--version V]   exit 0 exactly when restore would succeed
+//   embstore-ckpt verify DIR [--version V] [--json]   exit 0 exactly when restore would succeed
 //                                            (verify.cpp)
-//   embstore-ckpt inspect DIR --version V --table T [--rows N] [--floats K]
+//   embstore-ckpt inspect DIR --version V --table T [--rows N] [--floats K] [--json]
 //   embstore-ckpt compact DIR --version V --out OUT   (compact.cpp)
 //   embstore-ckpt reshard DIR --version V --world-size W --out OUT   (compact.cpp)
 //   embstore-ckpt export DIR --version V --table T --out PREFIX      (export.cpp: .npy files)
@@ -14,11 +14,14 @@
 // V is a version number (the global step), a version directory name
 // ("00000000000000001000.full") or "latest" (the newest version with a valid manifest).
 // Exit codes: 0 ok, 1 a problem found or something not found, 2 bad usage.
+// verify, compact, reshard and export draw a progress line on stderr when it is a terminal
+// (--progress auto|always|never, -q); --json's output is for scripts (docs/ckpt-tool.md).
 #include <fmt/core.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -177,7 +180,9 @@ bool matches(const VersionSpec& s, const io::VersionDir& v) {
 
 // ---------------------------------------------------------------------------------- ls --
 
-int cmd_ls(const std::string& dir) {
+// With json, one JSON object on stdout (docs/ckpt-tool.md): {"directory", "versions": [...],
+// "leftovers", "writer"}.
+int cmd_ls(const std::string& dir, bool json) {
   const std::vector<io::VersionDir> versions = versions_of(dir);
   io::CheckpointDir checkpoints(dir, versions);
 
@@ -195,6 +200,7 @@ int cmd_ls(const std::string& dir) {
                       "ROWS",      "ATTACHMENTS", "CHAIN", "RESTORABLE", "RANKS"};
   std::vector<Row> rows;
   std::vector<std::string> notes;  // non-empty: the row is the name and this note only
+  nlohmann::json listed = nlohmann::json::array();
   for (size_t i = 0; i < versions.size(); ++i) {
     const io::VersionDir& v = versions[i];
     const io::Manifest* manifest = nullptr;
@@ -208,6 +214,13 @@ int cmd_ls(const std::string& dir) {
       } else {
         note = "(unreadable manifest: " + errno_text(rc) + ")";
       }
+      listed.push_back({{"name", v.name},
+                        {"version", v.version},
+                        {"kind", v.full ? "full" : "delta"},
+                        {"manifest_error", rc == -ENOENT    ? std::string("missing")
+                                           : rc == -EBADMSG ? "corrupt: " + detail
+                                                            : errno_text(rc)},
+                        {"restorable", false}});
       rows.push_back({v.name});
       notes.push_back(std::move(note));
       continue;
@@ -234,7 +247,24 @@ int cmd_ls(const std::string& dir) {
                            : fmt::format("{}: {}", names.size(), join(names, ", "));
     };
     // What restore checks before it reads rows (verify reads them too).
-    const bool restorable = restore_problem(checkpoints, i).empty();
+    const std::string problem = restore_problem(checkpoints, i);
+    const bool restorable = problem.empty();
+    nlohmann::json attachments = nlohmann::json::array();
+    for (const io::AttachmentEntry& a : m.attachments) {
+      attachments.push_back({{"name", a.name}, {"rank", a.rank}, {"bytes", a.file.bytes}});
+    }
+    listed.push_back({{"name", v.name},
+                      {"version", m.version},
+                      {"kind", m.full ? "full" : "delta"},
+                      {"bytes", bytes},
+                      {"tables", table_names},
+                      {"rows", table_rows},
+                      {"attachments", std::move(attachments)},
+                      {"parent", m.parent ? nlohmann::json(*m.parent) : nlohmann::json()},
+                      {"parent_present", !m.parent || have_version(*m.parent)},
+                      {"restorable", restorable},
+                      {"problem", restorable ? nlohmann::json() : nlohmann::json(problem)},
+                      {"world_size", m.world_size}});
     rows.push_back({v.name, std::to_string(m.version), m.full ? "full" : "delta",
                     std::to_string(m.version), fmt::format("{} ({})", bytes, human(bytes)),
                     counted(table_names), std::to_string(table_rows), counted(attachment_names),
@@ -242,6 +272,17 @@ int cmd_ls(const std::string& dir) {
     notes.emplace_back();
   }
 
+  const uint64_t leftovers = count_leftovers(dir);
+  io::LockOwner owner;
+  const bool held = io::lock_holder(dir, &owner) == 1;
+  if (json) {
+    const nlohmann::json out = {{"directory", dir},
+                                {"versions", std::move(listed)},
+                                {"leftovers", leftovers},
+                                {"writer", held ? nlohmann::json(io::describe(owner)) : nullptr}};
+    fmt::print("{}\n", out.dump(2));
+    return kExitOk;
+  }
   if (versions.empty()) {
     fmt::print("no checkpoints in {}\n", dir);
   } else {
@@ -264,12 +305,11 @@ int cmd_ls(const std::string& dir) {
     print_row(header, "");
     for (size_t i = 0; i < rows.size(); ++i) print_row(rows[i], notes[i]);
   }
-  if (const uint64_t n = count_leftovers(dir); n > 0) {
+  if (leftovers > 0) {
     fmt::print("{} (removed at the next checkpoint)\n",
-               plural(n, "leftover temporary entry", "leftover temporary entries"));
+               plural(leftovers, "leftover temporary entry", "leftover temporary entries"));
   }
-  io::LockOwner owner;
-  if (io::lock_holder(dir, &owner) == 1) fmt::print("writer: {}\n", io::describe(owner));
+  if (held) fmt::print("writer: {}\n", io::describe(owner));
   return kExitOk;
 }
 
@@ -287,8 +327,38 @@ std::string floats(const float* p, uint32_t n, uint32_t shown) {
   return out;
 }
 
+void print_table(const io::VersionDir& chosen, const io::Manifest& m, const io::TableEntry& table);
+
+// A table's configuration as JSON: every field of embstore_table_config_t inspect prints.
+nlohmann::json config_json(const io::TableEntry& table) {
+  const embstore_table_config_t& c = table.config;
+  return {{"dim", c.dim},
+          {"optimizer", io::optimizer_name(c.optimizer)},
+          {"learning_rate", c.learning_rate},
+          {"weight_decay", c.weight_decay},
+          {"epsilon", c.epsilon},
+          {"initial_accumulator", c.initial_accumulator},
+          {"beta1", c.beta1},
+          {"beta2", c.beta2},
+          {"state_dim", table.state_dim},
+          {"state_layout", table.state_layout},
+          {"init", io::init_name(c.init)},
+          {"init_a", c.init_a},
+          {"init_b", c.init_b},
+          {"seed", c.seed},
+          {"initial_capacity", c.initial_capacity},
+          {"max_capacity", c.max_capacity},
+          {"admit_after", c.admit_after},
+          {"evict_idle_steps", c.evict_idle_steps},
+          {"evict_idle_seconds", c.evict_idle_seconds},
+          {"evict_when_full", c.evict_when_full != 0}};
+}
+
+// With json, one JSON object on stdout: the version, the table's configuration and its first
+// rows, each row's values and state whole (--floats shortens the text only; a NaN or an
+// infinity is null, which JSON has no number for).
 int cmd_inspect(const std::string& dir, const std::string& version_text,
-                const std::string& table_name, uint64_t max_rows, uint32_t shown) {
+                const std::string& table_name, uint64_t max_rows, uint32_t shown, bool json) {
   const VersionSpec spec = parse_version_spec(version_text);
   const std::vector<io::VersionDir> all = versions_of(dir);
 
@@ -325,57 +395,23 @@ int cmd_inspect(const std::string& dir, const std::string& version_text,
     throw Problem(fmt::format("no table '{}' in {} (its tables: {})", table_name, vdir,
                               names.empty() ? std::string("none") : join(names, ", ")));
   }
-  const embstore_table_config_t& c = table->config;
-
-  fmt::print("version      {}  ({}, step {}, {})\n", chosen->name, m.full ? "full" : "delta",
-             m.version, m.parent ? fmt::format("parent {}", *m.parent) : std::string("base"));
-  fmt::print("table        {}\n", table->name);
-  fmt::print("rows         {}  ({})\n", table->rows, plural(table->files.size(), "file", "files"));
-  fmt::print("dim          {}\n", c.dim);
-  std::string hyper =
-      fmt::format("learning_rate {:.9g}, weight_decay {:.9g}", c.learning_rate, c.weight_decay);
-  switch (c.optimizer) {
-    case EMBSTORE_OPT_ADAGRAD:
-    case EMBSTORE_OPT_ROWWISE_ADAGRAD:
-      hyper += fmt::format(", epsilon {:.9g}, initial_accumulator {:.9g}", c.epsilon,
-                           c.initial_accumulator);
-      break;
-    case EMBSTORE_OPT_ADAM:
-      hyper +=
-          fmt::format(", beta1 {:.9g}, beta2 {:.9g}, epsilon {:.9g}", c.beta1, c.beta2, c.epsilon);
-      break;
-    default:
-      break;
-  }
-  fmt::print("optimizer    {}  ({})\n", io::optimizer_name(c.optimizer), hyper);
-  fmt::print(
-      "state        state_dim {}{}\n", table->state_dim,
-      table->state_layout.empty() ? std::string("  (no state)") : ": " + table->state_layout);
-  std::string init = io::init_name(c.init);
-  switch (c.init) {
-    case EMBSTORE_INIT_CONSTANT:
-      init += fmt::format(" {:.9g}", c.init_a);
-      break;
-    case EMBSTORE_INIT_UNIFORM:
-      init += fmt::format(" [{:.9g}, {:.9g})", c.init_a, c.init_b);
-      break;
-    case EMBSTORE_INIT_NORMAL:
-      init += fmt::format(" (mean {:.9g}, stddev {:.9g})", c.init_a, c.init_b);
-      break;
-    default:
-      break;
-  }
-  fmt::print("initializer  {}, seed {}\n", init, c.seed);
-  fmt::print("capacity     initial {}, max {}\n", c.initial_capacity,
-             c.max_capacity == 0 ? std::string("unbounded") : std::to_string(c.max_capacity));
-  if (c.admit_after > 1) fmt::print("admission    after {} occurrences\n", c.admit_after);
-  if (c.evict_idle_steps > 0 || c.evict_idle_seconds > 0 || c.evict_when_full != 0) {
-    fmt::print("eviction     after {} idle steps, {} idle seconds (0: never); when full: {}\n",
-               c.evict_idle_steps, c.evict_idle_seconds, c.evict_when_full != 0 ? "yes" : "no");
+  nlohmann::json out;
+  if (json) {
+    out = {{"version", chosen->name},
+           {"kind", m.full ? "full" : "delta"},
+           {"step", m.version},
+           {"parent", m.parent ? nlohmann::json(*m.parent) : nlohmann::json()},
+           {"table", table->name},
+           {"rows", table->rows},
+           {"files", table->files.size()},
+           {"config", config_json(*table)},
+           {"first_rows", nlohmann::json::array()}};
+  } else {
+    print_table(*chosen, m, *table);
   }
 
   const uint64_t want = std::min<uint64_t>(max_rows, table->rows);
-  fmt::print("first {} of {} rows (file order):\n", want, table->rows);
+  if (!json) fmt::print("first {} of {} rows (file order):\n", want, table->rows);
   uint64_t printed = 0;
   for (const io::FileEntry& f : table->files) {
     if (printed >= want) break;
@@ -389,7 +425,20 @@ int cmd_inspect(const std::string& dir, const std::string& version_text,
     int r;
     while (printed < want && (r = reader->next_block(&b)) == 1) {
       for (uint32_t k = 0; k < b.rows && printed < want; ++k, ++printed) {
-        if (b.kind == io::RowBlockKind::kTombstones) {
+        const bool deleted = b.kind == io::RowBlockKind::kTombstones;
+        if (json) {
+          nlohmann::json row = {{"key", b.keys[k]}, {"deleted", deleted}};
+          if (!deleted) {
+            const float* v = b.values + uint64_t{k} * b.dim;
+            row["value"] = std::vector<float>(v, v + b.dim);
+            const float* st = b.state + uint64_t{k} * b.state_dim;
+            row["state"] = b.state_dim > 0 ? std::vector<float>(st, st + b.state_dim)
+                                           : std::vector<float>();
+          }
+          out["first_rows"].push_back(std::move(row));
+          continue;
+        }
+        if (deleted) {
           fmt::print("  key {}  deleted\n", b.keys[k]);
           continue;
         }
@@ -412,7 +461,59 @@ int cmd_inspect(const std::string& dir, const std::string& version_text,
     throw Problem(fmt::format("{}: table '{}' holds fewer rows than its manifest says ({})", vdir,
                               table->name, table->rows));
   }
+  if (json) fmt::print("{}\n", out.dump(2));
   return kExitOk;
+}
+
+// inspect's text: the version and the table's configuration.
+void print_table(const io::VersionDir& chosen, const io::Manifest& m, const io::TableEntry& table) {
+  const embstore_table_config_t& c = table.config;
+  fmt::print("version      {}  ({}, step {}, {})\n", chosen.name, m.full ? "full" : "delta",
+             m.version, m.parent ? fmt::format("parent {}", *m.parent) : std::string("base"));
+  fmt::print("table        {}\n", table.name);
+  fmt::print("rows         {}  ({})\n", table.rows, plural(table.files.size(), "file", "files"));
+  fmt::print("dim          {}\n", c.dim);
+  std::string hyper =
+      fmt::format("learning_rate {:.9g}, weight_decay {:.9g}", c.learning_rate, c.weight_decay);
+  switch (c.optimizer) {
+    case EMBSTORE_OPT_ADAGRAD:
+    case EMBSTORE_OPT_ROWWISE_ADAGRAD:
+      hyper += fmt::format(", epsilon {:.9g}, initial_accumulator {:.9g}", c.epsilon,
+                           c.initial_accumulator);
+      break;
+    case EMBSTORE_OPT_ADAM:
+      hyper +=
+          fmt::format(", beta1 {:.9g}, beta2 {:.9g}, epsilon {:.9g}", c.beta1, c.beta2, c.epsilon);
+      break;
+    default:
+      break;
+  }
+  fmt::print("optimizer    {}  ({})\n", io::optimizer_name(c.optimizer), hyper);
+  fmt::print(
+      "state        state_dim {}{}\n", table.state_dim,
+      table.state_layout.empty() ? std::string("  (no state)") : ": " + table.state_layout);
+  std::string init = io::init_name(c.init);
+  switch (c.init) {
+    case EMBSTORE_INIT_CONSTANT:
+      init += fmt::format(" {:.9g}", c.init_a);
+      break;
+    case EMBSTORE_INIT_UNIFORM:
+      init += fmt::format(" [{:.9g}, {:.9g})", c.init_a, c.init_b);
+      break;
+    case EMBSTORE_INIT_NORMAL:
+      init += fmt::format(" (mean {:.9g}, stddev {:.9g})", c.init_a, c.init_b);
+      break;
+    default:
+      break;
+  }
+  fmt::print("initializer  {}, seed {}\n", init, c.seed);
+  fmt::print("capacity     initial {}, max {}\n", c.initial_capacity,
+             c.max_capacity == 0 ? std::string("unbounded") : std::to_string(c.max_capacity));
+  if (c.admit_after > 1) fmt::print("admission    after {} occurrences\n", c.admit_after);
+  if (c.evict_idle_steps > 0 || c.evict_idle_seconds > 0 || c.evict_when_full != 0) {
+    fmt::print("eviction     after {} idle steps, {} idle seconds (0: never); when full: {}\n",
+               c.evict_idle_steps, c.evict_idle_seconds, c.evict_when_full != 0 ? "yes" : "no");
+  }
 }
 
 int run(int argc, char** argv) {
@@ -436,6 +537,8 @@ int run(int argc, char** argv) {
   CLI::App* ls =
       app.add_subcommand("ls", "list the versions in a checkpoint directory, restorable or not");
   ls->add_option("DIR", dir, "checkpoint directory")->required();
+  bool json = false;
+  ls->add_flag("--json", json, "one JSON object on stdout instead of the table");
 
   CLI::App* verify = app.add_subcommand(
       "verify",
@@ -446,6 +549,8 @@ int run(int argc, char** argv) {
   verify->add_option("--version", verify_version,
                      "only this version, with its chain ('latest': the one EMBSTORE_LATEST "
                      "restores); default: every version in DIR, each with its chain");
+  verify->add_flag("--json", json,
+                   "one JSON object on stdout: each version's result (the exit code is the same)");
 
   CLI::App* inspect =
       app.add_subcommand("inspect", "print a table's configuration and its first rows");
@@ -458,6 +563,7 @@ int run(int argc, char** argv) {
   inspect->add_option("--floats", shown, "values and state floats printed per row")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
+  inspect->add_flag("--json", json, "one JSON object on stdout, rows whole");
 
   CLI::App* compact = app.add_subcommand(
       "compact", "merge a version's chain into one full checkpoint in another directory");
@@ -488,6 +594,17 @@ int run(int argc, char** argv) {
                    "PREFIX: writes PREFIX.keys.npy, PREFIX.values.npy, PREFIX.state.npy")
       ->required();
 
+  // The long commands' progress line on stderr (tools/ckpt/progress.hpp).
+  std::string progress_text = "auto";
+  bool quiet = false;
+  for (CLI::App* sub : {verify, compact, reshard, exporter}) {
+    sub->add_option("--progress", progress_text,
+                    "WHEN: a progress line on stderr: auto (on a terminal), always or never")
+        ->check(CLI::IsMember({"auto", "always", "never"}))
+        ->capture_default_str();
+    sub->add_flag("-q,--quiet", quiet, "no progress line (--progress never)");
+  }
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -501,14 +618,19 @@ int run(int argc, char** argv) {
                         : reshard->parsed()  ? "reshard"
                         : exporter->parsed() ? "export"
                                              : "inspect";
+  ProgressWhen progress = ProgressWhen::kAuto;
+  parse_progress_when(progress_text, &progress);  // checked by CLI11
+  if (quiet) progress = ProgressWhen::kNever;
   try {
-    if (ls->parsed()) return cmd_ls(dir);
-    if (verify->parsed()) return cmd_verify(dir, verify_version);
-    if (compact->parsed()) return cmd_compact(dir, compact_version, out);
-    if (reshard->parsed()) return cmd_compact(dir, compact_version, out, world_size);
-    if (exporter->parsed()) return cmd_export(dir, export_version, export_table, prefix);
+    if (ls->parsed()) return cmd_ls(dir, json);
+    if (verify->parsed()) return cmd_verify(dir, verify_version, progress, json);
+    if (compact->parsed()) return cmd_compact(dir, compact_version, out, 1, progress);
+    if (reshard->parsed()) return cmd_compact(dir, compact_version, out, world_size, progress);
+    if (exporter->parsed()) {
+      return cmd_export(dir, export_version, export_table, prefix, progress);
+    }
     return cmd_inspect(dir, inspect_version, table, static_cast<uint64_t>(rows),
-                       static_cast<uint32_t>(shown));
+                       static_cast<uint32_t>(shown), json);
   } catch (const Usage& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "embstore-ckpt %s: %s\n", command, e.what());

@@ -63,8 +63,10 @@ io::WriterOptions rank_writer_options(uint32_t world, uint64_t rows_per_rank, ui
 
 // Writes table's rows at the plan's version into the ranks' writers (each row to the writer of
 // the rank that owns its key) and returns its manifest entry.
+// progress counts rows from done_before.
 io::TableEntry write_table(const RestorePlan& plan, const TablePlan& t,
-                           const std::vector<std::unique_ptr<io::VersionWriter>>& ranks) {
+                           const std::vector<std::unique_ptr<io::VersionWriter>>& ranks,
+                           Progress& progress, uint64_t done_before) {
   const io::TableEntry& source = *t.entry;
   const uint32_t world = static_cast<uint32_t>(ranks.size());
   std::string detail;
@@ -91,6 +93,7 @@ io::TableEntry write_table(const RestorePlan& plan, const TablePlan& t,
       }
     }
     written += b.rows;
+    progress.update(done_before + written);
     return 0;
   };
   try {
@@ -149,7 +152,7 @@ RestorePlan plan_of(io::CheckpointDir& checkpoints, const std::string& version_t
 }
 
 int cmd_compact(const std::string& dir, const std::string& version_text, const std::string& out,
-                uint32_t world_size) {
+                uint32_t world_size, ProgressWhen when) {
   const char* command = world_size == 1 ? "compact" : "reshard";
   io::CheckpointDir checkpoints(dir, versions_of(dir));
   const std::optional<RestorePlan> plan = plan_of(checkpoints, version_text);
@@ -203,9 +206,12 @@ int cmd_compact(const std::string& dir, const std::string& version_text, const s
   m.version = source.version;
   m.world_size = world_size;
   m.embstore_version = EMBSTORE_VERSION_CODE;
-  uint64_t rows = 0, bytes = 0;
+  uint64_t rows = 0, bytes = 0, total_rows = 0;
+  for (const TablePlan& t : plan->tables) total_rows += t.entry->table_rows;
+  Progress progress(when, world_size == 1 ? "compacting" : "resharding", Progress::Unit::kRows,
+                    total_rows);
   for (const TablePlan& t : plan->tables) {
-    m.tables.push_back(write_table(*plan, t, ranks));
+    m.tables.push_back(write_table(*plan, t, ranks, progress, rows));
     rows += m.tables.back().rows;
     for (const io::FileEntry& f : m.tables.back().files) bytes += f.bytes;
     for (const io::FileEntry& f : m.tables.back().admission) bytes += f.bytes;
@@ -226,6 +232,7 @@ int cmd_compact(const std::string& dir, const std::string& version_text, const s
       m.attachments.push_back(std::move(a));
     }
   }
+  progress.finish();
   if (writer.write_manifest(&m, &detail) < 0 || writer.commit(&detail) < 0) {
     throw Problem(fmt::format("{}: {}", writer.final_path(), detail));
   }

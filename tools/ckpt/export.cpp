@@ -90,7 +90,7 @@ class NpyWriter {
 }  // namespace
 
 int cmd_export(const std::string& dir, const std::string& version_text, const std::string& table,
-               const std::string& prefix) {
+               const std::string& prefix, ProgressWhen when) {
   io::CheckpointDir checkpoints(dir, versions_of(dir));
   const std::optional<checkpoint::RestorePlan> plan = plan_of(checkpoints, version_text);
   const checkpoint::TablePlan* t = nullptr;
@@ -106,11 +106,13 @@ int cmd_export(const std::string& dir, const std::string& version_text, const st
   if (state_dim > 0) {
     files.push_back(std::make_unique<NpyWriter>(prefix + ".state.npy", "<f4", rows, state_dim));
   }
+  Progress progress(when, "exporting", Progress::Unit::kRows, rows);
   uint64_t written = 0;
   int write_error = 0;
   std::string write_what;
   const io::RowSink sink = [&](const io::RowBlock& b, std::string* why) {
     written += b.rows;
+    progress.update(written);
     if (written > rows) return 0;  // read_table reports the count against the manifest
     const size_t n = b.rows;
     int r = files[0]->write(b.keys, n * sizeof(int64_t));
@@ -134,6 +136,7 @@ int cmd_export(const std::string& dir, const std::string& version_text, const st
   if (write_error != 0) {
     throw Problem(fmt::format("{}: cannot write: {}", write_what, errno_text(write_error)));
   }
+  progress.finish();
   for (auto& f : files) f->close();
   for (auto& f : files) f->rename();
   fmt::print(

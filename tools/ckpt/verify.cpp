@@ -13,11 +13,11 @@
 //
 // Also here: the shallow form of the same check that ls's RESTORABLE column shows.
 #include <fmt/core.h>
-#include <unistd.h>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -39,62 +39,6 @@ namespace {
 
 using checkpoint::RestorePlan;
 using checkpoint::TablePlan;
-
-// One line on stderr, redrawn with \r, while verify reads: only on a terminal and only for
-// enough bytes to be worth it.
-class Progress {
- public:
-  static constexpr uint64_t kMinBytes = uint64_t{64} << 20;
-
-  explicit Progress(uint64_t total)
-      : total_(total), enabled_(total > kMinBytes && ::isatty(STDERR_FILENO) == 1) {
-    start_ = last_ = std::chrono::steady_clock::now();
-  }
-
-  // The bytes done so far (monotonic across files: callers add their file's base).
-  void update(uint64_t done) {
-    if (!enabled_) return;
-    done = std::min(done, total_);
-    if (drawn_ && done == done_) return;
-    done_ = done;
-    const auto now = std::chrono::steady_clock::now();
-    if (drawn_ && now - last_ < std::chrono::milliseconds(100) && done_ < total_) return;
-    last_ = now;
-    draw(now);
-  }
-
-  // Clears the line (before the result or an error message is printed).
-  void clear() {
-    if (!enabled_ || !drawn_) return;
-    std::fprintf(stderr, "\r%*s\r", static_cast<int>(width_), "");
-    std::fflush(stderr);
-    drawn_ = false;
-  }
-
-  ~Progress() { clear(); }
-
- private:
-  void draw(std::chrono::steady_clock::time_point now) {
-    const double seconds = std::chrono::duration<double>(now - start_).count();
-    const double mib = static_cast<double>(done_) / (1024.0 * 1024.0);
-    const std::string line = fmt::format(
-        "verifying: {:5.1f}%  {:.1f} / {:.1f} MiB  {:.1f} MiB/s",
-        100.0 * static_cast<double>(done_) / static_cast<double>(total_), mib,
-        static_cast<double>(total_) / (1024.0 * 1024.0), seconds > 0 ? mib / seconds : 0.0);
-    const size_t pad = width_ > line.size() ? width_ - line.size() : 0;
-    std::fprintf(stderr, "\r%s%*s", line.c_str(), static_cast<int>(pad), "");
-    std::fflush(stderr);
-    width_ = std::max(width_, line.size());
-    drawn_ = true;
-  }
-
-  uint64_t total_;
-  bool enabled_;
-  uint64_t done_ = 0;
-  size_t width_ = 0;
-  bool drawn_ = false;
-  std::chrono::steady_clock::time_point start_, last_;
-};
 
 // io/chain's errors as restore reports them (restore_plan.cpp does the same).
 [[noreturn]] void fail_read(int err, const std::string& detail) {
@@ -265,35 +209,55 @@ uint64_t new_row_bytes(const RestorePlan& plan, std::map<std::string, bool>* cou
   return bytes;
 }
 
-// "(3 tables, 2540 rows, 5 files, 1.3 MiB)" of the version itself; for a delta, the rows of
-// its tables once restored with its chain.
-std::string summary(const RestorePlan& plan) {
+// What a version holds itself, and for a delta the rows of its tables once restored with its
+// chain.
+struct Summary {
+  uint64_t tables = 0, files = 0, rows = 0, bytes = 0, restored_rows = 0, older_versions = 0;
+};
+
+Summary summarize(const RestorePlan& plan) {
   const io::Manifest& m = plan.manifest();
-  uint64_t files = 0, rows = 0, bytes = 0, table_rows = 0;
+  Summary s;
+  s.tables = m.tables.size();
   for (const io::TableEntry& t : m.tables) {
     for (const io::FileEntry& f : t.files) {
-      ++files;
-      bytes += f.bytes;
+      ++s.files;
+      s.bytes += f.bytes;
     }
     for (const io::FileEntry& f : t.admission) {
-      ++files;
-      bytes += f.bytes;
+      ++s.files;
+      s.bytes += f.bytes;
     }
-    rows += t.rows;
-    table_rows += t.table_rows;
+    s.rows += t.rows;
+    s.restored_rows += t.table_rows;
   }
   for (const io::AttachmentEntry& a : m.attachments) {
-    ++files;
-    bytes += a.file.bytes;
+    ++s.files;
+    s.bytes += a.file.bytes;
   }
-  std::string out = fmt::format("({}, {} rows, {}, {}", plural(m.tables.size(), "table", "tables"),
-                                rows, plural(files, "file", "files"), human(bytes));
-  out += ")";
-  if (plan.chain.size() > 1) {
-    out += fmt::format("  restores {} rows with {}", table_rows,
-                       plural(plan.chain.size() - 1, "older version", "older versions"));
+  s.older_versions = plan.chain.size() - 1;
+  return s;
+}
+
+// "(3 tables, 2540 rows, 5 files, 1.3 MiB)", and for a delta "  restores N rows with K older
+// versions".
+std::string describe(const Summary& s) {
+  std::string out = fmt::format("({}, {} rows, {}, {})", plural(s.tables, "table", "tables"),
+                                s.rows, plural(s.files, "file", "files"), human(s.bytes));
+  if (s.older_versions > 0) {
+    out += fmt::format("  restores {} rows with {}", s.restored_rows,
+                       plural(s.older_versions, "older version", "older versions"));
   }
   return out;
+}
+
+nlohmann::json to_json(const Summary& s) {
+  return {{"tables", s.tables},
+          {"files", s.files},
+          {"rows", s.rows},
+          {"bytes", s.bytes},
+          {"restored_rows", s.restored_rows},
+          {"older_versions", s.older_versions}};
 }
 
 }  // namespace
@@ -322,8 +286,26 @@ std::string restore_problem(io::CheckpointDir& checkpoints, size_t index) {
   return "";
 }
 
-int cmd_verify(const std::string& dir, const std::optional<std::string>& version_text) {
+int cmd_verify(const std::string& dir, const std::optional<std::string>& version_text,
+               ProgressWhen when, bool json) {
   io::CheckpointDir checkpoints(dir, versions_of(dir));
+  nlohmann::json report = {{"directory", dir}, {"ok", true}, {"versions", nlohmann::json::array()}};
+  // A failed version: a line on stderr, or an entry of the JSON report.
+  auto failed_version = [&](const std::string& name, const std::string& status,
+                            const std::string& problem) {
+    if (json) {
+      report["ok"] = false;
+      report["versions"].push_back(
+          {{"name", name}, {"ok", false}, {"status", status}, {"problem", problem}});
+    } else {
+      std::fflush(stdout);
+      std::fprintf(stderr, "embstore-ckpt verify: FAILED %s: restore would return %s: %s\n",
+                   name.c_str(), status.c_str(), problem.c_str());
+    }
+  };
+  auto print_report = [&] {
+    if (json) fmt::print("{}\n", report.dump(2));
+  };
   std::vector<size_t> targets;
   if (version_text) {
     const VersionSpec spec = parse_version_spec(*version_text);
@@ -336,10 +318,10 @@ int cmd_verify(const std::string& dir, const std::optional<std::string>& version
                                 : fmt::format("no version {} in {}", spec.text, dir));
     }
     if (r < 0) {  // the version chosen has no manifest that reads: so restore fails too
-      std::fprintf(stderr, "embstore-ckpt verify: FAILED %s: restore would return %s: %s\n",
-                   spec.text.c_str(),
-                   embstore_status_name(r == -EBADMSG ? EMBSTORE_CORRUPT : EMBSTORE_IO_ERROR),
-                   detail.c_str());
+      failed_version(spec.text,
+                     embstore_status_name(r == -EBADMSG ? EMBSTORE_CORRUPT : EMBSTORE_IO_ERROR),
+                     detail);
+      print_report();
       return kExitProblem;
     }
     targets.push_back(index);
@@ -350,7 +332,7 @@ int cmd_verify(const std::string& dir, const std::optional<std::string>& version
 
   // Plans first (manifests only): what the versions read, and which apply on which.
   std::vector<std::optional<RestorePlan>> plans(targets.size());
-  std::vector<std::string> plan_errors(targets.size());
+  std::vector<std::optional<Error>> plan_errors(targets.size());
   std::map<std::string, bool> counted;
   uint64_t total = 0;
   for (size_t k = 0; k < targets.size(); ++k) {
@@ -358,10 +340,10 @@ int cmd_verify(const std::string& dir, const std::optional<std::string>& version
       plans[k] = checkpoint::plan_version(checkpoints, targets[k]);
       total += new_row_bytes(*plans[k], &counted);
     } catch (const Error& e) {
-      plan_errors[k] = fmt::format("{}: {}", embstore_status_name(e.status()), e.what());
+      plan_errors[k] = e;
     }
   }
-  Progress progress(total);
+  Progress progress(when, "verifying", Progress::Unit::kBytes, total);
   Verifier verifier(checkpoints, progress);
   for (const auto& plan : plans) {
     if (plan) verifier.expect_children(*plan);
@@ -370,25 +352,35 @@ int cmd_verify(const std::string& dir, const std::optional<std::string>& version
   int failed = 0;
   for (size_t k = 0; k < targets.size(); ++k) {
     const std::string& name = checkpoints.versions()[targets[k]].name;
-    std::string problem = plan_errors[k];
+    std::optional<Error> problem = plan_errors[k];
     if (plans[k]) {
       try {
         verifier.check(*plans[k]);
       } catch (const Error& e) {
-        problem = fmt::format("{}: {}", embstore_status_name(e.status()), e.what());
+        problem = e;
       }
     }
-    progress.clear();
-    if (problem.empty()) {
-      fmt::print("OK {}  {}\n", name, summary(*plans[k]));
-      std::fflush(stdout);
+    if (k + 1 == targets.size()) {
+      progress.finish();
+    } else {
+      progress.clear();
+    }
+    if (!problem) {
+      const Summary s = summarize(*plans[k]);
+      if (json) {
+        nlohmann::json v = {{"name", name}, {"ok", true}, {"status", "EMBSTORE_OK"}};
+        v.update(to_json(s));
+        report["versions"].push_back(std::move(v));
+      } else {
+        fmt::print("OK {}  {}\n", name, describe(s));
+        std::fflush(stdout);
+      }
     } else {
       ++failed;
-      std::fflush(stdout);
-      std::fprintf(stderr, "embstore-ckpt verify: FAILED %s: restore would return %s\n",
-                   name.c_str(), problem.c_str());
+      failed_version(name, embstore_status_name(problem->status()), problem->what());
     }
   }
+  print_report();
   return failed == 0 ? kExitOk : kExitProblem;
 }
 
