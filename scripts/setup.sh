@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs embstore's build dependencies from Debian's packages (Open MPI included: sharded
-# stores' host exchange and the multi-process tests). Idempotent: does nothing when
-# everything is present. The CUDA toolkit (nvcc, CUB, NCCL) is expected at /usr/local/cuda
-# where a CUDA build is wanted; without it the build is host-only.
+# stores' host exchange and the multi-process tests; Doxygen: the C API reference,
+# scripts/docs.sh). Idempotent: does nothing when everything is present. The CUDA toolkit
+# (nvcc, CUB, NCCL) is expected at /usr/local/cuda where a CUDA build is wanted; without it
+# the build is host-only.
 #   scripts/setup.sh [--plot] [--fuzz] [--bench]
 #     --plot: also gnuplot, for the benchmark plots (scripts/bench-*.sh)
 #     --fuzz: also clang and its libFuzzer and sanitizer runtimes (scripts/fuzz.sh)
@@ -10,7 +11,7 @@
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config liburing-dev libfmt-dev catch2 nlohmann-json3-dev
-          libxxhash-dev libre2-dev libcli11-dev python3 openmpi-bin libopenmpi-dev)
+          libxxhash-dev libre2-dev libcli11-dev python3 openmpi-bin libopenmpi-dev doxygen)
 for arg in "$@"; do
   case "$arg" in
     --plot) packages+=(gnuplot-nox) ;;

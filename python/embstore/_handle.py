@@ -105,6 +105,8 @@ class Owner:
 
     @property
     def closed(self):
+        """True once close() has begun (or garbage collection freed it): later calls raise
+        InvalidArgumentError."""
         return self._handle.closed
 
     def _call(self, fn, *args):

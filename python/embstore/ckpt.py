@@ -26,4 +26,6 @@ def verify(dir, version=None):
 
 
 def main():
+    """The `embstore-ckpt` console script: replaces this process with the bundled binary, with
+    this process's arguments."""
     os.execv(binary(), [binary(), *sys.argv[1:]])

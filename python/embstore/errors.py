@@ -20,23 +20,25 @@ class Error(Exception):
 
 
 class InvalidArgumentError(Error, ValueError):
-    pass
+    """EMBSTORE_INVALID_ARGUMENT: a null pointer, bad size, bad name, mismatched dim ... (also
+    a ValueError)."""
 
 
 class NotFoundError(Error, LookupError):
-    pass
+    """EMBSTORE_NOT_FOUND: no such table, checkpoint directory, version or attachment (also a
+    LookupError)."""
 
 
 class AlreadyExistsError(Error):
-    pass
+    """EMBSTORE_ALREADY_EXISTS: a table of that name exists."""
 
 
 class OutOfMemoryError(Error, MemoryError):
-    pass
+    """EMBSTORE_OUT_OF_MEMORY: a host or device allocation failed (also a MemoryError)."""
 
 
 class CapacityExceededError(Error):
-    pass
+    """EMBSTORE_CAPACITY_EXCEEDED: max_capacity reached and nothing can be evicted."""
 
 
 class StorageIOError(Error):
@@ -44,27 +46,29 @@ class StorageIOError(Error):
 
 
 class CorruptError(Error):
-    pass
+    """EMBSTORE_CORRUPT: a checksum or format mismatch (file and offset in message)."""
 
 
 class UnsupportedError(Error):
-    pass
+    """EMBSTORE_UNSUPPORTED: not built, no device, or not implemented in this version."""
 
 
 class BusyError(Error):
-    pass
+    """EMBSTORE_BUSY: another writer holds the checkpoint directory, a restore met calls on the
+    store's tables, or a cancelled follower's poll."""
 
 
 class DeviceError(Error):
-    pass
+    """EMBSTORE_DEVICE_ERROR: a CUDA or NCCL failure."""
 
 
 class InternalError(Error):
-    pass
+    """EMBSTORE_INTERNAL: a bug in embstore (please report it with the message)."""
 
 
 class CommError(Error):
-    pass
+    """EMBSTORE_COMM_ERROR: an exchange through the store's communicator failed (the ranks'
+    tables may differ: restore every rank from the last checkpoint)."""
 
 
 # By status number: embstore_status_t is never renumbered.
@@ -75,6 +79,8 @@ _BY_STATUS = {1: InvalidArgumentError, 2: NotFoundError, 3: AlreadyExistsError,
 
 
 def status_name(status):
+    """The name of a status number ("EMBSTORE_CORRUPT"; "EMBSTORE_UNKNOWN_STATUS" for a number
+    that is not a status)."""
     return _lib.status_name(int(status)).decode()
 
 

@@ -15,6 +15,10 @@ INTERVAL_ONLY = 2  # EMBSTORE_FOLLOWER_INTERVAL_ONLY
 
 @dataclasses.dataclass(frozen=True)
 class FollowerStats:
+    """A follower's counters (Follower.stats; embstore_follower_stats_t, whose comments in
+    embstore.h say what each field counts). last_poll_status is a status name,
+    "EMBSTORE_OK" when the last poll succeeded; lags are in seconds."""
+
     version: int
     versions_applied: int
     full_loads: int
@@ -72,6 +76,8 @@ class Follower(Owner):
     _destroy_call = "embstore_follower_destroy"
 
     def table_dim(self, table):
+        """The dim of a table the follower serves (NotFoundError if it serves none of that
+        name)."""
         name = _name_bytes(table, "table")
         d = ctypes.c_uint32()
         check(self._call(_lib.follower_table_dim, name, ctypes.byref(d)),
@@ -107,11 +113,13 @@ class Follower(Owner):
 
     @property
     def version(self):
+        """The version served (embstore_follower_version: reads it, does not poll)."""
         v = ctypes.c_uint64()
         check(self._call(_lib.follower_version, ctypes.byref(v)), "embstore_follower_version")
         return v.value
 
     def stats(self):
+        """The follower's counters (embstore_follower_stats), as a FollowerStats."""
         s = _lib.FollowerStats(struct_size=ctypes.sizeof(_lib.FollowerStats))
         check(self._call(_lib.follower_stats, ctypes.byref(s)), "embstore_follower_stats")
         d = _struct_dict(s)

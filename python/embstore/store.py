@@ -55,6 +55,10 @@ def _struct_dict(s, skip=("struct_size",)):
 
 @dataclasses.dataclass(frozen=True)
 class TableStats:
+    """A table's counters (Table.stats; embstore_table_stats_t): live rows, rows allocated,
+    rows dirty since the last capture, rows ever inserted and evicted, keys pending admission,
+    gradient keys that had no row, and rows that training lookups inserted."""
+
     rows: int
     capacity: int
     dirty_rows: int
@@ -67,6 +71,9 @@ class TableStats:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointStats:
+    """A store's checkpoint counters (Store.checkpoint_stats; embstore_checkpoint_stats_t,
+    whose comments in embstore.h say what each field counts). Times are in seconds."""
+
     committed: int
     failed: int
     last_version: int  # LATEST when none
@@ -83,6 +90,9 @@ class CheckpointStats:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointInfo:
+    """One checkpoint as its store saw it (Store.checkpoint_info; embstore_checkpoint_info_t):
+    what was written and what training paid for it. Times are in seconds."""
+
     status: str  # "EMBSTORE_OK" while in flight and once committed, else its failure
     in_flight: bool
     kind: str  # "full" or "incremental", as written
@@ -320,6 +330,8 @@ class Store(Owner):
               "embstore_checkpoint_set_policy")
 
     def checkpoint_stats(self):
+        """The store's checkpoint counters (embstore_checkpoint_stats), as a
+        CheckpointStats."""
         s = _lib.CheckpointStats(struct_size=ctypes.sizeof(_lib.CheckpointStats))
         check(self._call(_lib.checkpoint_stats, ctypes.byref(s)), "embstore_checkpoint_stats")
         return CheckpointStats(**_struct_dict(s))
@@ -480,6 +492,8 @@ class Table:
         check(self._call(fn, k.ptr, g.ptr, k.size, handle), fn.__name__)
 
     def stats(self):
+        """The table's counters (embstore_table_stats), as a TableStats. On CUDA it waits for
+        the table's earlier work."""
         s = _lib.TableStats(struct_size=ctypes.sizeof(_lib.TableStats))
         check(self._call(_lib.table_stats, ctypes.byref(s)), "embstore_table_stats")
         return TableStats(**_struct_dict(s))

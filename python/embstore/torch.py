@@ -102,6 +102,7 @@ class _TableModule(nn.Module):
             raise
 
     def extra_repr(self):
+        """The table's name and dim, for the module's repr."""
         return f"table={self.table.name!r}, dim={self.embedding_dim}"
 
 
@@ -121,6 +122,8 @@ class Embedding(_TableModule):
         super().__init__(store, name, embedding_dim, table_options)
 
     def forward(self, input):
+        """The rows of input's ids (any integer dtype), shaped input.shape + (embedding_dim,).
+        In training mode, new ids get rows and the backward pass updates the rows read."""
         rows = self._rows(self._checked_input(lambda: _keys(input)))
         return rows.view(*input.shape, self.embedding_dim)
 
@@ -139,6 +142,9 @@ class EmbeddingBag(_TableModule):
         self.include_last_offset = include_last_offset
 
     def forward(self, input, offsets=None, per_sample_weights=None):
+        """The pooled rows of each bag, shaped (bags, embedding_dim): input 2-D (one bag per
+        row) or 1-D with offsets; per_sample_weights (mode "sum") scale the rows. In training
+        mode, new ids get rows and the backward pass updates the rows read."""
         keys, offsets, weights = self._checked_input(
             lambda: self._check(input, offsets, per_sample_weights))
         rows = self._rows(keys)
@@ -211,11 +217,14 @@ class ProcessGroup(Communicator):
             raise InvalidArgumentError(1, "ProcessGroup: this process is not in the group")
 
     def all_gather(self, send, recv):
+        """Communicator.all_gather through torch.distributed.all_gather on the group."""
         out = torch.from_numpy(recv)
         parts = list(out.chunk(self.world_size)) if out.numel() else [out] * self.world_size
         self._dist.all_gather(parts, _read_only_tensor(send), group=self.group)
 
     def all_to_all(self, send, send_counts, recv, recv_counts):
+        """Communicator.all_to_all through torch.distributed.all_to_all_single on the
+        group."""
         self._dist.all_to_all_single(torch.from_numpy(recv), _read_only_tensor(send),
                                      output_split_sizes=recv_counts,
                                      input_split_sizes=send_counts, group=self.group)
