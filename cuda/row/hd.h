@@ -49,7 +49,8 @@ EMBSTORE_HD uint64_t atomic_load(const uint64_t* word) {
 }
 
 // Atomic AND; returns the word before the AND. Relaxed on the device; sequentially consistent
-// on the host, whose drain takes captured rows while training calls run (host_table.cpp).
+// on the host, whose drain takes captured rows while training calls run
+// (host_table_snapshot.cpp).
 EMBSTORE_HD uint64_t atomic_and(uint64_t* word, uint64_t bits) {
 #if defined(__CUDA_ARCH__)
   return atomicAnd(reinterpret_cast<unsigned long long*>(word),

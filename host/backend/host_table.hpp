@@ -1,0 +1,155 @@
+// The host backend: tables in host memory, parallel over the store's thread pool, built from
+// the same per-row logic (cuda/row/) that the CUDA kernels run.
+//
+// The class is declared here and its methods are spread by concern: host_table.cpp (setup,
+// growth, the index's find-or-add, counters), host_table_lookup.cpp (lookup and insert),
+// host_table_update.cpp (apply_gradients), host_table_eviction.cpp (eviction),
+// host_table_snapshot.cpp (capture, drain, copy-on-write), host_table_restore.cpp (reserve,
+// load_rows, load_admission) and host_table_memory.cpp (prefault, spill).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cuda/row/arena.h"
+#include "cuda/row/index.h"
+#include "cuda/row/optimizer.h"
+#include "host/backend/backends.hpp"
+#include "host/backend/host_buffer.hpp"
+#include "host/store/thread_pool.hpp"
+#include "host/table/key_ledger.hpp"
+
+namespace embstore::host_backend {
+
+// Keys are independent, so batches split into parts of this many keys or rows.
+constexpr size_t kGrain = 4096;
+// How many keys ahead the probe and copy loops prefetch: enough to cover a memory latency.
+constexpr size_t kAhead = 16;
+
+inline void prefetch_row(const float* row, uint32_t floats) {
+  const char* p = reinterpret_cast<const char*>(row);
+  const char* end = p + size_t{floats} * sizeof(float);
+  for (; p < end; p += 64) __builtin_prefetch(p);
+}
+
+class HostTable final : public Table {
+ public:
+  HostTable(TableSpec spec, ThreadPool& pool);
+
+  void prefault_initial_capacity() override;
+  void lookup(const int64_t* keys, size_t n, float* out, bool insert, uint64_t step,
+              void*) override;
+  void apply_gradients(const int64_t* keys, const float* grads, size_t n, uint64_t step,
+                       void*) override;
+  TableCounters counters() override;
+  void set_dirty_tracking(bool on) override;
+  uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows) override;
+  uint64_t drain(SnapshotSink* sink, uint64_t max_rows) override;
+  const std::vector<int64_t>& evicted_at_capture() const override;
+  std::optional<io::AdmissionFile> admission_at_capture() const override;
+  void end_snapshot(bool failed) override;
+  void reserve(uint64_t rows) override;
+  bool skips_held_keys() const override;
+  void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
+                 uint64_t step, bool skip_held) override;
+  bool can_spill() const override;
+  void spill(SpillFile& file) override;
+  void unspill(SpillFile& file) override;
+  bool load_admission(const io::AdmissionFile& counts, std::string* why) override;
+  uint64_t evict_before(uint64_t cutoff_step) override;
+
+ private:
+  struct Group {
+    uint32_t row, first, last, count;
+  };
+
+  // A chunk's rows in a spill file: the first value_bytes and meta_bytes of arena chunk
+  // `chunk`'s two buffers (its rows in use, rounded up to whole pages).
+  struct SpilledChunk {
+    uint32_t chunk;
+    uint64_t value_bytes, meta_bytes, values_at, meta_at, values_xxh3, meta_xxh3;
+  };
+
+  // host_table.cpp
+  uint32_t find_or_add_row(int64_t key, bool* added);
+  void reserve_rows(uint64_t rows);
+  void rebuild_index(uint64_t slots);
+
+  // host_table_lookup.cpp
+  template <bool Streaming>
+  void copy_rows(const uint32_t* rows, size_t n, float* out);
+  void find_rows(const int64_t* keys, size_t n, uint32_t* rows);
+  void insert_missing(const int64_t* keys, size_t n, uint32_t* rows, uint64_t step);
+  void read_pending(const int64_t* keys, float* out);
+  void touch_rows(const uint32_t* rows, size_t n, uint64_t step);
+
+  // host_table_update.cpp
+  void group_by_row(const uint32_t* rows, size_t n, bool mark);
+  template <row::OptKind Kind>
+  void update_groups(const float* grads, uint64_t step);
+
+  // host_table_eviction.cpp
+  void evict_rows(std::vector<uint32_t>& victims);
+  template <typename F>
+  void for_each_candidate(uint64_t before, const uint64_t* spared, F&& f) const;
+  void make_room(uint64_t need, uint64_t step, const uint32_t* reading, size_t n);
+
+  // host_table_snapshot.cpp
+  void take_for_copy(uint32_t r);
+  void copy_out_taken();
+  void wait_for_drain_copy();
+
+  // host_table_restore.cpp
+  void load_index_parallel(const int64_t* keys, size_t n, uint32_t* rows, uint64_t limit);
+
+  // host_table_memory.cpp
+  std::vector<Prefaulter::Range> row_ranges(uint64_t first, uint64_t end) const;
+  void populate_rows(uint64_t first, uint64_t end);
+  static uint64_t spill_span(const HostBuffer& buffer, uint64_t used);
+  void check_spill(int r, const char* what) const;
+
+  std::mutex mutex_;  // one call at a time per table (drain() goes without it)
+  ThreadPool& pool_;
+  row::ArenaRef arena_{};
+  uint32_t chunks_ = 0;
+  std::vector<HostBuffer> value_chunks_, meta_chunks_;
+  HostBuffer index_buffer_;
+  row::IndexRef index_{nullptr, 0};
+  std::vector<uint64_t> dirty_;
+  // Rows are handed out below next_row_; evicted ones wait in free_rows_ (their freed_ bit
+  // set) for a new key. rows_: the live rows.
+  std::vector<uint64_t> freed_;
+  std::vector<uint32_t> free_rows_;
+  uint64_t next_row_ = 0, rows_ = 0, inserted_ = 0, skipped_ = 0, admitted_ = 0;
+  KeyLedger ledger_;   // admission counts and tombstones
+  uint64_t room_ = 0;  // next_row_ may reach this before the arena or the index must grow
+  // load_index_parallel's per-key slot and probe result.
+  std::vector<uint64_t> load_slots_;
+  std::vector<uint8_t> load_state_;
+  bool dirty_tracking_ = true;
+  // The snapshot in progress: the copy-on-write sink, the rows still to write, the rows it
+  // captured, where drain resumes, and drain's copy counter (odd while it copies).
+  SnapshotSink* sink_ = nullptr;
+  std::vector<uint64_t> captured_, snapshot_set_;
+  std::atomic<uint64_t> captured_left_{0};
+  uint64_t drain_word_ = 0;
+  std::atomic<uint64_t> drain_copying_{0};
+  std::vector<uint32_t> cow_rows_;
+  // Scratch kept between calls so the hot path does not allocate.
+  std::vector<uint32_t> rows_scratch_, group_map_, next_, missing_pos_, pending_pos_, new_rows_,
+      victims_;
+  std::vector<int64_t> missing_keys_;
+  std::vector<uint64_t> reading_;  // make_room: the rows of the call that needs room
+  std::vector<Group> groups_;
+  std::vector<SpilledChunk> spilled_;  // while a restore has the rows in its spill file
+  // The fault-in of the rows asked for at create, or of those a restore loads (reserve());
+  // last, so it stops before the memory goes.
+  Prefaulter prefaulter_;
+};
+
+}  // namespace embstore::host_backend

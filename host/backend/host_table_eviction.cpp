@@ -1,0 +1,109 @@
+// The host table's eviction: evict_before (the rows last touched before a step), make_room
+// (the least recently used rows, for an insert past the row limit), and evict_rows, which both
+// end in.
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "cuda/row/arena.h"
+#include "cuda/row/bitmap.h"
+#include "cuda/row/eviction.h"
+#include "cuda/row/index.h"
+#include "host/backend/host_table.hpp"
+
+namespace embstore::host_backend {
+
+uint64_t HostTable::evict_before(uint64_t cutoff_step) {
+  std::lock_guard lock(mutex_);
+  victims_.clear();
+  for_each_candidate(cutoff_step, nullptr, [&](uint32_t r, uint64_t) { victims_.push_back(r); });
+  evict_rows(victims_);
+  ledger_.forget_before(cutoff_step);
+  return victims_.size();
+}
+
+// Evicts `victims` (live rows, each once): written to a snapshot in progress first, then
+// their keys leave the index and the rows go to the free list.
+void HostTable::evict_rows(std::vector<uint32_t>& victims) {
+  if (victims.empty()) return;
+  if (captured_left_.load() > 0) {
+    cow_rows_.clear();
+    for (const uint32_t r : victims) take_for_copy(r);
+    copy_out_taken();
+  }
+  // Room first: past this point nothing can fail.
+  free_rows_.reserve(free_rows_.size() + victims.size());
+  ledger_.reserve_evicted(victims.size());
+  for (const uint32_t r : victims) {
+    const int64_t key = arena_.row_meta(r)->key;
+    index_.erase_serial(key);
+    row::release_row<false>(dirty_.data(), freed_.data(), r);
+    free_rows_.push_back(r);
+    ledger_.evicted(&key, 1);
+  }
+  rows_ -= victims.size();
+}
+
+// f(row, its last-touched step) for every row that an eviction with cutoff `before` may take
+// (row::evictable; spared may be null).
+template <typename F>
+void HostTable::for_each_candidate(uint64_t before, const uint64_t* spared, F&& f) const {
+  for (uint64_t r = 0; r < next_row_; ++r) {
+    const uint64_t s = arena_.row_meta(r)->step;
+    if (row::evictable(freed_.data(), spared, r, s, before)) f(static_cast<uint32_t>(r), s);
+  }
+}
+
+// Evicts the `need` least recently used rows touched before `step` (ties: the lowest row),
+// sparing the n `reading` rows of the call that needs the room (kNoRow entries skipped), or
+// throws CAPACITY_EXCEEDED, evicting nothing, when fewer are there. Two passes over the
+// rows' stamps and no sort of the table: a histogram of the stamps finds the step below
+// which every row goes, and only the rows of the boundary step range are ordered.
+void HostTable::make_room(uint64_t need, uint64_t step, const uint32_t* reading, size_t n) {
+  reading_.resize(dirty_.size(), 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (reading[i] != row::kNoRow) row::bitmap_set<false>(reading_.data(), reading[i]);
+  }
+  struct Clear {  // the scratch bitmap stays all zero between calls
+    std::vector<uint64_t>& bits;
+    const uint32_t* rows;
+    size_t n;
+    ~Clear() {
+      for (size_t i = 0; i < n; ++i) {
+        if (rows[i] != row::kNoRow) row::bitmap_clear<false>(bits.data(), rows[i]);
+      }
+    }
+  } clear{reading_, reading, n};
+  const uint64_t* spared = reading_.data();
+  uint64_t oldest = UINT64_MAX, candidates = 0;
+  for_each_candidate(step, spared, [&](uint32_t, uint64_t s) {
+    oldest = std::min(oldest, s);
+    ++candidates;
+  });
+  if (candidates < need) fail_no_room(spec(), need, candidates, step);
+  constexpr uint64_t kBuckets = 4096;
+  const uint64_t width = (step - oldest + kBuckets - 1) / kBuckets;
+  std::vector<uint64_t> histogram(kBuckets, 0);
+  for_each_candidate(step, spared,
+                     [&](uint32_t, uint64_t s) { ++histogram[(s - oldest) / width]; });
+  uint64_t boundary = 0, below = 0;  // every row of the buckets below `boundary` goes
+  while (below + histogram[boundary] < need) below += histogram[boundary++];
+  const uint64_t lo = oldest + boundary * width, hi = lo + width;
+  victims_.clear();
+  std::vector<std::pair<uint64_t, uint32_t>> edge;  // (step, row) in [lo, hi)
+  for_each_candidate(step, spared, [&](uint32_t r, uint64_t s) {
+    if (s < lo) {
+      victims_.push_back(r);
+    } else if (s < hi) {
+      edge.emplace_back(s, r);
+    }
+  });
+  const size_t rest = need - victims_.size();
+  std::nth_element(edge.begin(), edge.begin() + rest, edge.end());
+  for (size_t i = 0; i < rest; ++i) victims_.push_back(edge[i].second);
+  evict_rows(victims_);
+}
+
+}  // namespace embstore::host_backend

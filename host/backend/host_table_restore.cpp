@@ -1,0 +1,148 @@
+// The host table's side of a restore: reserve (room for the rows to load, faulted in ahead),
+// load_rows (the index in input order, in parallel where it can be, then the rows copied in on
+// the pool's threads) and load_admission.
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include "cuda/row/arena.h"
+#include "cuda/row/index.h"
+#include "host/backend/host_table.hpp"
+#include "host/error.hpp"
+
+namespace embstore::host_backend {
+namespace {
+
+constexpr uint64_t kNoSlot = ~uint64_t{0};
+// A restore's blocks hold about 1 MiB of rows (2,000 of dim 64 with Adagrad): load_rows splits
+// them finer than training batches.
+constexpr size_t kLoadGrain = 256;
+// reserve() leaves room for this many rows more than asked: about two restore blocks.
+constexpr uint64_t kLoadHeadroom = 4096;
+
+}  // namespace
+
+void HostTable::reserve(uint64_t rows) {
+  std::lock_guard lock(mutex_);
+  const uint64_t limit = row::row_limit(spec().max_capacity);
+  rows = std::min(rows, limit > rows_ ? limit - rows_ : 0);  // a load past it fails anyway
+  // Room beyond: load_rows inserts a block in parallel only while the whole block would fit.
+  reserve_rows(std::min(next_row_ + rows + kLoadHeadroom, uint64_t{row::kMaxRows}));
+  // The rows' memory is faulted in behind the caller's back while it loads; where that
+  // cannot be, before it returns.
+  if (!prefaulter_.start(row_ranges(next_row_, next_row_ + rows))) {
+    populate_rows(next_row_, next_row_ + rows);
+  }
+}
+
+bool HostTable::skips_held_keys() const { return true; }
+
+void HostTable::load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
+                          uint64_t step, bool skip_held) {
+  std::lock_guard lock(mutex_);
+  if (n == 0) return;
+  const uint64_t limit = row::row_limit(spec().max_capacity);
+  // Skipping, the rows added are known only as they are added: checked after each (the
+  // table is a restore's, dropped when this throws), and the table grows only if reserve()
+  // was too small.
+  if (!skip_held) {
+    if (rows_ + n > limit) fail_over_limit(spec(), n, rows_, "rows to load", "loaded");
+    reserve_rows(next_row_ + n);
+  }
+  // The index first, then the copies on the pool's threads. A key the table holds
+  // (skip_held), or a repeat of a key in the input (a corrupt file; the first copy is kept),
+  // gets no row here. Rows get ids in input order, as a serial insert gives.
+  rows_scratch_.resize(n);
+  uint32_t* rows = rows_scratch_.data();
+  const bool parallel = pool_.size() > 1 && n >= 2 * kLoadGrain && free_rows_.empty() &&
+                        next_row_ + n <= room_;  // no growth or rebuild half-way
+  if (parallel) {
+    load_index_parallel(keys, n, rows, limit);
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) __builtin_prefetch(&index_.slots[index_.home(keys[i + kAhead])]);
+      bool added = false;
+      const uint32_t r = find_or_add_row(keys[i], &added);  // sets a new row's key
+      rows[i] = added ? r : row::kNoRow;
+      if (!added) continue;
+      ++inserted_;
+      if (rows_ > limit) fail_over_limit(spec(), 1, rows_ - 1, "rows to load", "loaded");
+    }
+  }
+  const uint32_t dim = spec().dim;
+  const uint32_t state_dim = spec().state_dim();
+  const row::ArenaRef arena = arena_;
+  const row::IndexRef index = index_;
+  const uint64_t* claimed = parallel ? load_slots_.data() : nullptr;
+  pool_.parallel_for(n, kLoadGrain, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      const uint32_t r = rows[i];
+      if (r == row::kNoRow) continue;
+      // A slot claimed by load_index_parallel gets its row now: distinct slots, no race.
+      if (claimed != nullptr && claimed[i] != kNoSlot) index.slots[claimed[i]].row = r;
+      *arena.row_meta(r) = row::RowMeta{keys[i], step};
+      float* dst = arena.row(r);
+      std::memcpy(dst, values + i * dim, dim * sizeof(float));
+      if (state_dim > 0) {
+        std::memcpy(dst + dim, state + i * state_dim, state_dim * sizeof(float));
+      }
+    }
+  });
+}
+
+// The index part of load_rows on the pool's threads, for a table with room for every key of
+// the input (no rebuild half-way) and no free rows. Each thread owns a range of slots and
+// claims slots there for the absent keys homed in it (row::IndexRef::claim_in_range), in input
+// order; then, serially and in input order, claimed keys get the next row ids and the keys
+// whose probe crossed into another range are inserted (find_or_add_row): the ids a serial
+// load gives. load_slots_[i] is the slot claimed for key i (its row is written by the caller's
+// copy pass) or kNoSlot. A throw leaves claimed slots without rows: the table is a restore's,
+// dropped with the failure.
+void HostTable::load_index_parallel(const int64_t* keys, size_t n, uint32_t* rows, uint64_t limit) {
+  load_slots_.assign(n, kNoSlot);
+  load_state_.resize(n);
+  const row::IndexRef index = index_;
+  const uint64_t slots = index.mask + 1;
+  const size_t parts = pool_.size();
+  uint64_t* slot_of = load_slots_.data();
+  uint8_t* state = load_state_.data();
+  pool_.parallel_for(parts, 1, [&](size_t first_part, size_t end_part) {
+    for (size_t p = first_part; p < end_part; ++p) {
+      const uint64_t lo = slots * p / parts, hi = slots * (p + 1) / parts;
+      for (size_t i = 0; i < n; ++i) {
+        if (i + kAhead < n) {
+          const uint64_t h = index.home(keys[i + kAhead]);
+          if (h >= lo && h < hi) __builtin_prefetch(&index.slots[h]);
+        }
+        const uint64_t h = index.home(keys[i]);
+        if (h < lo || h >= hi) continue;
+        state[i] = index.claim_in_range(keys[i], lo, hi, row::kLockedRow, &slot_of[i]);
+      }
+    }
+  });
+  for (size_t i = 0; i < n; ++i) {
+    bool added = false;
+    if (state[i] == row::IndexRef::kClaimed) {
+      rows[i] = static_cast<uint32_t>(next_row_++);
+      ++rows_;
+      added = true;
+    } else if (state[i] == row::IndexRef::kLeavesRange) {
+      const uint32_t r = find_or_add_row(keys[i], &added);
+      rows[i] = added ? r : row::kNoRow;
+    } else {
+      rows[i] = row::kNoRow;
+    }
+    if (!added) continue;
+    ++inserted_;
+    if (rows_ > limit) fail_over_limit(spec(), 1, rows_ - 1, "rows to load", "loaded");
+  }
+}
+
+bool HostTable::load_admission(const io::AdmissionFile& counts, std::string* why) {
+  std::lock_guard lock(mutex_);
+  const row::IndexRef index = index_;
+  return ledger_.load_admission(counts, why,
+                                [&](int64_t key) { return index.find(key) != row::kNoRow; });
+}
+
+}  // namespace embstore::host_backend

@@ -1,0 +1,142 @@
+// The host table's snapshots: capture, the drain beside training calls, copy-on-write of the
+// captured rows a call is about to change, and ending a snapshot.
+#include <algorithm>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cuda/row/arena.h"
+#include "cuda/row/bitmap.h"
+#include "cuda/row/snapshot.h"
+#include "host/backend/host_table.hpp"
+
+namespace embstore::host_backend {
+
+uint64_t HostTable::capture(bool full, SnapshotSink* sink, uint64_t* live_rows) {
+  std::lock_guard lock(mutex_);
+  const uint64_t words = dirty_.size();
+  // Allocations before the dirty bits are touched: a failure changes nothing. The counts
+  // last: once frozen, only end_snapshot settles them.
+  captured_.assign(words, 0);
+  snapshot_set_.assign(words, 0);
+  ledger_.begin_capture(full);
+  uint64_t taken = 0;
+  for (uint64_t w = 0; w < words; ++w) {
+    taken += row::popcount64(
+        row::capture_word(full, dirty_.data(), captured_.data(), w, next_row_, freed_[w]));
+  }
+  std::copy(captured_.begin(), captured_.end(), snapshot_set_.begin());
+  ledger_.commit_capture();
+  sink_ = sink;
+  captured_left_.store(taken);
+  drain_word_ = 0;
+  *live_rows = rows_;
+  return taken;
+}
+
+// Drain runs without the table's lock, beside training calls. A row is written by whoever
+// takes its captured bit: drain (a few rows of a word at a time) or a training call's
+// copy-on-write. A call that finds the bit of a row it updates already gone must not write
+// the row while drain may still be copying it, so drain makes drain_copying_ odd for the
+// duration of each take-and-copy, and the call waits for it to move on (see
+// wait_for_drain_copy). The bitmap's size and every captured row stay put: the captured
+// bitmap is not resized during a snapshot, and rows never move.
+uint64_t HostTable::drain(SnapshotSink* sink, uint64_t max_rows) {
+  const uint32_t stride = spec().stride();
+  const uint64_t record = row::record_bytes(stride);
+  const uint64_t words = captured_.size();
+  uint64_t budget = std::min(max_rows, captured_left_.load());
+  while (budget > 0 && drain_word_ < words) {
+    if (row::atomic_load(&captured_[drain_word_]) == 0) {
+      ++drain_word_;  // copy-on-write only clears bits, so it stays empty
+      continue;
+    }
+    uint64_t granted = 0;
+    char* out = sink->reserve(std::min<uint64_t>(budget, 64), false, &granted);
+    if (out == nullptr) break;  // staging is full
+    drain_copying_.fetch_add(1);
+    uint64_t taken = row::take_captured_rows(captured_.data(), drain_word_, granted);
+    uint64_t filled = 0;
+    for (; taken != 0; taken &= taken - 1, ++filled) {
+      const uint64_t r = drain_word_ * 64 + static_cast<uint64_t>(__builtin_ctzll(taken));
+      row::write_record(out + filled * record, arena_.row_meta(r)->key, arena_.row(r), stride);
+    }
+    // After the copies: a call that reads captured_left_ as 0 skips the wait.
+    captured_left_.fetch_sub(filled);
+    drain_copying_.fetch_add(1);
+    sink->commit(filled);
+    budget -= std::min(budget, filled);
+  }
+  sink->flush();
+  return captured_left_.load();
+}
+
+const std::vector<int64_t>& HostTable::evicted_at_capture() const {
+  return ledger_.evicted_at_capture();
+}
+
+std::optional<io::AdmissionFile> HostTable::admission_at_capture() const {
+  return ledger_.admission_at_capture();
+}
+
+void HostTable::end_snapshot(bool failed) {
+  std::lock_guard lock(mutex_);
+  if (failed) {
+    for (size_t w = 0; w < snapshot_set_.size(); ++w) {
+      row::restore_dirty_word(dirty_.data(), snapshot_set_.data(), w, freed_[w]);
+    }
+  }
+  ledger_.end_snapshot(failed);
+  captured_.clear();
+  snapshot_set_.clear();
+  captured_left_.store(0);
+  sink_ = nullptr;
+}
+
+// Copy-on-write of rows about to change (updated or evicted) while a snapshot is in
+// progress: take_for_copy each row (cow_rows_ cleared first) collects the captured ones,
+// then copy_out_taken writes them to the sink.
+void HostTable::take_for_copy(uint32_t r) {
+  // Rows past the captured bitmap were never captured.
+  if (r < captured_.size() * 64 && row::take_captured<true>(captured_.data(), r)) {
+    cow_rows_.push_back(r);
+  }
+}
+
+void HostTable::copy_out_taken() {
+  const std::vector<uint32_t>& rows = cow_rows_;
+  const uint32_t stride = spec().stride();
+  const uint64_t record = row::record_bytes(stride);
+  wait_for_drain_copy();
+  size_t done = 0;
+  while (done < rows.size()) {
+    uint64_t granted = 0;
+    char* out = sink_->reserve(rows.size() - done, true, &granted);
+    if (out == nullptr) break;  // the snapshot was aborted
+    for (uint64_t k = 0; k < granted; ++k) {
+      const uint32_t r = rows[done + k];
+      row::write_record(out + k * record, arena_.row_meta(r)->key, arena_.row(r), stride);
+    }
+    sink_->commit(granted);
+    done += granted;
+  }
+  sink_->count_copy_on_write(rows.size());
+  // No staging chunk stays with the table between calls: the writer can always free one.
+  sink_->flush();
+  // Only now: drain reports the snapshot written out once this reaches 0, so these records
+  // must be in staging first.
+  captured_left_.fetch_sub(rows.size());
+}
+
+// Waits while drain may be copying a row that this call found already taken: drain takes
+// and copies with drain_copying_ odd, so a take that preceded this call's is finished once
+// the counter has moved on from the odd value read after this call's takes.
+void HostTable::wait_for_drain_copy() {
+  const uint64_t seen = drain_copying_.load();
+  if ((seen & 1) == 0) return;
+  for (int spin = 0; drain_copying_.load() == seen; ++spin) {
+    if (spin >= 64) std::this_thread::yield();  // drain's thread may be off its core
+  }
+}
+
+}  // namespace embstore::host_backend
