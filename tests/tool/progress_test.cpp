@@ -94,7 +94,7 @@ TEST_CASE("Piped, the long commands print their results only") {
   }
 }
 
-TEST_CASE("--progress always draws the line into a file too, ended at 100%") {
+TEST_CASE("Forced by --progress always, the line goes into a file too, ended at 100%") {
   Checkpoints c(Checkpoints::kChain);
   c.close();
   TempDir out;
