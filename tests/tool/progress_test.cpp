@@ -20,24 +20,11 @@ Result run_tool_on_terminal(const std::vector<std::string>& args) {
   const std::string slave = ::ptsname(master);
   TempDir capture;
   const std::string out_path = capture.path() + "/stdout";
-  std::vector<std::string> argv_s = {EMBSTORE_CKPT_TOOL};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::fflush(stdout);
-  std::fflush(stderr);
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    embstore_test::die_with_parent(parent);
+  const pid_t pid = spawn_tool(args, [&] {
     const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     const int err = ::open(slave.c_str(), O_RDWR | O_NOCTTY);
-    if (out < 0 || err < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0) _exit(126);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
+    return out >= 0 && err >= 0 && dup2(out, 1) >= 0 && dup2(err, 2) >= 0;
+  });
   // Read the terminal while the tool runs: a full one would block it.
   Result r;
   int wstatus = 0;

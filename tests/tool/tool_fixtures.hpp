@@ -66,11 +66,10 @@ struct Result {
   long max_rss_kib = 0;  // the process's peak resident memory
 };
 
-// Runs embstore-ckpt with args, stdout and stderr captured through files (never a terminal,
-// so no progress bar).
-inline Result run_tool(const std::vector<std::string>& args) {
-  TempDir capture;
-  const std::string out_path = capture.path() + "/stdout", err_path = capture.path() + "/stderr";
+// Starts embstore-ckpt with args in a child whose standard streams redirect() sets up (it
+// returns false when it cannot: the child exits 126). The child dies with the test.
+template <typename Redirect>
+pid_t spawn_tool(const std::vector<std::string>& args, Redirect redirect) {
   std::vector<std::string> argv_s = {EMBSTORE_CKPT_TOOL};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -83,12 +82,23 @@ inline Result run_tool(const std::vector<std::string>& args) {
   REQUIRE(pid >= 0);
   if (pid == 0) {
     embstore_test::die_with_parent(parent);
-    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (out < 0 || err < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0) _exit(126);
+    if (!redirect()) _exit(126);
     execv(argv[0], argv.data());
     _exit(127);
   }
+  return pid;
+}
+
+// Runs embstore-ckpt with args, stdout and stderr captured through files (never a terminal,
+// so no progress bar).
+inline Result run_tool(const std::vector<std::string>& args) {
+  TempDir capture;
+  const std::string out_path = capture.path() + "/stdout", err_path = capture.path() + "/stderr";
+  const pid_t pid = spawn_tool(args, [&] {
+    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    return out >= 0 && err >= 0 && dup2(out, 1) >= 0 && dup2(err, 2) >= 0;
+  });
   int wstatus = 0;
   struct rusage usage {};
   REQUIRE(wait4(pid, &wstatus, 0, &usage) == pid);
