@@ -198,7 +198,7 @@ EMBSTORE_API uint32_t embstore_shard_of(int64_t key, uint32_t world_size);
     with both kinds, callbacks with a NULL function or a struct_size too small, an MPI
     communicator whose rank or size differ from rank and world_size, or MPI not initialized);
     UNSUPPORTED (CUDA asked for where this build has no CUDA or no device is usable; mpi_comm in a
-    build without MPI; world_size > 1 on the CUDA backend, in this version); COMM_ERROR;
+    build without MPI; world_size > 1 on the CUDA backend in a build without NCCL); COMM_ERROR;
     DEVICE_ERROR; OUT_OF_MEMORY. */
 EMBSTORE_API embstore_status_t embstore_store_create(const embstore_store_config_t* config,
                                                      embstore_store_t** store_out);
