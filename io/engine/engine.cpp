@@ -79,13 +79,97 @@ void log_engine(const std::string& line) {
   std::fprintf(stderr, "embstore: io engine %s\n", line.c_str());
 }
 
-Channel::~Channel() {
-  // The kernel may still write into (or read from) the buffers: wait before freeing them.
-  drain();
-  if (uring_ok_) {
-    ring_unmapped();
-    io_uring_queue_exit(&ring_);
+int Ring::init(unsigned depth, char* base, unsigned count, size_t bytes, std::string* note) {
+  const int r = io_uring_queue_init(depth, &ring_, 0);
+  if (r < 0) return r;
+  ring_mapped();
+  ok_ = true;
+  std::vector<iovec> iov(count);
+  for (unsigned i = 0; i < count; ++i) iov[i] = {base + size_t{i} * bytes, bytes};
+  const int reg = io_uring_register_buffers(&ring_, iov.data(), count);
+  if (reg == 0) {
+    fixed_ = true;
+  } else if (note != nullptr) {
+    *note = "buffer registration refused (" + errno_name(reg) + "): unregistered buffers";
   }
+  return 0;
+}
+
+int Ring::start(int fd, bool write, unsigned index, char* p, size_t len, uint64_t off) {
+  if (broken_ || !ok_) return -EIO;
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  // Callers keep in_flight below the depth and submit each request at once, so a free entry
+  // exists; a missing one means the bookkeeping is wrong.
+  if (sqe == nullptr) return -EBUSY;
+  const unsigned n = static_cast<unsigned>(len);
+  const int buf = static_cast<int>(index);
+  if (write) {
+    if (fixed_) {
+      io_uring_prep_write_fixed(sqe, fd, p, n, off, buf);
+    } else {
+      io_uring_prep_write(sqe, fd, p, n, off);
+    }
+  } else {
+    if (fixed_) {
+      io_uring_prep_read_fixed(sqe, fd, p, n, off, buf);
+    } else {
+      io_uring_prep_read(sqe, fd, p, n, off);
+    }
+  }
+  io_uring_sqe_set_data64(sqe, index);
+  int r;
+  do {
+    r = io_uring_submit(&ring_);
+  } while (r == -EINTR);
+  if (r < 0) {
+    // The entry may still sit in the submission queue and go out with a later submit, after
+    // its buffer was reused: refuse all further requests instead.
+    broken_ = true;
+    return r;
+  }
+  ++in_flight_;
+  return 0;
+}
+
+int Ring::reap(bool wait, unsigned* index, int* result) {
+  if (in_flight_ == 0) return wait ? -EINVAL : -EAGAIN;
+  io_uring_cqe* cqe = nullptr;
+  int r;
+  do {
+    r = wait ? io_uring_wait_cqe(&ring_, &cqe) : io_uring_peek_cqe(&ring_, &cqe);
+  } while (r == -EINTR);
+  if (r < 0) {
+    if (wait) broken_ = true;  // requests may still own buffers: no more I/O on this ring
+    return r;
+  }
+  *index = static_cast<unsigned>(io_uring_cqe_get_data64(cqe));
+  *result = cqe->res;
+  io_uring_cqe_seen(&ring_, cqe);
+  --in_flight_;
+  return 0;
+}
+
+void Ring::drain() {
+  unsigned index;
+  int result;
+  while (in_flight_ > 0) {
+    if (reap(true, &index, &result) < 0) break;  // exit's queue_exit still cancels and waits
+  }
+}
+
+void Ring::exit() {
+  if (!ok_) return;
+  // The kernel may still write into (or read from) the buffers: wait before they are freed.
+  drain();
+  ring_unmapped();
+  io_uring_queue_exit(&ring_);
+  ok_ = false;
+  fixed_ = false;
+  in_flight_ = 0;
+}
+
+Channel::~Channel() {
+  ring_.exit();
   close_fd();
 }
 
@@ -140,28 +224,15 @@ int Channel::open(const std::string& path, int flags, mode_t mode, const IoOptio
 
   const char* sync_name = write ? "pwrite" : "pread";
   if (options.allow_uring) {
-    const int r = io_uring_queue_init(queue_depth_, &ring_, 0);
-    if (r == 0) {
-      ring_mapped();
-      uring_ok_ = true;
-      std::vector<iovec> iov(buffer_count_);
-      for (unsigned i = 0; i < buffer_count_; ++i) iov[i] = {buffer(i), buffer_bytes_};
-      // Registration pins the pages once instead of per request; it can fail on the memlock
-      // limit, and plain requests work the same, only a little slower.
-      const int reg = io_uring_register_buffers(&ring_, iov.data(), buffer_count_);
-      if (reg == 0) {
-        fixed_ = true;
-      } else {
-        note("buffer registration refused (" + errno_name(reg) + "): unregistered buffers");
-      }
-    } else {
-      note("io_uring refused (" + errno_name(r) + "): " + sync_name + " fallback");
-    }
+    std::string refused;
+    const int r = ring_.init(queue_depth_, base(), buffer_count_, buffer_bytes_, &refused);
+    if (r < 0) note("io_uring refused (" + errno_name(r) + "): " + sync_name + " fallback");
+    if (!refused.empty()) note(refused);
   } else {
     note(std::string("io_uring off by option: ") + sync_name);
   }
 
-  if (uring_ok_) {
+  if (ring_.ok()) {
     engine_ = direct_ ? "io_uring+O_DIRECT" : "io_uring";
   } else if (write) {
     engine_ = direct_ ? "pwrite+O_DIRECT" : "pwrite";
@@ -183,66 +254,14 @@ int Channel::index_of(const void* p) const {
 }
 
 int Channel::start(unsigned index, size_t at, size_t len, uint64_t off) {
-  if (broken_) return -EIO;
-  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-  // Callers keep in_flight <= queue_depth and submit each request at once, so a free entry
-  // exists; a missing one means the bookkeeping is wrong.
-  if (sqe == nullptr) return -EBUSY;
-  char* p = buffer(index) + at;
-  const unsigned n = static_cast<unsigned>(len);
-  if (write_) {
-    if (fixed_) {
-      io_uring_prep_write_fixed(sqe, fd_, p, n, off, static_cast<int>(index));
-    } else {
-      io_uring_prep_write(sqe, fd_, p, n, off);
-    }
-  } else {
-    if (fixed_) {
-      io_uring_prep_read_fixed(sqe, fd_, p, n, off, static_cast<int>(index));
-    } else {
-      io_uring_prep_read(sqe, fd_, p, n, off);
-    }
-  }
-  io_uring_sqe_set_data64(sqe, index);
-  int r;
-  do {
-    r = io_uring_submit(&ring_);
-  } while (r == -EINTR);
-  if (r < 0) {
-    // The entry may still sit in the submission queue and go out with a later submit, after
-    // its buffer was reused: refuse all further requests instead.
-    broken_ = true;
-    return r;
-  }
-  ++in_flight_;
-  return 0;
+  return ring_.start(fd_, write_, index, buffer(index) + at, len, off);
 }
 
 int Channel::reap(bool wait, unsigned* index, int* result) {
-  if (in_flight_ == 0) return wait ? -EINVAL : -EAGAIN;
-  io_uring_cqe* cqe = nullptr;
-  int r;
-  do {
-    r = wait ? io_uring_wait_cqe(&ring_, &cqe) : io_uring_peek_cqe(&ring_, &cqe);
-  } while (r == -EINTR);
-  if (r < 0) return r;
-  *index = static_cast<unsigned>(io_uring_cqe_get_data64(cqe));
-  *result = cqe->res;
-  io_uring_cqe_seen(&ring_, cqe);
-  --in_flight_;
-  return 0;
+  return ring_.reap(wait, index, result);
 }
 
-void Channel::drain() {
-  unsigned index;
-  int result;
-  while (in_flight_ > 0) {
-    if (reap(true, &index, &result) < 0) {
-      // The ring cannot be waited on: tearing it down (queue_exit) still cancels and waits.
-      break;
-    }
-  }
-}
+void Channel::drain() { ring_.drain(); }
 
 ssize_t Channel::transfer(unsigned index, size_t at, size_t len, uint64_t off) {
   char* p = buffer(index) + at;

@@ -43,6 +43,46 @@ inline size_t align_up(size_t n) { return (n + kAlignment - 1) & ~(kAlignment - 
 // The fault hook of fault.hpp: 0, or the -errno the write at [offset, offset + bytes) reports.
 int injected_fault(uint64_t offset, size_t bytes);
 
+// An io_uring over a set of staging buffers: the requests, their completions and the rules
+// both users keep (Channel below, and the SSD tier's PageFile). Not thread-safe.
+class Ring {
+ public:
+  Ring() = default;
+  ~Ring() { exit(); }
+  Ring(const Ring&) = delete;
+  Ring& operator=(const Ring&) = delete;
+
+  // A ring of depth entries over count buffers of bytes each from base, registered where the
+  // kernel allows (registration pins the pages once instead of per request; it can fail on the
+  // memlock limit, and plain requests work the same, a little slower: *note then says so).
+  // Returns 0, or io_uring_queue_init's -errno: the ring is not usable and callers fall back.
+  int init(unsigned depth, char* base, unsigned count, size_t bytes, std::string* note);
+  bool ok() const { return ok_; }
+  bool fixed() const { return fixed_; }
+  unsigned in_flight() const { return in_flight_; }
+  // A submit or a wait failed: requests may still own buffers, and the ring takes no more.
+  bool broken() const { return broken_; }
+
+  // Queues and submits one read or write of [p, p + len) at file offset off of fd; p lies in
+  // buffer index, which user_data carries. Callers keep in_flight() below the depth. Returns
+  // 0, or -errno: after a failed submit the ring refuses every later request (-EIO).
+  int start(int fd, bool write, unsigned index, char* p, size_t len, uint64_t off);
+  // One completion. Waits when wait; returns -EAGAIN when none is ready and !wait.
+  int reap(bool wait, unsigned* index, int* result);
+  // Waits for every request in flight, dropping their results; a wait that fails leaves the
+  // ring refusing requests (exit still cancels and waits).
+  void drain();
+  // Drains and tears the ring down.
+  void exit();
+
+ private:
+  io_uring ring_{};
+  bool ok_ = false;
+  bool fixed_ = false;   // buffers registered: io_uring_prep_{write,read}_fixed
+  bool broken_ = false;  // a submit or a wait failed
+  unsigned in_flight_ = 0;
+};
+
 // One file and its buffers. Not thread-safe: one producer (writer) or consumer (reader).
 class Channel {
  public:
@@ -55,7 +95,7 @@ class Channel {
   // buffers and sets up the ring. write selects the engine names and the log line.
   int open(const std::string& path, int flags, mode_t mode, const IoOptions& options, bool write);
 
-  bool uring() const { return uring_ok_; }
+  bool uring() const { return ring_.ok(); }
   bool direct() const { return direct_; }
   const char* engine() const { return engine_; }
   int fd() const { return fd_; }
@@ -65,7 +105,7 @@ class Channel {
   char* buffer(unsigned index) const { return base() + index * buffer_bytes_; }
   // The index of the buffer that starts at p, or -1.
   int index_of(const void* p) const;
-  unsigned in_flight() const { return in_flight_; }
+  unsigned in_flight() const { return ring_.in_flight(); }
 
   // io_uring: queues and submits one read/write of buffer(index)[at, at + len) at file offset
   // off; user_data carries index. Returns 0 or -errno (the channel is then unusable).
@@ -88,16 +128,12 @@ class Channel {
   int fd_ = -1;
   bool write_ = false;
   bool direct_ = false;
-  bool uring_ok_ = false;
-  bool fixed_ = false;  // buffers registered: io_uring_prep_{write,read}_fixed
-  bool broken_ = false;
   const char* engine_ = "";
   unsigned queue_depth_ = 0;
   unsigned buffer_count_ = 0;
   size_t buffer_bytes_ = 0;
   Mapping buffers_;  // buffer_count_ buffers of buffer_bytes_, one after another
-  unsigned in_flight_ = 0;
-  io_uring ring_{};
+  Ring ring_;        // after buffers_: torn down (and drained) before they are unmapped
 };
 
 // Logs "embstore: io engine <name>[ (<notes>)]" to stderr, once per distinct line per process.
