@@ -10,6 +10,7 @@ generated docstring (its signature) does not count."""
 
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 import pkgutil
 import types
@@ -119,6 +120,11 @@ def public_modules():
     modules = [embstore]
     for info in pkgutil.iter_modules(embstore.__path__):
         if info.name.startswith("_") or (info.name == "torch" and torch is None):
+            continue
+        # The installed package holds libembstore.so, which ctypes loads: pkgutil lists it as
+        # an extension module, but it is no Python module.
+        spec = importlib.util.find_spec(f"{PACKAGE}.{info.name}")
+        if not info.ispkg and not (spec is not None and (spec.origin or "").endswith(".py")):
             continue
         modules.append(importlib.import_module(f"{PACKAGE}.{info.name}"))
     return modules
