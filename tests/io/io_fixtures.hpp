@@ -1,9 +1,11 @@
 // Fixtures shared by the io/ tests.
 #pragma once
 
+#include <linux/magic.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -47,6 +49,39 @@ class TempDir {
 
   const std::string& path() const { return path_; }
   std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Whether path is on a file system that keeps its files in memory (tmpfs, ramfs).
+inline bool in_memory(const std::string& path) {
+  struct statfs fs {};
+  return ::statfs(path.c_str(), &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
+}
+
+// A fresh directory on a disk file system (the tier's page file refuses tmpfs, and /tmp is tmpfs
+// on some machines): under /tmp, else /var/tmp, else the working directory (ctest's build dir).
+class TierDir {
+ public:
+  TierDir() {
+    for (const std::string base : {"/tmp", "/var/tmp", "."}) {
+      if (in_memory(base)) continue;
+      std::string tmpl = base + "/embstore-tier-test-XXXXXX";
+      if (::mkdtemp(tmpl.data()) != nullptr) {
+        path_ = tmpl;
+        break;
+      }
+    }
+    REQUIRE_FALSE(path_.empty());
+  }
+  ~TierDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TierDir(const TierDir&) = delete;
+  TierDir& operator=(const TierDir&) = delete;
+  const std::string& path() const { return path_; }
 
  private:
   std::string path_;

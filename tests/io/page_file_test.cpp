@@ -10,12 +10,10 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <linux/magic.h>
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,40 +35,10 @@
 using namespace embstore::io;
 
 using embstore_test::FaultGuard;
+using embstore_test::in_memory;
+using embstore_test::TierDir;
 
 namespace {
-
-bool in_memory(const std::string& path) {
-  struct statfs fs {};
-  return ::statfs(path.c_str(), &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
-}
-
-// A fresh directory on a disk file system (the page file refuses tmpfs, and /tmp is tmpfs on
-// some machines): under /tmp, else /var/tmp, else the working directory (ctest's build dir).
-class TierDir {
- public:
-  TierDir() {
-    for (const std::string base : {"/tmp", "/var/tmp", "."}) {
-      if (in_memory(base)) continue;
-      std::string tmpl = base + "/embstore-tier-test-XXXXXX";
-      if (::mkdtemp(tmpl.data()) != nullptr) {
-        path_ = tmpl;
-        break;
-      }
-    }
-    REQUIRE_FALSE(path_.empty());
-  }
-  ~TierDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TierDir(const TierDir&) = delete;
-  TierDir& operator=(const TierDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 struct Combo {
   bool uring, direct;
