@@ -941,8 +941,8 @@ EMBSTORE_API embstore_status_t embstore_warm_start(embstore_store_t* store,
     Background polling: with poll_interval_ms, a thread polls at that interval, and at once when
     a version is committed where inotify reports it (local file systems; not NFS); its failures
     are in the stats (last_poll_status), and it keeps serving the last version applied. Without
-    it, poll at least every lease_seconds / 2 to keep the lease. Host backend only in this
-    version. */
+    it, poll at least every lease_seconds / 2 to keep the lease. The rows stay in host memory on
+    either backend; with backend CUDA, lookups take device pointers (see the config). */
 typedef struct embstore_follower embstore_follower_t;
 
 /** A follower's configuration (embstore_follower_create): fill it with

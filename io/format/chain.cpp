@@ -133,6 +133,7 @@ int CheckpointDir::choose(uint64_t version, std::optional<bool> full, size_t* in
       continue;
     }
     if (r < 0) {
+      *index = i;
       return manifest_error(
           i, r, why, fmt::format("version {} is not a committed checkpoint", version), detail);
     }

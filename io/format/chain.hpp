@@ -78,7 +78,8 @@ class CheckpointDir {
   // The version to restore: the newest one with a manifest (version kLatestVersion; those
   // without one are skipped and their paths appended to *skipped, which may be null), or the
   // exact version, of the given kind when full is set (the full one when both exist).
-  // -ENOENT when there is none; -EBADMSG when the chosen one has no valid manifest.
+  // -ENOENT when there is none; -EBADMSG when the chosen one has no valid manifest (*index is
+  // then set to it, for messages that name it).
   int choose(uint64_t version, std::optional<bool> full, size_t* index, std::string* detail,
              std::vector<std::string>* skipped);
 

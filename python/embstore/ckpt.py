@@ -21,7 +21,8 @@ def run(args, **kwargs):
 
 def verify(dir, version=None):
     """True exactly when embstore.Store.restore would load that version (the newest: None)."""
-    args = ["verify", dir] + ([] if version is None else ["--version", str(version)])
+    # Without --version the tool checks every version in dir; restore loads the newest only.
+    args = ["verify", dir, "--version", "latest" if version is None else str(version)]
     return run(args, capture_output=True).returncode == 0
 
 

@@ -61,6 +61,30 @@ class CheckpointTest(TempDirTest):
         self.assertTrue(embstore.ckpt.verify(self.dir))
         self.assertTrue(embstore.ckpt.verify(self.dir, v_full))
 
+    def test_verify_answers_for_the_version_restore_loads(self):
+        # An older version damaged, the newest whole: restore(dir) succeeds, so verify(dir) is
+        # True (the tool without --version checks every version: it said False).
+        with embstore.Store("host") as store:
+            t = store.create_table("t", 4)
+            versions = []
+            for step in (1, 2):
+                store.step(step)
+                t.lookup(np.arange(100) + 100 * step, insert=True)
+                versions.append(store.checkpoint(self.dir, "full", wait=True))
+        older = [d for d in os.listdir(self.dir) if d.startswith("%020d" % versions[0])][0]
+        rows = [os.path.join(root, f) for root, _, files in os.walk(os.path.join(self.dir, older))
+                for f in files if f.endswith(".rows")]
+        self.assertTrue(rows)
+        with open(rows[0], "r+b") as f:
+            f.seek(100)
+            b = f.read(1)
+            f.seek(100)
+            f.write(bytes([b[0] ^ 0x40]))
+        with embstore.Store("host") as store:
+            self.assertEqual(store.restore(self.dir), versions[1])
+        self.assertTrue(embstore.ckpt.verify(self.dir))
+        self.assertFalse(embstore.ckpt.verify(self.dir, versions[0]))
+
     def test_attachments_round_trip(self):
         payload = np.arange(1000, dtype=np.float64)
         with embstore.Store("host") as store:

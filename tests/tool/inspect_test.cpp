@@ -212,6 +212,16 @@ TEST_CASE("inspect of an unknown version or table exits 1") {
     CHECK(latest.status == 0);
     CHECK(line_starting(latest.out, "rows ") == "rows         2500  (1 file)");
   }
+  SECTION("latest is what restore loads: a corrupt newest manifest fails it") {
+    // As restore and verify: latest does not fall back to an older version (it did, once).
+    flip_byte(c.vdir(20) + "/MANIFEST.json", 30);
+    const Result latest = run_tool({"inspect", c.dir(), "--version", "latest", "--table", "users"});
+    INFO(describe(latest));
+    CHECK(latest.status == 1);
+    CHECK(contains(latest.err, version_dir_name(20, true) + "/MANIFEST.json"));
+    CHECK(run_tool({"verify", c.dir(), "--version", "latest"}).status == 1);
+    CHECK_FALSE(restores(c.dir(), EMBSTORE_LATEST));
+  }
   SECTION("a corrupt row file") {
     const std::string path = c.row_file(20, "items");
     flip_byte(path, 64 + 8);

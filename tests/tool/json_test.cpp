@@ -131,10 +131,55 @@ TEST_CASE("inspect --json gives a table's configuration and its rows whole") {
     const std::vector<float> current = c.lookup("users", row["key"].get<int64_t>());
     for (size_t i = 0; i < value.size(); ++i) CHECK(same_bits(value[i], current[i]));
   }
-  // A table that is not there: exit 1 and the text's message on stderr, nothing on stdout.
+  // A table that is not there: exit 1, the text's message on stderr, and on stdout no rows,
+  // only the error object.
   const Result missing =
       run_tool({"inspect", c.dir(), "--version", "20", "--table", "nope", "--json"});
   CHECK(missing.status == 1);
-  CHECK(missing.out.empty());
   CHECK(contains(missing.err, "no table 'nope'"));
+  const json error = parsed(missing);
+  CHECK(error["ok"] == false);
+  CHECK(contains(error["error"].get<std::string>(), "no table 'nope'"));
+  CHECK(!error.contains("first_rows"));
+}
+
+TEST_CASE("JSON is printed when the command cannot run, and for names that are not UTF-8") {
+  Checkpoints c(Checkpoints::kChain);
+  c.close();
+  // No such directory, no such version: {"ok": false, "error"} on stdout, exit 1, the message
+  // on stderr too.
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"ls", c.dir() + "/missing", "--json"},
+        std::vector<std::string>{"verify", c.dir(), "--version", "7", "--json"},
+        std::vector<std::string>{"inspect", c.dir(), "--version", "20", "--table", "nope",
+                                 "--json"}}) {
+    const Result r = run_tool(args);
+    CHECK(r.status == 1);
+    const json j = parsed(r);
+    CHECK(j["ok"] == false);
+    CHECK(!j["error"].get<std::string>().empty());
+    CHECK(!messages(r.err).empty());
+  }
+  // A directory whose name is not UTF-8 (legal on Linux): the dump replaces the bad bytes.
+  const std::string odd = c.dir() + "-\xff\xfe";
+  fs::rename(c.dir(), odd);
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"ls", odd, "--json"},
+                                               std::vector<std::string>{"verify", odd, "--json"}}) {
+    const Result r = run_tool(args);
+    CHECK(r.status == 0);
+    const json j = parsed(r);
+    CHECK(contains(j["directory"].get<std::string>(), "\xef\xbf\xbd"));  // U+FFFD
+  }
+}
+
+TEST_CASE("verify --json names the version whose manifest fails, not what was asked") {
+  Checkpoints c;
+  c.close();
+  flip_byte(c.vdir(20) + "/MANIFEST.json", 30);
+  const Result r = run_tool({"verify", c.dir(), "--version", "20", "--json"});
+  CHECK(r.status == 1);
+  const json j = parsed(r);
+  REQUIRE(j["versions"].size() == 1);
+  CHECK(j["versions"][0]["name"] == version_dir_name(20, true));
+  CHECK(j["versions"][0]["status"] == "EMBSTORE_CORRUPT");
 }

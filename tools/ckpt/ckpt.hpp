@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "host/checkpoint/restore_plan.hpp"
+#include <nlohmann/json.hpp>
+
 #include "io/engine/engine.hpp"
 #include "io/format/chain.hpp"
 #include "io/format/commit.hpp"
@@ -35,6 +37,10 @@ using io::detail::errno_text;
 std::string human(uint64_t bytes);
 // "1 file", "3 files".
 std::string plural(uint64_t n, const char* one, const char* many);
+
+// --json's output: one object on stdout. A name that is not UTF-8 (a directory's, a table's
+// from a forged manifest) has its bad bytes replaced rather than failing the dump.
+void print_json(const nlohmann::json& j);
 
 // The committed version directories of dir; a Problem when dir cannot be listed.
 std::vector<io::VersionDir> versions_of(const std::string& dir);

@@ -12,7 +12,8 @@
 //   embstore-ckpt export DIR --version V --table T --out PREFIX      (export.cpp: .npy files)
 //
 // V is a version number (the global step), a version directory name
-// ("00000000000000001000.full") or "latest" (the newest version with a valid manifest).
+// ("00000000000000001000.full") or "latest" (the newest committed version: the one restore
+// loads, which fails when its manifest does not read).
 // Exit codes: 0 ok, 1 a problem found or something not found, 2 bad usage.
 // verify, compact, reshard and export draw a progress line on stderr when it is a terminal
 // (--progress auto|always|never, -q); --json's output is for scripts (docs/ckpt-tool.md).
@@ -59,6 +60,10 @@ std::string human(uint64_t bytes) {
 
 std::string plural(uint64_t n, const char* one, const char* many) {
   return fmt::format("{} {}", n, n == 1 ? one : many);
+}
+
+void print_json(const nlohmann::json& j) {
+  fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 VersionSpec parse_version_spec(const std::string& text) {
@@ -174,10 +179,6 @@ uint64_t count_leftovers(const std::string& dir) {
   return n;
 }
 
-bool matches(const VersionSpec& s, const io::VersionDir& v) {
-  return v.version == s.version && (!s.full || *s.full == v.full);
-}
-
 // ---------------------------------------------------------------------------------- ls --
 
 // With json, one JSON object on stdout (docs/ckpt-tool.md): {"directory", "versions": [...],
@@ -280,7 +281,7 @@ int cmd_ls(const std::string& dir, bool json) {
                                 {"versions", std::move(listed)},
                                 {"leftovers", leftovers},
                                 {"writer", held ? nlohmann::json(io::describe(owner)) : nullptr}};
-    fmt::print("{}\n", out.dump(2));
+    print_json(out);
     return kExitOk;
   }
   if (versions.empty()) {
@@ -362,25 +363,19 @@ int cmd_inspect(const std::string& dir, const std::string& version_text,
   const VersionSpec spec = parse_version_spec(version_text);
   const std::vector<io::VersionDir> all = versions_of(dir);
 
-  std::optional<io::VersionDir> chosen;
-  ManifestRead mr;
-  if (spec.latest) {
-    for (auto it = all.rbegin(); it != all.rend() && !chosen; ++it) {
-      mr = read_version_manifest(dir, *it);
-      if (mr.rc == 0) chosen = *it;
-    }
-    if (!chosen) throw Problem(fmt::format("no checkpoint with a valid manifest in {}", dir));
-  } else {
-    // A full checkpoint comes before a delta of the same version: a bare number picks it.
-    for (const io::VersionDir& v : all) {
-      if (matches(spec, v)) {
-        chosen = v;
-        break;
-      }
-    }
-    if (!chosen) throw Problem(fmt::format("no version {} in {}", spec.text, dir));
-    mr = read_version_manifest(dir, *chosen);
+  // The version restore would load ('latest': the newest committed one, which fails when its
+  // manifest does not read, as restore does; a bare number: the full one where both exist).
+  io::CheckpointDir checkpoints(dir, all);
+  size_t index = 0;
+  std::string detail;
+  const int r = checkpoints.choose(spec.latest ? io::kLatestVersion : spec.version, spec.full,
+                                   &index, &detail, nullptr);
+  if (r == -ENOENT) {
+    throw Problem(spec.latest ? fmt::format("no committed checkpoint in {}", dir)
+                              : fmt::format("no version {} in {}", spec.text, dir));
   }
+  const std::optional<io::VersionDir> chosen = all[index];
+  const ManifestRead mr = read_version_manifest(dir, *chosen);
   const std::string vdir = version_path(dir, *chosen);
   if (mr.rc != 0) manifest_problem(vdir, mr);
   const io::Manifest& m = mr.m;
@@ -461,7 +456,7 @@ int cmd_inspect(const std::string& dir, const std::string& version_text,
     throw Problem(fmt::format("{}: table '{}' holds fewer rows than its manifest says ({})", vdir,
                               table->name, table->rows));
   }
-  if (json) fmt::print("{}\n", out.dump(2));
+  if (json) print_json(out);
   return kExitOk;
 }
 
@@ -636,6 +631,8 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "embstore-ckpt %s: %s\n", command, e.what());
     return kExitUsage;
   } catch (const std::exception& e) {
+    // A script asked for JSON gets JSON whatever happened (and a person the line on stderr).
+    if (json) print_json({{"ok", false}, {"error", e.what()}});
     std::fflush(stdout);
     std::fprintf(stderr, "embstore-ckpt %s: %s\n", command, e.what());
     return kExitProblem;

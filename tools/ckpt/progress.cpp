@@ -40,8 +40,10 @@ void Progress::update(uint64_t done) {
 
 void Progress::finish() {
   if (!enabled_) return;
-  done_ = total_;
-  draw(std::chrono::steady_clock::now());
+  if (!drawn_ || done_ != total_) {  // not twice at 100%
+    done_ = total_;
+    draw(std::chrono::steady_clock::now());
+  }
   clear();
 }
 

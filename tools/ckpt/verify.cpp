@@ -304,7 +304,7 @@ int cmd_verify(const std::string& dir, const std::optional<std::string>& version
     }
   };
   auto print_report = [&] {
-    if (json) fmt::print("{}\n", report.dump(2));
+    if (json) print_json(report);
   };
   std::vector<size_t> targets;
   if (version_text) {
@@ -318,7 +318,7 @@ int cmd_verify(const std::string& dir, const std::optional<std::string>& version
                                 : fmt::format("no version {} in {}", spec.text, dir));
     }
     if (r < 0) {  // the version chosen has no manifest that reads: so restore fails too
-      failed_version(spec.text,
+      failed_version(checkpoints.versions()[index].name,
                      embstore_status_name(r == -EBADMSG ? EMBSTORE_CORRUPT : EMBSTORE_IO_ERROR),
                      detail);
       print_report();
