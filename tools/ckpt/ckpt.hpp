@@ -2,14 +2,13 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "host/checkpoint/restore_plan.hpp"
-#include <nlohmann/json.hpp>
-
 #include "io/engine/engine.hpp"
 #include "io/format/chain.hpp"
 #include "io/format/commit.hpp"
@@ -55,6 +54,12 @@ struct VersionSpec {
 
 // Throws Usage for anything else.
 VersionSpec parse_version_spec(const std::string& text);
+
+// The version spec names as restore chooses it (io::CheckpointDir::choose) in *index: 0, or
+// choose's -EBADMSG/-errno when its manifest does not read (*index and *detail name it). Throws
+// a Problem when there is no such version.
+int choose_version(io::CheckpointDir& checkpoints, const VersionSpec& spec, size_t* index,
+                   std::string* detail);
 
 // The plan of the version --version names in checkpoints (restore's own), or a Problem. The
 // plan points into checkpoints: keep it alive.

@@ -22,7 +22,6 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -31,6 +30,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -99,6 +99,17 @@ VersionSpec parse_version_spec(const std::string& text) {
       "--version '{}': expected a version number, a version directory name such as {} or "
       "'latest'",
       text, io::version_dir_name(1000, true)));
+}
+
+int choose_version(io::CheckpointDir& checkpoints, const VersionSpec& spec, size_t* index,
+                   std::string* detail) {
+  const int r = checkpoints.choose(spec.latest ? io::kLatestVersion : spec.version, spec.full,
+                                   index, detail, nullptr);
+  if (r == -ENOENT) {
+    throw Problem(spec.latest ? fmt::format("no committed checkpoint in {}", checkpoints.path())
+                              : fmt::format("no version {} in {}", spec.text, checkpoints.path()));
+  }
+  return r;
 }
 
 std::vector<io::VersionDir> versions_of(const std::string& dir) {
@@ -368,12 +379,7 @@ int cmd_inspect(const std::string& dir, const std::string& version_text,
   io::CheckpointDir checkpoints(dir, all);
   size_t index = 0;
   std::string detail;
-  const int r = checkpoints.choose(spec.latest ? io::kLatestVersion : spec.version, spec.full,
-                                   &index, &detail, nullptr);
-  if (r == -ENOENT) {
-    throw Problem(spec.latest ? fmt::format("no committed checkpoint in {}", dir)
-                              : fmt::format("no version {} in {}", spec.text, dir));
-  }
+  choose_version(checkpoints, spec, &index, &detail);  // a bad manifest: read again below
   const std::optional<io::VersionDir> chosen = all[index];
   const ManifestRead mr = read_version_manifest(dir, *chosen);
   const std::string vdir = version_path(dir, *chosen);
@@ -427,8 +433,8 @@ int cmd_inspect(const std::string& dir, const std::string& version_text,
             const float* v = b.values + uint64_t{k} * b.dim;
             row["value"] = std::vector<float>(v, v + b.dim);
             const float* st = b.state + uint64_t{k} * b.state_dim;
-            row["state"] = b.state_dim > 0 ? std::vector<float>(st, st + b.state_dim)
-                                           : std::vector<float>();
+            row["state"] =
+                b.state_dim > 0 ? std::vector<float>(st, st + b.state_dim) : std::vector<float>();
           }
           out["first_rows"].push_back(std::move(row));
           continue;
@@ -484,9 +490,8 @@ void print_table(const io::VersionDir& chosen, const io::Manifest& m, const io::
       break;
   }
   fmt::print("optimizer    {}  ({})\n", io::optimizer_name(c.optimizer), hyper);
-  fmt::print(
-      "state        state_dim {}{}\n", table.state_dim,
-      table.state_layout.empty() ? std::string("  (no state)") : ": " + table.state_layout);
+  fmt::print("state        state_dim {}{}\n", table.state_dim,
+             table.state_layout.empty() ? std::string("  (no state)") : ": " + table.state_layout);
   std::string init = io::init_name(c.init);
   switch (c.init) {
     case EMBSTORE_INIT_CONSTANT:

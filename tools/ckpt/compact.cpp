@@ -141,10 +141,7 @@ RestorePlan plan_of(io::CheckpointDir& checkpoints, const std::string& version_t
   try {
     std::string detail;
     size_t index = 0;
-    if (checkpoints.choose(spec.latest ? io::kLatestVersion : spec.version, spec.full, &index,
-                           &detail, nullptr) < 0) {
-      throw Problem(detail);
-    }
+    if (choose_version(checkpoints, spec, &index, &detail) < 0) throw Problem(detail);
     return checkpoint::plan_version(checkpoints, index);
   } catch (const Error& e) {
     throw Problem(e.what());

@@ -14,13 +14,12 @@
 // Also here: the shallow form of the same check that ls's RESTORABLE column shows.
 #include <fmt/core.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
@@ -311,13 +310,8 @@ int cmd_verify(const std::string& dir, const std::optional<std::string>& version
     const VersionSpec spec = parse_version_spec(*version_text);
     size_t index = 0;
     std::string detail;
-    const int r = checkpoints.choose(spec.latest ? io::kLatestVersion : spec.version, spec.full,
-                                     &index, &detail, nullptr);
-    if (r == -ENOENT) {
-      throw Problem(spec.latest ? fmt::format("no committed checkpoint in {}", dir)
-                                : fmt::format("no version {} in {}", spec.text, dir));
-    }
-    if (r < 0) {  // the version chosen has no manifest that reads: so restore fails too
+    // A version chosen whose manifest does not read: restore fails too.
+    if (const int r = choose_version(checkpoints, spec, &index, &detail); r < 0) {
       failed_version(checkpoints.versions()[index].name,
                      embstore_status_name(r == -EBADMSG ? EMBSTORE_CORRUPT : EMBSTORE_IO_ERROR),
                      detail);
