@@ -151,6 +151,7 @@ void embstore_store_config_init(embstore_store_config_t* c) {
   c->host_threads = 0;
   c->restore_spill = EMBSTORE_SPILL_AUTO;
   c->spill_dir = nullptr;
+  c->tier_dir = nullptr;
   c->mpi_comm = nullptr;
   c->comm_callbacks = nullptr;
 }
@@ -230,6 +231,8 @@ void embstore_table_config_init(embstore_table_config_t* c) {
   c->evict_idle_seconds = 0.0;
   c->evict_when_full = 0;
   c->admit_bloom_bytes = 0;
+  c->device_rows = 0;
+  c->memory_rows = 0;
 }
 
 embstore_status_t embstore_table_create(embstore_store_t* store,
@@ -291,6 +294,18 @@ embstore_status_t embstore_apply_gradients(embstore_table_t* table, const int64_
     check_own_shard(*table->store, keys, n, stream);
     table->impl->apply_gradients(keys, grads, n, table->store->step.load(std::memory_order_relaxed),
                                  stream);
+  });
+}
+
+embstore_status_t embstore_prefetch(embstore_table_t* table, const int64_t* keys, size_t n,
+                                    void* stream) {
+  return guarded(__func__, [&] {
+    require(table, "table");
+    if (n == 0) return;
+    require(keys, "keys");
+    check_batch(n);
+    const embstore::TableCalls::Scope in_flight(table->store->table_calls);
+    table->impl->prefetch(keys, n, stream);
   });
 }
 
@@ -387,6 +402,15 @@ embstore_status_t embstore_table_stats(embstore_table_t* table, embstore_table_s
     out->evicted = c.evicted;
     out->pending_admission = c.pending_admission;
     out->skipped_keys = c.skipped_keys;
+    if (out->struct_size >= offsetof(embstore_table_stats_t, tier_bytes_written) + 8) {
+      out->rows_in_device = c.rows_in_device;
+      out->rows_in_memory = c.rows_in_memory;
+      out->rows_on_disk = c.rows_on_disk;
+      out->rows_moved_up = c.rows_moved_up;
+      out->rows_moved_down = c.rows_moved_down;
+      out->tier_bytes_read = c.tier_bytes_read;
+      out->tier_bytes_written = c.tier_bytes_written;
+    }
   });
 }
 

@@ -21,7 +21,10 @@ HostTable::HostTable(TableSpec spec, ThreadPool& pool)
   arena_.base_shift = row::base_shift_for(this->spec().initial_capacity);
   arena_.dim = this->spec().dim;
   arena_.stride = this->spec().stride();
+  tiered_ = this->spec().tiered();
+  home_.base_shift = arena_.base_shift;
   reserve_rows(this->spec().initial_capacity);
+  if (tiered_) open_tier();
 }
 
 TableCounters HostTable::counters() {
@@ -35,6 +38,15 @@ TableCounters HostTable::counters() {
   c.skipped_keys = skipped_;
   c.admitted = admitted_;
   c.pending_admission = ledger_.pending_admission();
+  c.rows_in_memory = tiered_ ? resident_ : rows_;
+  c.rows_on_disk = rows_ - c.rows_in_memory;
+  c.rows_moved_up = moved_up_;
+  c.rows_moved_down = moved_down_;
+  if (disk_ != nullptr) {
+    std::lock_guard disk_lock(disk_mutex_);
+    c.tier_bytes_read = disk_->bytes_read();
+    c.tier_bytes_written = disk_->bytes_written();
+  }
   return c;
 }
 
@@ -71,11 +83,17 @@ void HostTable::reserve_rows(uint64_t rows) {
   while (row::arena_capacity(chunks_, arena_.base_shift) < rows) {
     if (chunks_ == row::kMaxChunks) fail(EMBSTORE_OUT_OF_MEMORY, "row arena is at its limit");
     const uint64_t n = row::chunk_rows(chunks_, arena_.base_shift);
-    HostBuffer values(n * arena_.stride * sizeof(float));
     HostBuffer meta(n * sizeof(row::RowMeta));
-    arena_.values[chunks_] = values.as<float>();
+    if (tiered_) {  // values live in frames (reserve_frames); each row gets its home
+      HostBuffer homes(n * sizeof(uint32_t));
+      home_.chunks[chunks_] = homes.as<uint32_t>();
+      home_chunks_.push_back(std::move(homes));
+    } else {
+      HostBuffer values(n * arena_.stride * sizeof(float));
+      arena_.values[chunks_] = values.as<float>();
+      value_chunks_.push_back(std::move(values));
+    }
     arena_.meta[chunks_] = meta.as<row::RowMeta>();
-    value_chunks_.push_back(std::move(values));
     meta_chunks_.push_back(std::move(meta));
     ++chunks_;
   }

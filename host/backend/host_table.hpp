@@ -5,12 +5,20 @@
 // growth, the index's find-or-add, counters), host_table_lookup.cpp (lookup and insert),
 // host_table_update.cpp (apply_gradients), host_table_eviction.cpp (eviction),
 // host_table_snapshot.cpp (capture, drain, copy-on-write), host_table_restore.cpp (reserve,
-// load_rows, load_admission) and host_table_memory.cpp (prefault, spill).
+// load_rows, load_admission), host_table_memory.cpp (prefault, spill) and host_table_tier.cpp
+// (the SSD tier below a memory budget: rows moved down and brought up).
+//
+// Rows and frames. A row id names a row for as long as it lives: the index maps keys to row
+// ids, and the metadata, dirty, captured and freed bits are by row id. Its value and optimizer
+// state sit in a frame of the value arena. Untiered, frame == row id. Tiered (memory_rows), the
+// value arena holds about memory_rows frames, home_ maps each row to its frame or, with kOnDisk
+// set, to its handle in the tier's RowSlots, and every call brings the rows it needs up first.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -23,6 +31,7 @@
 #include "host/backend/host_buffer.hpp"
 #include "host/store/thread_pool.hpp"
 #include "host/table/key_ledger.hpp"
+#include "io/tier/row_slots.hpp"
 
 namespace embstore::host_backend {
 
@@ -30,6 +39,18 @@ namespace embstore::host_backend {
 constexpr size_t kGrain = 4096;
 // How many keys ahead the probe and copy loops prefetch: enough to cover a memory latency.
 constexpr size_t kAhead = 16;
+
+// A row's home on a tiered table: a frame of the value arena, or with kOnDisk set a handle of
+// the tier's RowSlots. Chunked as the arena's metadata, so an entry never moves.
+inline constexpr uint32_t kOnDisk = 0x80000000u;
+struct HomeRef {
+  uint32_t* chunks[row::kMaxChunks];
+  uint32_t base_shift;
+  uint32_t* at(uint64_t r) const {
+    const row::ChunkPos p = row::chunk_of(r, base_shift);
+    return chunks[p.chunk] + p.offset;
+  }
+};
 
 inline void prefetch_row(const float* row, uint32_t floats) {
   const char* p = reinterpret_cast<const char*>(row);
@@ -42,6 +63,7 @@ class HostTable final : public Table {
   HostTable(TableSpec spec, ThreadPool& pool);
 
   void prefault_initial_capacity() override;
+  void prefetch(const int64_t* keys, size_t n, void*) override;
   void lookup(const int64_t* keys, size_t n, float* out, bool insert, uint64_t step,
               void*) override;
   void apply_gradients(const int64_t* keys, const float* grads, size_t n, uint64_t step,
@@ -103,9 +125,46 @@ class HostTable final : public Table {
   void take_for_copy(uint32_t r);
   void copy_out_taken();
   void wait_for_drain_copy();
+  uint64_t drain_tiered(uint64_t taken, char* out);
 
   // host_table_restore.cpp
   void load_index_parallel(const int64_t* keys, size_t n, uint32_t* rows, uint64_t limit);
+
+  // host_table_tier.cpp (tiered tables only, unless said otherwise)
+  void open_tier();
+  // The frame of a resident row; on an untiered table the row itself (any table).
+  uint32_t frame_of(uint32_t r) const { return tiered_ ? *home_.at(r) : r; }
+  uint32_t home(uint32_t r) const { return __atomic_load_n(home_.at(r), __ATOMIC_RELAXED); }
+  void set_home(uint32_t r, uint32_t h) { __atomic_store_n(home_.at(r), h, __ATOMIC_RELAXED); }
+  // A new tier call: rows it stamps are not moved down until the next one.
+  void begin_tier_call() { ++use_clock_; }
+  // Brings rows[0..n) (kNoRow entries skipped, repeats allowed) up, making room first; stamps
+  // every one. Throws Error(IO_ERROR) with nothing lost.
+  void bring_up(const uint32_t* rows, size_t n);
+  // Makes sure `need` frames can be taken without passing the budget, moving the least recently
+  // used rows (not stamped in this call) down: at least an eighth of the budget at a time.
+  void make_frames(uint64_t need);
+  // At the end of a call: moves the least recently used rows down until the budget holds again
+  // (after a call on more rows than it). A failure leaves them in memory: the call succeeded.
+  void settle();
+  void move_down_least_used(uint64_t count, bool spare_this_call);
+  uint32_t take_frame();
+  void place_in_frame(uint32_t r, uint32_t f);
+  void reserve_frames(uint64_t frames);
+  void move_down(std::vector<uint32_t>& frames);
+  void move_up(const std::vector<uint32_t>& rows);
+  // Frees the disk handles or frames of rows that leave the table (eviction).
+  void release_homes(const std::vector<uint32_t>& rows);
+  void compact_disk();
+  // rows' frames (kNoRow kept) into frames_scratch_; rows itself when untiered.
+  const uint32_t* frames_of(const uint32_t* rows, size_t n);
+  // The row's values wherever it lives (a disk row read into *scratch): for copy-on-write, which
+  // may meet rows on disk (eviction). Any table; on the training thread.
+  const float* values_for_copy(uint32_t r, std::vector<float>* scratch);
+  // Under disk_mutex_: the rows of disk homes[0..n) into out (stride floats each). Any thread
+  // (the drain's and copy-on-write's scratch differ, but these handles are shared: the lock).
+  void read_disk_rows(size_t n, const uint32_t* homes, float* out);
+  [[noreturn]] void fail_tier(int err, const char* what, const std::string& detail) const;
 
   // host_table_memory.cpp
   std::vector<Prefaulter::Range> row_ranges(uint64_t first, uint64_t end) const;
@@ -147,6 +206,26 @@ class HostTable final : public Table {
   std::vector<uint64_t> reading_;  // make_room: the rows of the call that needs room
   std::vector<Group> groups_;
   std::vector<SpilledChunk> spilled_;  // while a restore has the rows in its spill file
+  // The SSD tier (spec().memory_rows != 0). Frames: the value arena's slots; chunks
+  // frame_chunks_ of value_chunks_. frame_row_: the row in each frame (kNoRow: free);
+  // frame_used_: the use clock of its last call. disk_mutex_ guards disk_ and every write of
+  // home_ (drain reads captured rows' homes and disk rows beside training calls).
+  bool tiered_ = false;
+  HomeRef home_{};
+  std::vector<HostBuffer> home_chunks_;
+  uint32_t frame_chunks_ = 0;
+  uint64_t frame_capacity_ = 0, next_frame_ = 0, resident_ = 0, use_clock_ = 0;
+  std::vector<uint32_t> frame_row_, free_frames_;
+  std::vector<uint64_t> frame_used_;
+  std::unique_ptr<io::RowSlots> disk_;
+  std::mutex disk_mutex_;
+  std::vector<uint32_t> disk_row_;  // by handle: the row it holds
+  uint64_t moved_up_ = 0, moved_down_ = 0;
+  std::vector<uint32_t> up_rows_, down_frames_, frames_scratch_, group_frames_;
+  std::vector<uint64_t> handles_, handles_for_read_;
+  std::vector<char*> row_ptrs_, read_ptrs_;
+  std::vector<uint32_t> drain_homes_;
+  std::vector<float> cow_scratch_, drain_scratch_;
   // The fault-in of the rows asked for at create, or of those a restore loads (reserve());
   // last, so it stops before the memory goes.
   Prefaulter prefaulter_;

@@ -35,6 +35,7 @@ void HostTable::evict_rows(std::vector<uint32_t>& victims) {
   }
   // Room first: past this point nothing can fail.
   free_rows_.reserve(free_rows_.size() + victims.size());
+  if (tiered_) release_homes(victims);
   ledger_.reserve_evicted(victims.size());
   for (const uint32_t r : victims) {
     const int64_t key = arena_.row_meta(r)->key;

@@ -47,15 +47,22 @@ void HostTable::lookup(const int64_t* keys, size_t n, float* out, bool insert, u
   rows_scratch_.resize(n);
   uint32_t* rows = rows_scratch_.data();
   find_rows(keys, n, rows);
+  if (tiered_) {
+    begin_tier_call();
+    bring_up(rows, n);
+  }
   pending_pos_.clear();
   if (insert) insert_missing(keys, n, rows, step);
   const uint32_t dim = spec().dim;
   const bool streaming = n * dim * sizeof(float) >= kStreamingOutputBytes && dim % 4 == 0 &&
                          reinterpret_cast<uintptr_t>(out) % 16 == 0;
-  streaming ? copy_rows<true>(rows, n, out) : copy_rows<false>(rows, n, out);
+  const uint32_t* frames = frames_of(rows, n);
+  streaming ? copy_rows<true>(frames, n, out) : copy_rows<false>(frames, n, out);
   if (!pending_pos_.empty()) read_pending(keys, out);
+  if (tiered_) settle();
 }
 
+// rows: frames (kNoRow: zeros).
 template <bool Streaming>
 void HostTable::copy_rows(const uint32_t* rows, size_t n, float* out) {
   const uint32_t dim = spec().dim;
@@ -124,6 +131,9 @@ void HostTable::insert_missing(const int64_t* keys, size_t n, uint32_t* rows, ui
       make_room(rows_ + fresh - limit, step, rows, n);
     }
   }
+  // Frames for every new row (at most `missing`) before the index changes: moving rows down
+  // may fail, and then nothing is inserted.
+  if (tiered_) make_frames(missing);
   // Only once there is room: a refused call touches nothing.
   if (spec().evicts()) touch_rows(rows, n, step);
 
@@ -143,9 +153,18 @@ void HostTable::insert_missing(const int64_t* keys, size_t n, uint32_t* rows, ui
   if (AdmissionCounter* admission = ledger_.admission()) {
     for (const uint32_t r : new_rows_) admission->admitted(arena_.row_meta(r)->key);
   }
+  if (tiered_) {
+    for (const uint32_t r : new_rows_) {
+      const uint32_t f = take_frame();
+      set_home(r, f);
+      place_in_frame(r, f);
+    }
+  }
 
   const TableSpec& s = spec();
   const row::ArenaRef arena = arena_;
+  const bool tiered = tiered_;
+  const HomeRef homes = home_;
   uint64_t* dirty = dirty_.data();
   const uint32_t* new_rows = new_rows_.data();
   const bool concurrent = pool_.size() > 1;
@@ -154,9 +173,10 @@ void HostTable::insert_missing(const int64_t* keys, size_t n, uint32_t* rows, ui
     for (size_t k = begin; k < end; ++k) {
       const uint32_t r = new_rows[k];
       row::RowMeta* meta = arena.row_meta(r);
-      float* values = arena.row(r);
+      float* values = arena.row(tiered ? *homes.at(r) : r);
       row::init_row(s.init, meta->key, s.dim, values);
-      if (!zero_state || r < fresh_from) row::init_state(s.opt, s.dim, values + s.dim);
+      // A fresh row id of a tiered table may get a used frame.
+      if (!zero_state || r < fresh_from || tiered) row::init_state(s.opt, s.dim, values + s.dim);
       meta->step = step;
       concurrent ? row::bitmap_set<true>(dirty, r) : row::bitmap_set<false>(dirty, r);
     }

@@ -26,7 +26,8 @@ constexpr uint64_t kPrefaultAtCreateRows = 1 << 16;
 // of warm-up). Where the kernel cannot (before Linux 5.14), pages arrive on first touch.
 void HostTable::prefault_initial_capacity() {
   std::lock_guard lock(mutex_);
-  if (spec().initial_capacity > kPrefaultAtCreateRows) {
+  // A tiered table's memory is its frames, filled as rows come: nothing to fault in ahead.
+  if (!tiered_ && spec().initial_capacity > kPrefaultAtCreateRows) {
     (void)prefaulter_.start(row_ranges(0, spec().initial_capacity));
   }
 }
@@ -69,7 +70,9 @@ void HostTable::populate_rows(uint64_t first, uint64_t end) {
   }
 }
 
-bool HostTable::can_spill() const { return true; }
+// A tiered table's rows are mostly in its tier's file already (and its frames are not laid out
+// by row): it stays as it is while a restore replaces it.
+bool HostTable::can_spill() const { return !tiered_; }
 
 void HostTable::spill(SpillFile& file) {
   std::lock_guard lock(mutex_);

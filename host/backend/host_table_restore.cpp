@@ -28,6 +28,7 @@ void HostTable::reserve(uint64_t rows) {
   rows = std::min(rows, limit > rows_ ? limit - rows_ : 0);  // a load past it fails anyway
   // Room beyond: load_rows inserts a block in parallel only while the whole block would fit.
   reserve_rows(std::min(next_row_ + rows + kLoadHeadroom, uint64_t{row::kMaxRows}));
+  if (tiered_) return;  // frames come as the rows do (load_rows)
   // The rows' memory is faulted in behind the caller's back while it loads; where that
   // cannot be, before it returns.
   if (!prefaulter_.start(row_ranges(next_row_, next_row_ + rows))) {
@@ -49,6 +50,10 @@ void HostTable::load_rows(const int64_t* keys, const float* values, const float*
     if (rows_ + n > limit) fail_over_limit(spec(), n, rows_, "rows to load", "loaded");
     reserve_rows(next_row_ + n);
   }
+  if (tiered_) {  // room for every row of the block before the index changes
+    begin_tier_call();
+    make_frames(n);
+  }
   // The index first, then the copies on the pool's threads. A key the table holds
   // (skip_held), or a repeat of a key in the input (a corrupt file; the first copy is kept),
   // gets no row here. Rows get ids in input order, as a serial insert gives.
@@ -69,10 +74,20 @@ void HostTable::load_rows(const int64_t* keys, const float* values, const float*
       if (rows_ > limit) fail_over_limit(spec(), 1, rows_ - 1, "rows to load", "loaded");
     }
   }
+  if (tiered_) {
+    for (size_t i = 0; i < n; ++i) {
+      if (rows[i] == row::kNoRow) continue;
+      const uint32_t f = take_frame();
+      set_home(rows[i], f);
+      place_in_frame(rows[i], f);
+    }
+  }
   const uint32_t dim = spec().dim;
   const uint32_t state_dim = spec().state_dim();
   const row::ArenaRef arena = arena_;
   const row::IndexRef index = index_;
+  const bool tiered = tiered_;
+  const HomeRef homes = home_;
   const uint64_t* claimed = parallel ? load_slots_.data() : nullptr;
   pool_.parallel_for(n, kLoadGrain, [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
@@ -81,13 +96,14 @@ void HostTable::load_rows(const int64_t* keys, const float* values, const float*
       // A slot claimed by load_index_parallel gets its row now: distinct slots, no race.
       if (claimed != nullptr && claimed[i] != kNoSlot) index.slots[claimed[i]].row = r;
       *arena.row_meta(r) = row::RowMeta{keys[i], step};
-      float* dst = arena.row(r);
+      float* dst = arena.row(tiered ? *homes.at(r) : r);
       std::memcpy(dst, values + i * dim, dim * sizeof(float));
       if (state_dim > 0) {
         std::memcpy(dst + dim, state + i * state_dim, state_dim * sizeof(float));
       }
     }
   });
+  if (tiered_) settle();
 }
 
 // The index part of load_rows on the pool's threads, for a table with room for every key of

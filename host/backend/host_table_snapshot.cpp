@@ -40,7 +40,8 @@ uint64_t HostTable::capture(bool full, SnapshotSink* sink, uint64_t* live_rows) 
 // the row while drain may still be copying it, so drain makes drain_copying_ odd for the
 // duration of each take-and-copy, and the call waits for it to move on (see
 // wait_for_drain_copy). The bitmap's size and every captured row stay put: the captured
-// bitmap is not resized during a snapshot, and rows never move.
+// bitmap is not resized during a snapshot, and rows never move (on a tiered table a captured
+// row is written out before it moves: host_table_tier.cpp).
 uint64_t HostTable::drain(SnapshotSink* sink, uint64_t max_rows) {
   const uint32_t stride = spec().stride();
   const uint64_t record = row::record_bytes(stride);
@@ -57,9 +58,13 @@ uint64_t HostTable::drain(SnapshotSink* sink, uint64_t max_rows) {
     drain_copying_.fetch_add(1);
     uint64_t taken = row::take_captured_rows(captured_.data(), drain_word_, granted);
     uint64_t filled = 0;
-    for (; taken != 0; taken &= taken - 1, ++filled) {
-      const uint64_t r = drain_word_ * 64 + static_cast<uint64_t>(__builtin_ctzll(taken));
-      row::write_record(out + filled * record, arena_.row_meta(r)->key, arena_.row(r), stride);
+    if (tiered_) {
+      filled = drain_tiered(taken, out);
+    } else {
+      for (; taken != 0; taken &= taken - 1, ++filled) {
+        const uint64_t r = drain_word_ * 64 + static_cast<uint64_t>(__builtin_ctzll(taken));
+        row::write_record(out + filled * record, arena_.row_meta(r)->key, arena_.row(r), stride);
+      }
     }
     // After the copies: a call that reads captured_left_ as 0 skips the wait.
     captured_left_.fetch_sub(filled);
@@ -69,6 +74,32 @@ uint64_t HostTable::drain(SnapshotSink* sink, uint64_t max_rows) {
   }
   sink->flush();
   return captured_left_.load();
+}
+
+// drain's copies on a tiered table: the taken rows of drain_word_, those on disk read in one
+// batch. Under disk_mutex_, so that no home changes meanwhile (a training call moving one of
+// these rows finds its captured bit gone and waits for this copy before it frees the old home).
+uint64_t HostTable::drain_tiered(uint64_t taken, char* out) {
+  const uint32_t stride = spec().stride();
+  const uint64_t record = row::record_bytes(stride);
+  std::lock_guard disk_lock(disk_mutex_);
+  drain_homes_.clear();
+  for (uint64_t t = taken; t != 0; t &= t - 1) {
+    const uint32_t r = static_cast<uint32_t>(drain_word_ * 64 + __builtin_ctzll(t));
+    if (const uint32_t h = home(r); (h & kOnDisk) != 0) drain_homes_.push_back(h);
+  }
+  drain_scratch_.resize(drain_homes_.size() * size_t{stride});
+  if (!drain_homes_.empty())
+    read_disk_rows(drain_homes_.size(), drain_homes_.data(), drain_scratch_.data());
+  uint64_t filled = 0, on_disk = 0;
+  for (; taken != 0; taken &= taken - 1, ++filled) {
+    const uint32_t r = static_cast<uint32_t>(drain_word_ * 64 + __builtin_ctzll(taken));
+    const uint32_t h = home(r);
+    const float* values =
+        (h & kOnDisk) != 0 ? drain_scratch_.data() + on_disk++ * stride : arena_.row(h);
+    row::write_record(out + filled * record, arena_.row_meta(r)->key, values, stride);
+  }
+  return filled;
 }
 
 const std::vector<int64_t>& HostTable::evicted_at_capture() const {
@@ -115,7 +146,8 @@ void HostTable::copy_out_taken() {
     if (out == nullptr) break;  // the snapshot was aborted
     for (uint64_t k = 0; k < granted; ++k) {
       const uint32_t r = rows[done + k];
-      row::write_record(out + k * record, arena_.row_meta(r)->key, arena_.row(r), stride);
+      row::write_record(out + k * record, arena_.row_meta(r)->key,
+                        values_for_copy(r, &cow_scratch_), stride);
     }
     sink_->commit(granted);
     done += granted;

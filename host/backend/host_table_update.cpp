@@ -23,6 +23,10 @@ void HostTable::apply_gradients(const int64_t* keys, const float* grads, size_t 
   rows_scratch_.resize(n);
   uint32_t* rows = rows_scratch_.data();
   find_rows(keys, n, rows);
+  if (tiered_) {  // before anything changes: a failed move fails the call with nothing done
+    begin_tier_call();
+    bring_up(rows, n);
+  }
   group_by_row(rows, n, dirty_tracking_);
   if (captured_left_.load() > 0) {
     cow_rows_.clear();
@@ -31,6 +35,7 @@ void HostTable::apply_gradients(const int64_t* keys, const float* grads, size_t 
   }
   row::dispatch_opt(spec().opt.kind,
                     [&](auto kind) { update_groups<decltype(kind)::value>(grads, step); });
+  if (tiered_) settle();
 }
 
 // Positions of each row in batch order: groups_[g] = {row, first, last, count}, next_[i] = the
@@ -80,11 +85,19 @@ void HostTable::update_groups(const float* grads, uint64_t step) {
   const uint32_t stride = spec().stride();
   const row::OptParams opt = spec().opt;
   const row::ArenaRef arena = arena_;
+  const uint32_t* frames = nullptr;  // by group, on a tiered table
+  if (tiered_) {
+    group_frames_.resize(groups_.size());
+    for (size_t g = 0; g < groups_.size(); ++g) group_frames_[g] = home(groups_[g].row);
+    frames = group_frames_.data();
+  }
   pool_.parallel_for(groups_.size(), kGrain / 4, [&](size_t begin, size_t end) {
     std::vector<float> sum(dim);
     std::vector<float> partials;
     for (size_t gi = begin; gi < end; ++gi) {
-      if (gi + kAhead < end) prefetch_row(arena.row(groups_[gi + kAhead].row), stride);
+      if (gi + kAhead < end) {
+        prefetch_row(arena.row(frames ? frames[gi + kAhead] : groups_[gi + kAhead].row), stride);
+      }
       const Group& g = groups_[gi];
       const float* grad = grads + size_t{g.first} * dim;
       if (g.count > 1) {
@@ -101,7 +114,7 @@ void HostTable::update_groups(const float* grads, uint64_t step) {
             partials.data(), sum.data());
         grad = sum.data();
       }
-      float* value = arena.row(g.row);
+      float* value = arena.row(frames ? frames[gi] : g.row);
       row::apply_row<Kind>(opt, dim, value, value + dim, grad);
       arena.row_meta(g.row)->step = step;
     }

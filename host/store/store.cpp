@@ -88,6 +88,10 @@ embstore_store::embstore_store(const embstore_store_config_t& c) {
            embstore::enum_value(c.restore_spill));
   }
   spill_dir = c.spill_dir != nullptr ? c.spill_dir : "/var/tmp";
+  if (c.tier_dir != nullptr) {
+    if (c.tier_dir[0] == '\0') fail(EMBSTORE_INVALID_ARGUMENT, "tier_dir is empty");
+    tier_dir = c.tier_dir;
+  }
   io_queue_depth = static_cast<unsigned>(c.io_queue_depth);
   if (c.device < 0) fail(EMBSTORE_INVALID_ARGUMENT, "device must be >= 0, is {}", c.device);
   device = c.device;
@@ -158,6 +162,20 @@ embstore_store::embstore_store(const embstore_store_config_t& c) {
 embstore_store::~embstore_store() { checkpointer.reset(); }
 
 std::unique_ptr<embstore::Table> embstore_store::make_table_impl(embstore::TableSpec spec) {
+  // A user's table gets the store's tier_dir here; one a restore builds keeps the existing
+  // table's spec (and so its budgets and directory) or has no budgets (a manifest's).
+  if (spec.tier_dir.empty()) spec.tier_dir = tier_dir;
+  if (backend == EMBSTORE_BACKEND_CUDA && (spec.device_rows != 0 || spec.memory_rows != 0)) {
+    fail(EMBSTORE_UNSUPPORTED,
+         "table '{}': device_rows and memory_rows (tiers) are not built for the CUDA backend in "
+         "this version",
+         spec.name);
+  }
+  if (spec.tiered() && spec.tier_dir.empty()) {
+    fail(EMBSTORE_INVALID_ARGUMENT,
+         "table '{}': memory_rows is {} but the store has no tier_dir for the rows beyond it",
+         spec.name, spec.memory_rows);
+  }
   return backend == EMBSTORE_BACKEND_CUDA ? embstore::make_cuda_table(std::move(spec), device)
                                           : embstore::make_host_table(std::move(spec), *pool);
 }

@@ -96,6 +96,7 @@ struct embstore_store {
   unsigned io_queue_depth;
   embstore::checkpoint::SpillMode restore_spill;
   std::string spill_dir;
+  std::string tier_dir;  // empty: no SSD tier
   int rank = 0, world_size = 1;
   // Sharded stores only: the exchange of the sharded calls, one at a time (comm_mutex).
   std::unique_ptr<embstore::shard::Communicator> comm;

@@ -31,12 +31,18 @@ struct TableSpec {
   uint64_t evict_idle_steps = 0;   // 0: never
   double evict_idle_seconds = 0;   // 0: never
   bool evict_when_full = false;
+  // Where rows live (issue 34): not part of a checkpoint (manifests leave them out), so a table
+  // a restore creates from a manifest has none.
+  uint64_t device_rows = 0;  // CUDA: rows in device memory; 0: every row
+  uint64_t memory_rows = 0;  // host: rows in memory; 0: every row (no SSD tier)
+  std::string tier_dir;      // the store's, for a table with memory_rows
 
   uint32_t state_dim() const { return row::state_dim(opt.kind, dim); }
   bool idle_rules() const { return evict_idle_steps != 0 || evict_idle_seconds != 0; }
   // Whether rows are ever evicted (an insert at max_capacity makes room when any rule is set).
   bool evicts() const { return idle_rules() || evict_when_full; }
   bool admits() const { return admit_after > 1; }
+  bool tiered() const { return memory_rows != 0; }
   uint32_t stride() const { return dim + state_dim(); }
 };
 
@@ -62,6 +68,9 @@ embstore_table_config_t to_config(const TableSpec& s);
 struct TableCounters {
   uint64_t rows = 0, capacity = 0, dirty_rows = 0, inserted = 0, evicted = 0, pending_admission = 0,
            skipped_keys = 0, admitted = 0;
+  // Tiers: live rows per tier, rows moved, bytes of the SSD tier's file.
+  uint64_t rows_in_device = 0, rows_in_memory = 0, rows_on_disk = 0, rows_moved_up = 0,
+           rows_moved_down = 0, tier_bytes_read = 0, tier_bytes_written = 0;
 };
 
 class Table {
@@ -79,6 +88,9 @@ class Table {
   virtual void apply_gradients(const int64_t* keys, const float* grads, size_t n, uint64_t step,
                                void* stream) = 0;
   virtual TableCounters counters() = 0;
+  // Brings the rows of keys up to the first tier (keys without a row are ignored); a backend or
+  // table without tiers does nothing. Throws Error(IO_ERROR) when the tier's file fails.
+  virtual void prefetch(const int64_t* /*keys*/, size_t /*n*/, void* /*stream*/) {}
 
   // Benchmarks only (embstore-perf optimizer): turns dirty marking in the fused update off to
   // measure what it costs. Not exposed in the C API: incremental checkpoints depend on it.

@@ -172,6 +172,12 @@ TableSpec make_table_spec(const embstore_table_config_t& config) {
          c.evict_when_full);
   }
   s.evict_when_full = c.evict_when_full != 0;
+  s.device_rows = c.device_rows;
+  s.memory_rows = c.memory_rows;
+  if (s.memory_rows > row::kMaxRows) {
+    fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': memory_rows {} exceeds {} rows", s.name,
+         s.memory_rows, row::kMaxRows);
+  }
   return s;
 }
 
@@ -198,6 +204,8 @@ embstore_table_config_t to_config(const TableSpec& s) {
   c.evict_idle_seconds = s.evict_idle_seconds;
   c.evict_when_full = s.evict_when_full ? 1 : 0;
   c.admit_bloom_bytes = s.admit_bloom_bytes;
+  c.device_rows = s.device_rows;
+  c.memory_rows = s.memory_rows;
   return c;
 }
 

@@ -174,6 +174,11 @@ typedef struct embstore_store_config {
                       (embstore_store_create: UNSUPPORTED otherwise). Default NULL */
   const embstore_comm_callbacks_t* comm_callbacks; /**< or callbacks; copied at create.
                                                        Default NULL */
+  /* Fields below came after 0.5 (see "Tiers"). */
+  const char* tier_dir; /**< directory of the SSD tier's files, for tables with a memory_rows
+                            budget: a cache, never a checkpoint (each table's file is unnamed
+                            and goes with the process). Must be on a disk (not tmpfs), writable.
+                            Copied at create. NULL (default): no SSD tier */
 } embstore_store_config_t;
 
 /** Fills config with the defaults above. NULL is a no-op.
@@ -282,6 +287,15 @@ typedef struct embstore_table_config {
                                   one-byte counters instead of exactly (see "Admission");
                                   0 (default): exact counting; at most
                                   EMBSTORE_MAX_ADMIT_BLOOM_BYTES */
+  /* Fields below came after 0.5: tier budgets (see "Tiers"). Not part of a checkpoint: a
+     restore keeps an existing table's budgets, and a table a restore creates has none. */
+  uint64_t device_rows; /**< CUDA: rows kept in device memory; 0 (default): every row. Ignored
+                            by the host backend. The CUDA backend has no tiers yet: a value
+                            other than 0 there is UNSUPPORTED */
+  uint64_t memory_rows; /**< rows kept in host memory (the host backend's first tier); the rest
+                            live in the store's tier_dir. 0 (default): every row in memory. A
+                            call on more distinct rows than this holds them all in memory while
+                            it runs */
 } embstore_table_config_t;
 
 #define EMBSTORE_MAX_ADMIT_BLOOM_BYTES (16ull << 30) /**< 16 GiB: 16 bytes a key for 2^30 keys */
@@ -482,6 +496,14 @@ typedef struct embstore_table_stats {
   /* Fields below were added in 0.3; a smaller struct_size (0.2) gets the fields above. */
   uint64_t admitted; /**< rows that training lookups inserted (restored rows are not
                          counted); without admission, every new key */
+  /* Fields below came after 0.5 (see "Tiers"); a smaller struct_size gets the fields above. */
+  uint64_t rows_in_device;     /**< live rows in device memory (CUDA) */
+  uint64_t rows_in_memory;     /**< live rows in host memory (host backend) */
+  uint64_t rows_on_disk;       /**< live rows in the SSD tier */
+  uint64_t rows_moved_up;      /**< rows brought up from a lower tier, ever */
+  uint64_t rows_moved_down;    /**< rows moved down to a lower tier, ever */
+  uint64_t tier_bytes_read;    /**< bytes read from the SSD tier's file, ever */
+  uint64_t tier_bytes_written; /**< bytes written to the SSD tier's file, ever */
 } embstore_table_stats_t;
 
 /** Fills out with the table's counters. On CUDA it waits for the table's earlier work.
@@ -563,6 +585,50 @@ EMBSTORE_API embstore_status_t embstore_table_stats(embstore_table_t* table,
     NULL) = the rows evicted. A table without idle rules evicts nothing.
     @return OK; INVALID_ARGUMENT (NULL table); DEVICE_ERROR. */
 EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uint64_t* evicted_out);
+
+/** @defgroup tiers Tiers
+   Tables larger than memory: a memory budget over an SSD tier.
+
+   Tiers (host backend). A table with memory_rows = M > 0 keeps at most M rows in host memory
+   between calls and the rest in a file of the store's tier_dir (unnamed, read and written
+   through the io engine: io_uring and O_DIRECT where the kernel and file system allow). Each
+   row has one home: its value and optimizer state move between memory and the file whole, and
+   the table's index, metadata, dirty bits and admission counts stay in memory for every row
+   (about 60 bytes a row beside the budget). A lookup or update first brings the rows it needs
+   up, in one batched read; to make room it moves the least recently used rows down, in one
+   batched write, an eighth of the budget at a time so that the choice (a pass over the budget's
+   stamps) is paid once per that many rows. embstore_prefetch brings a coming batch's rows up
+   ahead. In this version the moves run on the calling thread; the CUDA backend has no tiers
+   yet (device_rows and memory_rows other than 0 are UNSUPPORTED there).
+
+   Results do not depend on tiers: a tiered table trained on a stream holds what an untiered
+   one holds, bit for bit, and its checkpoints hold the same rows (a delta the same dirty rows,
+   wherever they live; a row moved while a checkpoint is in flight is written once, with its
+   value at the capture). Checkpoints do not record tiers: one of a tiered table restores into
+   an untiered one and back. The tier's file is a cache: after a crash it is gone with the
+   process, and the table comes back from its checkpoint.
+
+   Failures: a table whose tier_dir is missing, not a directory, on tmpfs or ramfs (its pages
+   would be memory), or not writable fails embstore_table_create (memory_rows without a
+   tier_dir is INVALID_ARGUMENT); a full disk or a failed read or write fails the call that
+   needed the move with IO_ERROR naming the directory, and nothing is lost: a row leaves memory
+   only once its copy is written, and a failed call leaves every row where it was or in memory.
+   @{ */
+
+/** Brings the rows of keys[0..n) up to the table's first tier ahead of a lookup or update of
+    them; keys without a row (and, on a sharded store, keys of other ranks) are ignored. On the
+    host backend it runs on the calling thread, under the table's lock like a lookup; a table
+    without tiers does nothing.
+    @param table the table
+    @param [in] keys n keys (host memory on the host backend), or NULL when n is 0
+    @param n the number of keys
+    @param stream unused on the host backend; stream-ordered on CUDA
+    @return OK; INVALID_ARGUMENT (NULL table or keys); BUSY (a restore is replacing the table);
+    IO_ERROR (the tier's file; nothing is lost). */
+EMBSTORE_API embstore_status_t embstore_prefetch(embstore_table_t* table, const int64_t* keys,
+                                                 size_t n, void* stream);
+
+/** @} */
 
 /** @} */
 

@@ -1,0 +1,290 @@
+// The host table's SSD tier (spec().memory_rows != 0): rows beyond the memory budget live in a
+// RowSlots file of the store's tier_dir; a call brings the rows it needs up in one batched read
+// and makes room by moving the least recently used rows down in one batched write.
+//
+// Moves and checkpoints. Dirty, captured and freed bits are by row id, so they stay with a row
+// wherever it lives, and capture does not look at tiers. A captured row that moves (either way)
+// is first written to the snapshot by copy-on-write, with the value it had at the capture (a
+// move does not change it), so the drain never meets it again; a row the drain took before the
+// move is copied by the drain from its old home, which stays intact until wait_for_drain_copy
+// says the drain moved on. Every write of home_ holds disk_mutex_, as does the drain when it
+// reads a captured row's home and its bytes on disk.
+//
+// Failures. Nothing changes before the I/O of a move succeeds: a failed write leaves the rows in
+// their frames, a failed read leaves them on disk; the call fails with IO_ERROR and no row is
+// lost.
+#include <algorithm>
+#include <cerrno>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "cuda/row/arena.h"
+#include "cuda/row/bitmap.h"
+#include "cuda/row/index.h"
+#include "host/backend/host_table.hpp"
+#include "host/error.hpp"
+
+namespace embstore::host_backend {
+namespace {
+
+// Handles must leave kOnDisk free: a RowSlots handle is page * rows_per_page + slot, so this
+// bounds the tier at 2^31 slots (2^31 rows of more than 2 KiB, more of smaller ones).
+constexpr uint64_t kMaxHandle = kOnDisk;
+using io::detail::errno_text;
+
+}  // namespace
+
+void HostTable::open_tier() {
+  io::RowSlotsOptions options;
+  std::string detail;
+  const size_t row_bytes = size_t{spec().stride()} * sizeof(float);
+  if (int r = io::RowSlots::create(spec().tier_dir, row_bytes, options, &disk_, &detail); r < 0) {
+    const embstore_status_t status = r == -ENOENT || r == -ENOTDIR || r == -EINVAL
+                                         ? EMBSTORE_INVALID_ARGUMENT
+                                         : EMBSTORE_IO_ERROR;
+    fail(status, "table '{}': the SSD tier in tier_dir '{}': {}", spec().name, spec().tier_dir,
+         detail.empty() ? errno_text(r) : detail);
+  }
+  reserve_frames(std::min(spec().memory_rows, spec().initial_capacity));
+}
+
+void HostTable::fail_tier(int err, const char* what, const std::string& detail) const {
+  fail(EMBSTORE_IO_ERROR, "table '{}': {} the SSD tier in '{}': {}; no row was lost", spec().name,
+       what, spec().tier_dir, detail.empty() ? errno_text(err) : detail);
+}
+
+void HostTable::prefetch(const int64_t* keys, size_t n, void*) {
+  std::lock_guard lock(mutex_);
+  if (!tiered_) return;
+  rows_scratch_.resize(n);
+  find_rows(keys, n, rows_scratch_.data());
+  begin_tier_call();
+  bring_up(rows_scratch_.data(), n);
+  settle();
+}
+
+void HostTable::bring_up(const uint32_t* rows, size_t n) {
+  up_rows_.clear();
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t r = rows[i];
+    if (r == row::kNoRow) continue;
+    const uint32_t h = home(r);
+    if ((h & kOnDisk) != 0) {
+      up_rows_.push_back(r);
+    } else {
+      frame_used_[h] = use_clock_;
+    }
+  }
+  if (up_rows_.empty()) return;
+  std::sort(up_rows_.begin(), up_rows_.end());
+  up_rows_.erase(std::unique(up_rows_.begin(), up_rows_.end()), up_rows_.end());
+  make_frames(up_rows_.size());
+  move_up(up_rows_);
+}
+
+void HostTable::make_frames(uint64_t need) {
+  const uint64_t budget = spec().memory_rows;
+  if (resident_ + need <= budget) return;
+  // The rows past the budget, and an eighth of the budget beyond, so that the next calls find
+  // room without a pass over the stamps. Fewer than that may be free to go (the call's own rows
+  // are spared): then the call runs over the budget (take_frame) until settle().
+  move_down_least_used(resident_ + need - budget + budget / 8, true);
+}
+
+void HostTable::settle() {
+  const uint64_t budget = spec().memory_rows;
+  if (resident_ <= budget) return;
+  try {
+    move_down_least_used(resident_ - budget, false);
+  } catch (const Error&) {
+    // The call itself succeeded: its rows stay in memory, over the budget, and the next call
+    // that needs room meets the failure again (and reports it) while nothing changes.
+  }
+}
+
+void HostTable::move_down_least_used(uint64_t count, bool spare_this_call) {
+  // Ties: the lowest frame.
+  std::vector<std::pair<uint64_t, uint32_t>> candidates;
+  for (uint64_t f = 0; f < next_frame_; ++f) {
+    if (frame_row_[f] != row::kNoRow && (!spare_this_call || frame_used_[f] < use_clock_)) {
+      candidates.emplace_back(frame_used_[f], static_cast<uint32_t>(f));
+    }
+  }
+  if (candidates.size() > count) {
+    std::nth_element(candidates.begin(), candidates.begin() + count, candidates.end());
+    candidates.resize(count);
+  }
+  down_frames_.clear();
+  for (const auto& c : candidates) down_frames_.push_back(c.second);
+  std::sort(down_frames_.begin(), down_frames_.end());
+  move_down(down_frames_);
+}
+
+uint32_t HostTable::take_frame() {
+  if (!free_frames_.empty()) {
+    const uint32_t f = free_frames_.back();
+    free_frames_.pop_back();
+    return f;
+  }
+  if (next_frame_ == frame_capacity_) reserve_frames(next_frame_ + 1);
+  return static_cast<uint32_t>(next_frame_++);
+}
+
+void HostTable::place_in_frame(uint32_t r, uint32_t f) {
+  frame_row_[f] = r;
+  frame_used_[f] = use_clock_;
+  ++resident_;
+}
+
+// Frame chunks double as the arena's row chunks do (frames never move).
+void HostTable::reserve_frames(uint64_t frames) {
+  while (frame_capacity_ < frames) {
+    if (frame_chunks_ == row::kMaxChunks)
+      fail(EMBSTORE_OUT_OF_MEMORY, "frame arena is at its limit");
+    const uint64_t n = row::chunk_rows(frame_chunks_, arena_.base_shift);
+    HostBuffer values(n * arena_.stride * sizeof(float));
+    arena_.values[frame_chunks_] = values.as<float>();
+    value_chunks_.push_back(std::move(values));
+    ++frame_chunks_;
+    frame_capacity_ = row::arena_capacity(frame_chunks_, arena_.base_shift);
+  }
+  frame_row_.resize(frame_capacity_, row::kNoRow);
+  frame_used_.resize(frame_capacity_, 0);
+}
+
+// Writes the rows of `frames` to fresh disk slots, then points their homes there and frees the
+// frames. A captured row goes to the snapshot first.
+void HostTable::move_down(std::vector<uint32_t>& frames) {
+  if (frames.empty()) return;
+  if (captured_left_.load() > 0) {
+    cow_rows_.clear();
+    for (const uint32_t f : frames) take_for_copy(frame_row_[f]);
+    copy_out_taken();  // also waits for a drain copying one of them from its frame
+  }
+  const size_t n = frames.size();
+  row_ptrs_.resize(n);
+  handles_.resize(n);
+  for (size_t i = 0; i < n; ++i) row_ptrs_[i] = reinterpret_cast<char*>(arena_.row(frames[i]));
+  std::lock_guard disk_lock(disk_mutex_);
+  std::string detail;
+  if (int r = disk_->put(n, row_ptrs_.data(), handles_.data(), &detail); r < 0) {
+    fail_tier(r, "moving rows down to", detail);
+  }
+  if (handles_.empty() == false &&
+      *std::max_element(handles_.begin(), handles_.end()) >= kMaxHandle) {
+    disk_->free(n, handles_.data());
+    fail(EMBSTORE_OUT_OF_MEMORY, "table '{}': the SSD tier is at its limit of {} row slots",
+         spec().name, kMaxHandle);
+  }
+  const uint64_t top = *std::max_element(handles_.begin(), handles_.end());
+  if (disk_row_.size() <= top) disk_row_.resize(std::max<uint64_t>(top + 1, disk_row_.size() * 2));
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t f = frames[i];
+    const uint32_t r = frame_row_[f];
+    disk_row_[handles_[i]] = r;
+    set_home(r, kOnDisk | static_cast<uint32_t>(handles_[i]));
+    frame_row_[f] = row::kNoRow;
+    free_frames_.push_back(f);
+  }
+  resident_ -= n;
+  moved_down_ += n;
+}
+
+// Reads `rows` (on disk, distinct) into frames, then points their homes there and frees their
+// slots. Frames come from make_frames (called before) or grow past the budget.
+void HostTable::move_up(const std::vector<uint32_t>& rows) {
+  const size_t n = rows.size();
+  std::vector<uint32_t> frames(n);
+  for (size_t i = 0; i < n; ++i) frames[i] = take_frame();
+  row_ptrs_.resize(n);
+  handles_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    row_ptrs_[i] = reinterpret_cast<char*>(arena_.row(frames[i]));
+    handles_[i] = home(rows[i]) & ~kOnDisk;
+  }
+  {
+    std::lock_guard disk_lock(disk_mutex_);
+    std::string detail;
+    if (int r = disk_->get(n, handles_.data(), row_ptrs_.data(), &detail); r < 0) {
+      for (const uint32_t f : frames) free_frames_.push_back(f);
+      fail_tier(r, "reading rows from", detail);
+    }
+    for (size_t i = 0; i < n; ++i) set_home(rows[i], frames[i]);
+  }
+  for (size_t i = 0; i < n; ++i) place_in_frame(rows[i], frames[i]);
+  moved_up_ += n;
+  if (captured_left_.load() > 0) {
+    // Their values are still those of the capture: written now, from the frames.
+    cow_rows_.clear();
+    for (const uint32_t r : rows) take_for_copy(r);
+    copy_out_taken();  // also waits for a drain copying one of them from disk
+  }
+  std::lock_guard disk_lock(disk_mutex_);
+  disk_->free(n, handles_.data());
+  compact_disk();
+}
+
+// Under disk_mutex_. Compaction is an optimization: when it fails, every row stays where it was.
+void HostTable::compact_disk() {
+  std::vector<std::pair<uint64_t, uint64_t>> moved;
+  std::string detail;
+  if (disk_->compact(&moved, &detail) < 0) return;
+  for (const auto& [from, to] : moved) {
+    const uint32_t r = disk_row_[from];
+    if (disk_row_.size() <= to) disk_row_.resize(std::max<uint64_t>(to + 1, disk_row_.size() * 2));
+    disk_row_[to] = r;
+    set_home(r, kOnDisk | static_cast<uint32_t>(to));
+  }
+}
+
+void HostTable::release_homes(const std::vector<uint32_t>& rows) {
+  handles_.clear();
+  for (const uint32_t r : rows) {
+    const uint32_t h = home(r);
+    if ((h & kOnDisk) != 0) {
+      handles_.push_back(h & ~kOnDisk);
+    } else {
+      frame_row_[h] = row::kNoRow;
+      free_frames_.push_back(h);
+      --resident_;
+    }
+  }
+  if (handles_.empty()) return;
+  std::lock_guard disk_lock(disk_mutex_);
+  disk_->free(handles_.size(), handles_.data());
+}
+
+const uint32_t* HostTable::frames_of(const uint32_t* rows, size_t n) {
+  if (!tiered_) return rows;
+  frames_scratch_.resize(n);
+  for (size_t i = 0; i < n; ++i)
+    frames_scratch_[i] = rows[i] == row::kNoRow ? row::kNoRow : home(rows[i]);
+  return frames_scratch_.data();
+}
+
+// On the training thread, the only writer of home_: only the disk needs the lock.
+const float* HostTable::values_for_copy(uint32_t r, std::vector<float>* scratch) {
+  if (!tiered_) return arena_.row(r);
+  const uint32_t h = home(r);
+  if ((h & kOnDisk) == 0) return arena_.row(h);
+  std::lock_guard disk_lock(disk_mutex_);
+  scratch->resize(spec().stride());
+  read_disk_rows(1, &h, scratch->data());
+  return scratch->data();
+}
+
+void HostTable::read_disk_rows(size_t n, const uint32_t* homes, float* out) {
+  handles_for_read_.resize(n);
+  read_ptrs_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    handles_for_read_[i] = homes[i] & ~kOnDisk;
+    read_ptrs_[i] = reinterpret_cast<char*>(out + i * size_t{spec().stride()});
+  }
+  std::string detail;
+  if (int err = disk_->get(n, handles_for_read_.data(), read_ptrs_.data(), &detail); err < 0) {
+    fail_tier(err, "reading rows for a checkpoint from", detail);
+  }
+}
+
+}  // namespace embstore::host_backend

@@ -1,0 +1,112 @@
+// Checkpoints do not see tiers: full and incremental checkpoints of a tiered table hold the
+// rows of its untiered twin's, rows captured and then moved (down or up) before the drain
+// reached them included; checkpoints restore across tiered and untiered stores.
+#include "tests/tiers/tier_fixtures.hpp"
+
+namespace embstore_test::tiers {
+namespace {
+
+// The rows of version v's files (full or delta) in dir, for table "emb".
+std::map<int64_t, std::vector<float>> version_rows(const std::string& dir, uint64_t v, bool full) {
+  return read_rows((full ? version_dir(dir, v) : delta_dir(dir, v)) + "/" + row_file("emb"));
+}
+
+TEST_CASE("full and incremental checkpoints of a tiered table equal its untiered twin's",
+          "[tiers][checkpoint]") {
+  TierDir tier;
+  if (!backend_has_tiers(tier.path())) return;
+  TempDir dir_a, dir_b;
+  StoreGuard a(tier_store(nullptr));
+  StoreGuard b(tier_store(tier.path().c_str()));
+  no_rebaseline(a);
+  no_rebaseline(b);
+  const uint64_t budget = GENERATE(1, 16, 200);
+  INFO("memory_rows " << budget);
+  Twins twins{a, b, make_table(a, tier_config("emb", 8, 0)),
+              make_table(b, tier_config("emb", 8, budget))};
+  for (uint64_t s = 1; s <= 3; ++s) twins.step(s, 600, 150);
+  REQUIRE(checkpoint_ok(a, dir_a.path()) == checkpoint_ok(b, dir_b.path()));
+  REQUIRE(version_rows(dir_a.path(), 3, true) == version_rows(dir_b.path(), 3, true));
+  for (uint64_t s = 4; s <= 6; ++s) {
+    twins.step(s, 600, 40);  // a few rows change, most of them on disk
+    REQUIRE(incremental_ok(a, dir_a.path()) == s);
+    REQUIRE(incremental_ok(b, dir_b.path()) == s);
+    const auto delta_a = version_rows(dir_a.path(), s, false);
+    const auto delta_b = version_rows(dir_b.path(), s, false);
+    REQUIRE(delta_a.size() < 600 / 2);
+    REQUIRE(delta_a == delta_b);
+  }
+  // The chain restores into an untiered store and into a tiered one alike.
+  StoreGuard c(tier_store(nullptr));
+  REQUIRE(restore_ok(c, dir_b.path(), 6) == 6);
+  const std::vector<int64_t> all = key_range(600);
+  const std::vector<float> want = lookup_ok(twins.plain, all, 0);
+  REQUIRE(same_bits(lookup_ok(get_table(c, "emb"), all, 0), want));
+  TierDir tier_d;
+  StoreGuard d(tier_store(tier_d.path().c_str()));
+  make_table(d, tier_config("emb", 8, budget));  // restore keeps the table's budget
+  REQUIRE(restore_ok(d, dir_a.path(), 6) == 6);
+  embstore_table_t* restored = get_table(d, "emb");
+  REQUIRE(same_bits(lookup_ok(restored, all, 0), want));
+  const embstore_table_stats_t s = stats(restored);
+  REQUIRE(s.rows == stats(twins.plain).rows);
+  if (budget < s.rows) REQUIRE(s.rows_on_disk > 0);
+  // And it trains on as the twins do.
+  Twins after{a, d, twins.plain, restored};
+  for (uint64_t step = 7; step <= 9; ++step) after.step(step, 600, 100);
+}
+
+TEST_CASE(
+    "rows captured and then moved between tiers before the drain are written once, "
+    "with their values at the capture",
+    "[tiers][checkpoint]") {
+  TierDir tier;
+  if (!backend_has_tiers(tier.path())) return;
+  TempDir dir_a, dir_b;
+  // A staging ring of 1 MiB: most of the 6000 rows stay captured while the writer is held.
+  StoreGuard a(tier_store(nullptr, size_t{1} << 20));
+  StoreGuard b(tier_store(tier.path().c_str(), size_t{1} << 20));
+  no_rebaseline(a);
+  no_rebaseline(b);
+  const embstore_ckpt_kind_t kind = GENERATE(EMBSTORE_CKPT_FULL, EMBSTORE_CKPT_INCREMENTAL);
+  INFO("kind " << kind);
+  Twins twins{a, b, make_table(a, tier_config("emb", 64, 0)),
+              make_table(b, tier_config("emb", 64, 500))};
+  const int64_t keys = 6000;
+  const std::vector<int64_t> all = key_range(keys);
+  lookup_ok(twins.plain, all);
+  lookup_ok(twins.tiered, all);
+  for (uint64_t s = 1; s <= 2; ++s) twins.step(s, keys, 3000);
+  if (kind == EMBSTORE_CKPT_INCREMENTAL) {
+    REQUIRE(checkpoint_ok(a, dir_a.path()) == checkpoint_ok(b, dir_b.path()));
+    twins.step(3, keys, 3000);  // about 2600 rows dirty, spread over both tiers
+  }
+  const std::vector<float> at_capture = lookup_ok(twins.plain, all, 0);
+  const uint64_t moved_before = stats(twins.tiered).rows_moved_up;
+  uint64_t va = 0, vb = 0;
+  {
+    HeldCheckpointWriter held;
+    ok(embstore_checkpoint(b, dir_b.path().c_str(), kind, &vb));
+    held.wait_held();  // b's writer: the tiered table's snapshot waits
+    ok(embstore_checkpoint(a, dir_a.path().c_str(), kind, &va));
+    REQUIRE(va == vb);
+    // Training goes on: rows go up and down, captured ones among them.
+    for (uint64_t s = va + 1; s <= va + 3; ++s) twins.step(s, keys, 1500);
+    REQUIRE(stats(twins.tiered).rows_moved_up > moved_before);
+    held.release();
+  }
+  ok(embstore_checkpoint_wait(a, va));
+  ok(embstore_checkpoint_wait(b, vb));
+  embstore_checkpoint_stats_t cs;
+  cs.struct_size = sizeof(cs);
+  ok(embstore_checkpoint_stats(b, &cs));
+  REQUIRE(cs.copy_on_write_rows > 0);
+  const bool full = kind == EMBSTORE_CKPT_FULL;
+  REQUIRE(version_rows(dir_a.path(), va, full) == version_rows(dir_b.path(), vb, full));
+  StoreGuard c(tier_store(nullptr));
+  REQUIRE(restore_ok(c, dir_b.path(), vb) == vb);
+  REQUIRE(same_bits(lookup_ok(get_table(c, "emb"), all, 0), at_capture));
+}
+
+}  // namespace
+}  // namespace embstore_test::tiers

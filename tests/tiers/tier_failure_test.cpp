@@ -1,0 +1,181 @@
+// A bad tier directory is a clear error naming it; a failed move fails the call and loses no
+// row; a process killed while rows move comes back from its last checkpoint.
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include "tests/tiers/tier_fixtures.hpp"
+
+namespace embstore_test::tiers {
+namespace {
+
+embstore_status_t create_tiered(embstore_store_t* store, uint64_t memory_rows) {
+  embstore_table_config_t c = tier_config("emb", 8, memory_rows);
+  embstore_table_t* t = nullptr;
+  return embstore_table_create(store, &c, &t);
+}
+
+TEST_CASE("a bad tier directory fails the table's creation with a message naming it",
+          "[tiers][failure]") {
+  TierDir tier;
+  if (!backend_has_tiers(tier.path())) return;
+  SECTION("memory_rows without a tier_dir") {
+    StoreGuard store(tier_store(nullptr));
+    require_status(create_tiered(store, 10), EMBSTORE_INVALID_ARGUMENT, "tier_dir");
+    // Without a budget the store needs none.
+    embstore_table_config_t c = tier_config("emb", 8, 0);
+    make_table(store, c);
+  }
+  SECTION("missing") {
+    const std::string missing = tier.path() + "/not-there";
+    StoreGuard store(tier_store(missing.c_str()));
+    require_status(create_tiered(store, 10), EMBSTORE_INVALID_ARGUMENT, missing.c_str());
+  }
+  SECTION("a file, not a directory") {
+    const std::string file = tier.path() + "/file";
+    std::ofstream(file) << "x";
+    StoreGuard store(tier_store(file.c_str()));
+    require_status(create_tiered(store, 10), EMBSTORE_INVALID_ARGUMENT, file.c_str());
+  }
+  SECTION("on tmpfs") {
+    if (!in_memory("/dev/shm")) {
+      WARN("no tmpfs at /dev/shm: not checked");
+      return;
+    }
+    StoreGuard store(tier_store("/dev/shm"));
+    require_status(create_tiered(store, 10), EMBSTORE_INVALID_ARGUMENT, "/dev/shm");
+  }
+  SECTION("read-only") {
+    if (::geteuid() == 0) {
+      WARN("running as root, which writes anywhere: not checked");
+      return;
+    }
+    REQUIRE(::chmod(tier.path().c_str(), 0555) == 0);
+    StoreGuard store(tier_store(tier.path().c_str()));
+    const embstore_status_t s = create_tiered(store, 10);
+    ::chmod(tier.path().c_str(), 0755);
+    require_status(s, EMBSTORE_IO_ERROR, tier.path().c_str());
+  }
+  SECTION("an empty tier_dir is refused at the store") {
+    embstore_store_config_t config;
+    embstore_store_config_init(&config);
+    config.backend = backend();
+    config.tier_dir = "";
+    embstore_store_t* store = nullptr;
+    require_status(embstore_store_create(&config, &store), EMBSTORE_INVALID_ARGUMENT, "tier_dir");
+  }
+}
+
+TEST_CASE("the CUDA backend refuses tier budgets until it has tiers", "[tiers][failure]") {
+  if (backend() != EMBSTORE_BACKEND_CUDA) return;
+  TierDir tier;
+  StoreGuard store(tier_store(tier.path().c_str()));
+  embstore_table_config_t c = tier_config("emb", 8, 0);
+  c.device_rows = 100;
+  embstore_table_t* t = nullptr;
+  require_status(embstore_table_create(store, &c, &t), EMBSTORE_UNSUPPORTED, "device_rows");
+}
+
+TEST_CASE("a failed write to the tier fails the call and loses no row", "[tiers][failure]") {
+  TierDir tier;
+  if (!backend_has_tiers(tier.path())) return;
+  TempDir dir_a, dir_b;
+  StoreGuard a(tier_store(nullptr));
+  StoreGuard b(tier_store(tier.path().c_str()));
+  Twins twins{a, b, make_table(a, tier_config("emb", 8, 0)),
+              make_table(b, tier_config("emb", 8, 32))};
+  for (uint64_t s = 1; s <= 3; ++s) twins.step(s, 300, 100);
+  const std::vector<int64_t> all = key_range(300);
+  const std::vector<float> before = lookup_ok(twins.plain, all, 0);
+  // The last 32 keys' rows (those the stream inserted) are in memory; the first 100 keys' on disk.
+  const std::vector<int64_t> hot(all.end() - 32, all.end()), cold(all.begin(), all.begin() + 100);
+  lookup_ok(twins.tiered, hot, 0);
+  const embstore_table_stats_t at_fault = stats(twins.tiered);
+  REQUIRE(at_fault.rows_in_memory > 0);
+  REQUIRE(at_fault.rows_in_memory <= 32);
+  std::vector<int64_t> fresh(64);
+  for (size_t i = 0; i < fresh.size(); ++i) fresh[i] = 5000 + static_cast<int64_t>(i);
+  std::vector<float> out(fresh.size() * 8);
+  {
+    const int err = GENERATE(ENOSPC, EIO);
+    INFO("errno " << err);
+    FaultGuard faults([&](uint64_t, size_t) { return -err; });
+    // Room for new rows means moving rows down, which fails: nothing is inserted.
+    require_status(embstore_lookup(twins.tiered, fresh.data(), fresh.size(), out.data(),
+                                   EMBSTORE_LOOKUP_INSERT, nullptr),
+                   EMBSTORE_IO_ERROR, tier.path().c_str());
+    std::vector<float> grads(cold.size() * 8, 0.25f);
+    // Updating rows on disk brings them up, which needs room: fails the same way, unapplied.
+    require_status(
+        embstore_apply_gradients(twins.tiered, cold.data(), grads.data(), cold.size(), nullptr),
+        EMBSTORE_IO_ERROR, "no row was lost");
+  }
+  const embstore_table_stats_t after = stats(twins.tiered);
+  REQUIRE(after.rows == at_fault.rows);
+  REQUIRE(after.rows_moved_down == at_fault.rows_moved_down);
+  REQUIRE(same_bits(lookup_ok(twins.tiered, all, 0), before));
+  for (uint64_t s = 4; s <= 6; ++s) twins.step(s, 300, 100);
+  require_same_checkpoint(a, b, dir_a.path(), dir_b.path(), "emb");
+}
+
+// A child trains a tiered table with a checkpoint every 3 steps and dies by SIGKILL at a random
+// point while its rows move; restoring the last checkpoint equals replaying the stream to it.
+TEST_CASE("a tiered store killed while rows move restores its last checkpoint",
+          "[tiers][failure]") {
+  TierDir tier;
+  if (backend() != EMBSTORE_BACKEND_HOST) return;  // the child trains on the host backend
+  TempDir dir;
+  const int64_t keys = 2000;
+  const size_t batch = 300;
+  const pid_t parent = ::getpid();
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    die_with_parent(parent);
+    embstore_store_config_t config;
+    embstore_store_config_init(&config);
+    config.backend = EMBSTORE_BACKEND_HOST;
+    config.tier_dir = tier.path().c_str();
+    embstore_store_t* store = nullptr;
+    if (embstore_store_create(&config, &store) != EMBSTORE_OK) ::_exit(2);
+    embstore_table_config_t c = tier_config("emb", 8, 50);
+    embstore_table_t* t = nullptr;
+    if (embstore_table_create(store, &c, &t) != EMBSTORE_OK) ::_exit(3);
+    for (uint64_t s = 1;; ++s) {
+      if (!host_train_step(store, t, s, keys, batch)) ::_exit(4);
+      if (s % 3 == 0) {
+        uint64_t v = 0;
+        if (embstore_checkpoint(store, dir.path().c_str(), EMBSTORE_CKPT_INCREMENTAL, &v) !=
+            EMBSTORE_OK) {
+          ::_exit(5);
+        }
+      }
+    }
+  }
+  // Let it get past a few checkpoints, then kill it mid-step.
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  REQUIRE(::kill(child, SIGKILL) == 0);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFSIGNALED(status));
+  StoreGuard restored(tier_store(tier.path().c_str()));
+  make_table(restored, tier_config("emb", 8, 50));
+  uint64_t version = 0;
+  const embstore_status_t r =
+      embstore_restore(restored, dir.path().c_str(), EMBSTORE_LATEST, &version);
+  if (r == EMBSTORE_NOT_FOUND) {
+    WARN("the child committed no checkpoint in 600 ms: nothing to compare");
+    return;
+  }
+  ok(r);
+  REQUIRE(version % 3 == 0);
+  StoreGuard replay(make_store());
+  embstore_table_t* t = make_table(replay, tier_config("emb", 8, 0));
+  for (uint64_t s = 1; s <= version; ++s) train_step(replay, t, s, keys, batch);
+  const std::vector<int64_t> all = key_range(keys);
+  REQUIRE(same_bits(lookup_ok(get_table(restored, "emb"), all, 0), lookup_ok(t, all, 0)));
+  REQUIRE(stats(get_table(restored, "emb")).rows == stats(t).rows);
+}
+
+}  // namespace
+}  // namespace embstore_test::tiers

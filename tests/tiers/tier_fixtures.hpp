@@ -1,0 +1,123 @@
+// What the tier tests share: a store with an SSD tier, a tiered table beside its untiered twin,
+// the stream both are trained on, and checks that they hold the same rows bit for bit.
+#pragma once
+
+#include <embstore/embstore.h>
+
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/checkpoint/checkpoint_fixtures.hpp"
+
+namespace embstore_test::tiers {
+
+using namespace embstore_test::checkpoint;  // NOLINT: the checkpoint tests' vocabulary
+
+// A store of the tested backend whose tier files go to dir (NULL: no tier_dir).
+inline embstore_store_t* tier_store(const char* dir, size_t staging_bytes = 0) {
+  embstore_store_config_t config;
+  embstore_store_config_init(&config);
+  config.tier_dir = dir;
+  if (staging_bytes != 0) config.staging_bytes = staging_bytes;
+  return make_store(config);
+}
+
+// The test tables: Adagrad unless said, 64 rows up front, a seeded initializer.
+inline embstore_table_config_t tier_config(const char* name, uint32_t dim, uint64_t memory_rows,
+                                           embstore_optimizer_t opt = EMBSTORE_OPT_ADAGRAD) {
+  embstore_table_config_t c = config_for(name, dim, opt);
+  c.memory_rows = memory_rows;
+  return c;
+}
+
+// Whether the backend under test has tiers; on one without, creating a tiered table must be
+// UNSUPPORTED (checked here), and the caller returns.
+inline bool backend_has_tiers(const std::string& dir) {
+  if (backend() != EMBSTORE_BACKEND_CUDA) return true;
+  StoreGuard store(tier_store(dir.c_str()));
+  embstore_table_config_t c = tier_config("t", 8, 16);
+  embstore_table_t* t = nullptr;
+  require_status(embstore_table_create(store, &c, &t), EMBSTORE_UNSUPPORTED, "memory_rows");
+  return false;
+}
+
+// Two tables trained alike: `plain` untiered, `tiered` with a budget. step() gives both the same
+// batch (step_batch's keys in [-keys/2, keys/2)) and requires the same lookup results.
+struct Twins {
+  embstore_store_t* plain_store;
+  embstore_store_t* tiered_store;
+  embstore_table_t* plain;
+  embstore_table_t* tiered;
+
+  void step(uint64_t s, int64_t keys, size_t batch) {
+    std::vector<int64_t> k;
+    std::vector<float> g;
+    step_batch(s, keys, batch, embstore_table_dim(plain), &k, &g);
+    const std::vector<float> a = lookup_ok(plain, k);
+    const std::vector<float> b = lookup_ok(tiered, k);
+    REQUIRE(same_bits(a, b));
+    apply_ok(plain, k, g);
+    apply_ok(tiered, k, g);
+    ok(embstore_step(plain_store, s));
+    ok(embstore_step(tiered_store, s));
+  }
+};
+
+// A full checkpoint of each store's table `name` into its own directory, and its rows (values
+// and optimizer state) read back: they must be equal.
+inline void require_same_checkpoint(embstore_store_t* a, embstore_store_t* b,
+                                    const std::string& dir_a, const std::string& dir_b,
+                                    const char* name) {
+  const uint64_t va = checkpoint_ok(a, dir_a);
+  const uint64_t vb = checkpoint_ok(b, dir_b);
+  REQUIRE(va == vb);
+  const auto rows_a = read_rows(version_dir(dir_a, va) + "/" + row_file(name));
+  const auto rows_b = read_rows(version_dir(dir_b, vb) + "/" + row_file(name));
+  REQUIRE(rows_a.size() == rows_b.size());
+  REQUIRE(rows_a == rows_b);  // floats compared by value: also checked bitwise below
+  for (const auto& [key, rec] : rows_a) REQUIRE(same_bits(rec, rows_b.at(key)));
+}
+
+// Holds the first write not made on this thread (a checkpoint writer's) until release(), so that
+// that checkpoint's snapshot stays captured while this thread trains; later writes, and the
+// tier's own (made on this thread), go ahead. As HeldWriter, which would hold a tier write, but
+// for at most half a second: a training call whose copy-on-write finds staging full waits for
+// the writer, and goes on once it moves.
+class HeldCheckpointWriter {
+ public:
+  HeldCheckpointWriter()
+      : trainer_(std::this_thread::get_id()), guard_([this](uint64_t, size_t) {
+          if (std::this_thread::get_id() == trainer_) return 0;
+          std::unique_lock lock(m_);
+          if (held_) return 0;
+          held_ = true;
+          cv_.notify_all();
+          cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return released_; });
+          return 0;
+        }) {}
+  ~HeldCheckpointWriter() { release(); }
+  // Waits until the writer is held.
+  void wait_held() {
+    std::unique_lock lock(m_);
+    REQUIRE(cv_.wait_for(lock, std::chrono::seconds(30), [&] { return held_; }));
+  }
+  void release() {
+    {
+      std::lock_guard lock(m_);
+      released_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::thread::id trainer_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool held_ = false, released_ = false;
+  FaultGuard guard_;
+};
+
+}  // namespace embstore_test::tiers
