@@ -1,0 +1,379 @@
+// Scenario `tiers`: what the host backend's SSD tier costs a training loop. For each key
+// distribution in --dists (Zipf exponents or 'uniform') and each first-tier share in --shares,
+// a fresh store and table of --rows rows (memory_rows = share x rows; share 1 is the untiered
+// table, memory_rows = 0, and the baseline of its distribution) is:
+//   filled    every key of the key space inserted by lookups with EMBSTORE_LOOKUP_INSERT, in
+//             batches of 65536 (untimed; the tiered tables move most rows down on the way);
+//   warmed    --warmup whole steps (untimed);
+//   saved     one full checkpoint into a fresh directory, waited for (untimed);
+//   trained   --steps timed whole steps: lookup with insert, apply_gradients of fixed
+//             pseudo-random gradients, embstore_step; each call timed on its own too (the host
+//             backend's calls return when done, tier moves included);
+//   saved     one incremental checkpoint, timed from embstore_checkpoint to
+//             embstore_checkpoint_wait: its delta holds the rows the timed steps touched.
+// The key space is [1, --rows] by rank (keys key_of_rank(rank), as every scenario draws them):
+// the fill inserts all of it and the streams (perf/zipf.hpp) draw from it, so the table never
+// grows while timed. --key-space is not used: the report's key_space is --rows. Every share of
+// a distribution trains on the same keys, drawn before the cells.
+//
+// Reported per cell: steps/s and its ratio to the untiered table's steps/s of the same
+// distribution (taken in the same run; never asserted); the mean time per step of lookup,
+// apply_gradients and embstore_step; rows moved up and down and the SSD tier's bytes read and
+// written per timed step (deltas of the table's stats); rows in memory at the end; the
+// process's resident memory (VmRSS) after the fill and at the end; the incremental
+// checkpoint's time and bytes (embstore_checkpoint_info). A cell's working files (the tier's
+// file, the checkpoints) live under a directory in --dir, which must be on a disk, not tmpfs;
+// its checkpoints are removed after the cell and the directory at the end, unless --keep.
+//
+// Defaults: 2 distributions x 4 shares of a 1,000,000-row dim-64 Adagrad table (512 B of value
+// and state a row), 20 timed steps of 16384 keys (not the harness's 100 of 65536) after 5
+// warm-up steps: about 50 s on two cores, in about equal parts the fills, the full checkpoints
+// (each writes every row) and the tiered cells' steps. --batch 65536 takes about twice that.
+#include <linux/magic.h>
+#include <sys/vfs.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "perf/harness.hpp"
+#include "perf/report.hpp"
+#include "perf/zipf.hpp"
+
+namespace embstore::perf {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The process's resident memory (VmRSS in /proc/self/status) in bytes; 0 where unknown.
+uint64_t resident_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.compare(0, 6, "VmRSS:") == 0) {
+      return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;  // "   NNN kB"
+    }
+  }
+  return 0;
+}
+
+// Throws unless dir exists on a file system whose pages are not memory (tmpfs, ramfs): the SSD
+// tier there would measure memory copies, and embstore_table_create refuses it anyway.
+void require_disk(const std::string& dir) {
+  struct statfs sfs {};
+  if (::statfs(dir.c_str(), &sfs) != 0) {
+    throw std::runtime_error(fmt::format("--dir '{}': {}", dir, std::strerror(errno)));
+  }
+  if (sfs.f_type == TMPFS_MAGIC || sfs.f_type == RAMFS_MAGIC) {
+    throw std::runtime_error(fmt::format(
+        "--dir '{}' is on tmpfs or ramfs: the SSD tier needs a directory on a disk", dir));
+  }
+}
+
+struct Cell {
+  std::string dist;
+  double share = 1;
+  uint64_t memory_rows = 0;  // 0: untiered
+  double fill_seconds = 0;
+  double steps_per_second = 0;
+  double ratio = NAN;                        // to the untiered table of dist; NaN: none ran
+  double lookup = 0, apply = 0, step = 0;    // seconds per timed step
+  double moved_up = 0, moved_down = 0;       // rows per timed step
+  double bytes_read = 0, bytes_written = 0;  // SSD tier, per timed step
+  uint64_t rows = 0, rows_in_memory = 0, rows_on_disk = 0;  // at the end
+  uint64_t rss_filled = 0, rss_end = 0;
+  double delta_seconds = 0;
+  uint64_t delta_bytes = 0, delta_rows = 0;
+  uint64_t delta_tier_bytes_read = 0;  // the tier's reads while the delta was written
+  bool delta_incremental = true;       // false: the store took it as a full checkpoint
+  uint64_t skipped = 0;
+};
+
+class TiersScenario final : public Scenario {
+ public:
+  const char* name() const override { return "tiers"; }
+  const char* description() const override {
+    return "training steps/s, tier moves and SSD bytes per step, memory and an incremental "
+           "checkpoint of a table with its memory budget at shares of its rows (host backend)";
+  }
+
+  void set_defaults(CommonOptions& o) const override {
+    o.backend = "host";  // the CUDA backend has no tiers yet
+    o.batch = 16384;
+    o.steps = 20;
+  }
+
+  void add_options(CLI::App& app) override {
+    app.add_option("--rows", rows_, "rows of the table: the key space, all inserted first")
+        ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 32))
+        ->capture_default_str();
+    app.add_option("--dists", dists_,
+                   "key distributions: Zipf exponents (> 0) or 'uniform', comma-separated")
+        ->delimiter(',')
+        ->capture_default_str();
+    app.add_option("--shares", shares_,
+                   "rows kept in memory, as shares of --rows in (0, 1], comma-separated (1: "
+                   "untiered, the baseline)")
+        ->delimiter(',')
+        ->check(CLI::Range(0.0, 1.0))
+        ->capture_default_str();
+    app.add_option("--optimizer", optimizer_, "optimizer of the table")
+        ->check(CLI::IsMember(optimizer_names()))
+        ->capture_default_str();
+    app.add_option("--warmup", warmup_, "untimed whole steps before the timed ones")
+        ->capture_default_str();
+    app.add_option("--dir", dir_,
+                   "the working directory (tier file, checkpoints) is created under this one; "
+                   "it must be on a disk, not tmpfs")
+        ->capture_default_str();
+    app.add_flag("--keep", keep_, "keep the working directory and its checkpoints");
+  }
+
+  int run(const CommonOptions& options, Report& report) override {
+    CommonOptions o = options;
+    o.key_space = rows_;
+    for (const std::string& d : dists_) {
+      if (d != "uniform" && !(std::strtod(d.c_str(), nullptr) > 0)) {
+        throw std::runtime_error(fmt::format("--dists: '{}' is neither 'uniform' nor > 0", d));
+      }
+    }
+    for (const double s : shares_) {
+      if (!(s > 0 && s <= 1))
+        throw std::runtime_error(fmt::format("--shares: {} not in (0, 1]", s));
+    }
+    if (o.backend == "cuda") {
+      throw std::runtime_error("the CUDA backend has no tiers yet: use --backend host");
+    }
+    // The untiered baseline first, so that every tiered cell's ratio is known when printed.
+    std::vector<double> shares = shares_;
+    std::sort(shares.begin(), shares.end(), std::greater<>());
+    shares.erase(std::unique(shares.begin(), shares.end()), shares.end());
+
+    require_disk(dir_);
+    const ScenarioDir work(dir_, name(), keep_);
+    const std::string tier_dir = work.path() + "/tier";
+    fs::create_directories(tier_dir);
+
+    std::vector<float> grads(o.batch * o.dim);
+    SplitMix64 rng(o.seed ^ 0x7469657273ull);
+    for (float& g : grads) g = static_cast<float>(rng.next_unit() * 0.02 - 0.01);
+
+    report.say(
+        "{:>7} {:>5} {:>8} | {:>8} {:>5} | {:>7} {:>7} {:>7} | {:>7} {:>7} | {:>8} {:>8} | "
+        "{:>7} | {:>8} {:>8} | {:>7} {:>8}",
+        "dist", "share", "mem rows", "steps/s", "ratio", "look ms", "apply ms", "step ms", "up/st",
+        "down/st", "wr B/st", "rd B/st", "in mem", "RSS fill", "RSS end", "delta s", "delta B");
+    std::vector<Cell> cells;
+    embstore_backend_t backend = EMBSTORE_BACKEND_HOST;
+    for (const std::string& dist : dists_) {
+      const size_t total = (warmup_ + o.steps) * o.batch;
+      const std::vector<int64_t> keys =
+          dist == "uniform"
+              ? uniform_key_stream(total, rows_, o.seed)
+              : zipf_key_stream(total, rows_, std::strtod(dist.c_str(), nullptr), o.seed);
+      double baseline = NAN;
+      for (const double share : shares) {
+        const std::string ckpt_dir = fmt::format("{}/ckpt-{}-{}", work.path(), dist, share);
+        Cell c = run_cell(o, dist, share, keys, grads, tier_dir, ckpt_dir, &backend);
+        std::error_code ec;
+        if (!keep_) fs::remove_all(ckpt_dir, ec);
+        if (c.memory_rows == 0) baseline = c.steps_per_second;
+        c.ratio = c.steps_per_second / baseline;
+        report.say(
+            "{:>7} {:>5} {:>8} | {:>8.2f} {:>5} | {:>7.1f} {:>8.1f} {:>7.2f} | {:>7} {:>7} | "
+            "{:>8} {:>8} | {:>7} | {:>8} {:>8} | {:>7.3f} {:>8}",
+            dist, share, c.memory_rows == 0 ? std::string("all") : si(c.memory_rows),
+            c.steps_per_second,
+            std::isnan(c.ratio) ? std::string("-") : fmt::format("{:.2f}", c.ratio), c.lookup * 1e3,
+            c.apply * 1e3, c.step * 1e3, si(c.moved_up), si(c.moved_down), si(c.bytes_written),
+            si(c.bytes_read), si(c.rows_in_memory), si(static_cast<double>(c.rss_filled)),
+            si(static_cast<double>(c.rss_end)), c.delta_seconds,
+            si(static_cast<double>(c.delta_bytes)));
+        cells.push_back(std::move(c));
+      }
+    }
+    report.say(
+        "{} rows of dim {} ({}), {} timed steps of {} keys after {} warm-up; per step: means over "
+        "the timed steps; delta: one incremental checkpoint after them, to its commit; {} "
+        "backend, {} thread(s), --dir {}",
+        rows_, o.dim, optimizer_, o.steps, o.batch, warmup_, backend_name(backend), o.threads,
+        dir_);
+
+    report_common(report, o, backend);
+    report.set("rows", rows_);
+    report.set("optimizer", optimizer_);
+    report.set("warmup", warmup_);
+    report.set("dir", dir_);
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    for (const Cell& c : cells) {
+      nlohmann::ordered_json j;
+      j["dist"] = c.dist;
+      j["share"] = c.share;
+      j["memory_rows"] = c.memory_rows;
+      j["fill_seconds"] = c.fill_seconds;
+      j["steps_per_second"] = c.steps_per_second;
+      if (std::isnan(c.ratio)) {
+        j["steps_per_second_ratio_to_untiered"] = nullptr;
+      } else {
+        j["steps_per_second_ratio_to_untiered"] = c.ratio;
+      }
+      j["lookup_seconds_per_step"] = c.lookup;
+      j["apply_seconds_per_step"] = c.apply;
+      j["step_call_seconds_per_step"] = c.step;
+      j["rows_moved_up_per_step"] = c.moved_up;
+      j["rows_moved_down_per_step"] = c.moved_down;
+      j["tier_bytes_written_per_step"] = c.bytes_written;
+      j["tier_bytes_read_per_step"] = c.bytes_read;
+      j["rows"] = c.rows;
+      j["rows_in_memory"] = c.rows_in_memory;
+      j["rows_on_disk"] = c.rows_on_disk;
+      j["rss_bytes_after_fill"] = c.rss_filled;
+      j["rss_bytes_end"] = c.rss_end;
+      j["incremental_checkpoint_seconds"] = c.delta_seconds;
+      j["incremental_checkpoint_bytes"] = c.delta_bytes;
+      j["incremental_checkpoint_rows"] = c.delta_rows;
+      j["incremental_checkpoint_was_incremental"] = c.delta_incremental;
+      j["incremental_checkpoint_tier_bytes_read"] = c.delta_tier_bytes_read;
+      list.push_back(std::move(j));
+    }
+    report.set("cells", std::move(list));
+
+    int code = 0;
+    for (const Cell& c : cells) {
+      const bool budget_kept =
+          c.memory_rows == 0 ? c.rows_on_disk == 0 : c.rows_in_memory <= c.memory_rows;
+      if (c.rows != rows_ || c.rows_in_memory + c.rows_on_disk != c.rows || !budget_kept ||
+          c.skipped != 0 || !c.delta_incremental) {
+        report.say(
+            "MISMATCH: dist {}, share {}: {} rows ({} in memory, {} on disk; of {}, budget {}), "
+            "{} skipped keys, delta taken as {}",
+            c.dist, c.share, c.rows, c.rows_in_memory, c.rows_on_disk, rows_, c.memory_rows,
+            c.skipped, c.delta_incremental ? "incremental" : "full");
+        code = kExitMismatch;
+      }
+    }
+    return code;
+  }
+
+ private:
+  Cell run_cell(const CommonOptions& o, const std::string& dist, double share,
+                const std::vector<int64_t>& keys, const std::vector<float>& grads,
+                const std::string& tier_dir, const std::string& ckpt_dir,
+                embstore_backend_t* backend_out) {
+    Cell cell;
+    cell.dist = dist;
+    cell.share = share;
+    cell.memory_rows = share >= 1 ? 0
+                                  : std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(
+                                                              share * static_cast<double>(rows_))));
+
+    embstore_store_config_t config = Store::default_config();
+    config.tier_dir = tier_dir.c_str();
+    Store store(o, config);
+    const embstore_backend_t backend = store.backend();
+    *backend_out = backend;
+    if (backend != EMBSTORE_BACKEND_HOST) {
+      throw std::runtime_error("the CUDA backend has no tiers yet: use --backend host");
+    }
+    embstore_table_t* table =
+        create_table(store, "perf_tiers", o.dim, optimizer_from_name(optimizer_),
+                     [&](embstore_table_config_t& c) { c.memory_rows = cell.memory_rows; });
+
+    const Stopwatch fill;
+    fill_table(table, backend, rows_, o.dim);
+    cell.fill_seconds = fill.seconds();
+    cell.rss_filled = resident_bytes();
+
+    std::vector<float> out(o.batch * o.dim);
+    uint64_t step = 0;
+    auto at = [&](size_t b) { return keys.data() + b * o.batch; };
+    auto lookup = [&](size_t b) {
+      check(embstore_lookup(table, at(b), o.batch, out.data(), EMBSTORE_LOOKUP_INSERT, nullptr),
+            "embstore_lookup");
+    };
+    auto apply = [&](size_t b) {
+      check(embstore_apply_gradients(table, at(b), grads.data(), o.batch, nullptr),
+            "embstore_apply_gradients");
+    };
+    auto next_step = [&] { check(embstore_step(store.get(), ++step), "embstore_step"); };
+
+    for (size_t b = 0; b < warmup_; ++b) {
+      lookup(b);
+      apply(b);
+      next_step();
+    }
+    uint64_t full = 0;
+    check(embstore_checkpoint(store.get(), ckpt_dir.c_str(), EMBSTORE_CKPT_FULL, &full),
+          "embstore_checkpoint");
+    check(embstore_checkpoint_wait(store.get(), full), "embstore_checkpoint_wait");
+
+    const embstore_table_stats_t before = table_stats(table);
+    const Stopwatch timed;
+    for (size_t b = warmup_; b < warmup_ + o.steps; ++b) {
+      const Stopwatch l;
+      lookup(b);
+      cell.lookup += l.seconds();
+      const Stopwatch a;
+      apply(b);
+      cell.apply += a.seconds();
+      const Stopwatch s;
+      next_step();
+      cell.step += s.seconds();
+    }
+    const double seconds = timed.seconds();
+    const embstore_table_stats_t after = table_stats(table);
+    const double n = static_cast<double>(o.steps);
+    cell.steps_per_second = n / seconds;
+    cell.lookup /= n;
+    cell.apply /= n;
+    cell.step /= n;
+    cell.moved_up = static_cast<double>(after.rows_moved_up - before.rows_moved_up) / n;
+    cell.moved_down = static_cast<double>(after.rows_moved_down - before.rows_moved_down) / n;
+    cell.bytes_read = static_cast<double>(after.tier_bytes_read - before.tier_bytes_read) / n;
+    cell.bytes_written =
+        static_cast<double>(after.tier_bytes_written - before.tier_bytes_written) / n;
+
+    const Stopwatch delta;
+    uint64_t version = 0;
+    check(embstore_checkpoint(store.get(), ckpt_dir.c_str(), EMBSTORE_CKPT_INCREMENTAL, &version),
+          "embstore_checkpoint");
+    check(embstore_checkpoint_wait(store.get(), version), "embstore_checkpoint_wait");
+    cell.delta_seconds = delta.seconds();
+    embstore_checkpoint_info_t info;
+    info.struct_size = sizeof(info);
+    check(embstore_checkpoint_info(store.get(), version, &info), "embstore_checkpoint_info");
+    cell.delta_bytes = info.bytes_written;
+    cell.delta_rows = info.rows_written;
+    cell.delta_incremental = info.kind == EMBSTORE_CKPT_INCREMENTAL;
+
+    const embstore_table_stats_t end = table_stats(table);
+    cell.delta_tier_bytes_read = end.tier_bytes_read - after.tier_bytes_read;
+    cell.rows = end.rows;
+    cell.rows_in_memory = end.rows_in_memory;
+    cell.rows_on_disk = end.rows_on_disk;
+    cell.skipped = end.skipped_keys;
+    cell.rss_end = resident_bytes();
+    return cell;
+  }
+
+  uint64_t rows_ = 1'000'000;
+  std::vector<std::string> dists_{"1.1", "uniform"};
+  std::vector<double> shares_{1, 0.5, 0.1, 0.01};
+  std::string optimizer_ = "adagrad";
+  size_t warmup_ = 5;
+  std::string dir_ = "/var/tmp";
+  bool keep_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Scenario> make_tiers_scenario() { return std::make_unique<TiersScenario>(); }
+
+}  // namespace embstore::perf
