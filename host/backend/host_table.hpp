@@ -39,6 +39,8 @@ namespace embstore::host_backend {
 constexpr size_t kGrain = 4096;
 // How many keys ahead the probe and copy loops prefetch: enough to cover a memory latency.
 constexpr size_t kAhead = 16;
+// The most rows one drain step of a tiered table copies: its rows on disk are one batched read.
+constexpr uint64_t kTieredDrainRows = 1024;
 
 // A row's home on a tiered table: a frame of the value arena, or with kOnDisk set a handle of
 // the tier's RowSlots. Chunked as the arena's metadata, so an entry never moves.
@@ -125,7 +127,7 @@ class HostTable final : public Table {
   void take_for_copy(uint32_t r);
   void copy_out_taken();
   void wait_for_drain_copy();
-  uint64_t drain_tiered(uint64_t taken, char* out);
+  uint64_t drain_tiered(uint64_t granted, char* out);
 
   // host_table_restore.cpp
   void load_index_parallel(const int64_t* keys, size_t n, uint32_t* rows, uint64_t limit);
@@ -224,7 +226,7 @@ class HostTable final : public Table {
   std::vector<uint32_t> up_rows_, down_frames_, frames_scratch_, group_frames_;
   std::vector<uint64_t> handles_, handles_for_read_;
   std::vector<char*> row_ptrs_, read_ptrs_;
-  std::vector<uint32_t> drain_homes_;
+  std::vector<uint32_t> drain_homes_, drain_rows_;
   std::vector<float> cow_scratch_, drain_scratch_;
   // The fault-in of the rows asked for at create, or of those a restore loads (reserve());
   // last, so it stops before the memory goes.

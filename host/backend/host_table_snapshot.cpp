@@ -46,6 +46,9 @@ uint64_t HostTable::drain(SnapshotSink* sink, uint64_t max_rows) {
   const uint32_t stride = spec().stride();
   const uint64_t record = row::record_bytes(stride);
   const uint64_t words = captured_.size();
+  // A tiered table's rows on disk are read in batches of many words' rows: one row per word
+  // (a sparse delta) would be a read at a time.
+  const uint64_t batch = tiered_ ? kTieredDrainRows : 64;
   uint64_t budget = std::min(max_rows, captured_left_.load());
   while (budget > 0 && drain_word_ < words) {
     if (row::atomic_load(&captured_[drain_word_]) == 0) {
@@ -53,14 +56,14 @@ uint64_t HostTable::drain(SnapshotSink* sink, uint64_t max_rows) {
       continue;
     }
     uint64_t granted = 0;
-    char* out = sink->reserve(std::min<uint64_t>(budget, 64), false, &granted);
+    char* out = sink->reserve(std::min(budget, batch), false, &granted);
     if (out == nullptr) break;  // staging is full
     drain_copying_.fetch_add(1);
-    uint64_t taken = row::take_captured_rows(captured_.data(), drain_word_, granted);
     uint64_t filled = 0;
     if (tiered_) {
-      filled = drain_tiered(taken, out);
+      filled = drain_tiered(granted, out);
     } else {
+      uint64_t taken = row::take_captured_rows(captured_.data(), drain_word_, granted);
       for (; taken != 0; taken &= taken - 1, ++filled) {
         const uint64_t r = drain_word_ * 64 + static_cast<uint64_t>(__builtin_ctzll(taken));
         row::write_record(out + filled * record, arena_.row_meta(r)->key, arena_.row(r), stride);
@@ -76,30 +79,42 @@ uint64_t HostTable::drain(SnapshotSink* sink, uint64_t max_rows) {
   return captured_left_.load();
 }
 
-// drain's copies on a tiered table: the taken rows of drain_word_, those on disk read in one
-// batch. Under disk_mutex_, so that no home changes meanwhile (a training call moving one of
-// these rows finds its captured bit gone and waits for this copy before it frees the old home).
-uint64_t HostTable::drain_tiered(uint64_t taken, char* out) {
+// drain's copies on a tiered table: up to `granted` captured rows taken from drain_word_ on
+// (moving it past the words emptied), those on disk read in one batch. Under disk_mutex_, so
+// that no home changes meanwhile (a training call moving one of these rows finds its captured
+// bit gone and waits for this copy before it frees the old home).
+uint64_t HostTable::drain_tiered(uint64_t granted, char* out) {
   const uint32_t stride = spec().stride();
   const uint64_t record = row::record_bytes(stride);
+  const uint64_t words = captured_.size();
+  drain_rows_.clear();
+  while (drain_rows_.size() < granted && drain_word_ < words) {
+    const uint64_t want = granted - drain_rows_.size();
+    uint64_t taken = row::take_captured_rows(captured_.data(), drain_word_, want);
+    const uint64_t got = row::popcount64(taken);
+    for (; taken != 0; taken &= taken - 1) {
+      drain_rows_.push_back(static_cast<uint32_t>(drain_word_ * 64 + __builtin_ctzll(taken)));
+    }
+    if (got < want) ++drain_word_;  // the word is empty: copy-on-write only clears bits
+  }
   std::lock_guard disk_lock(disk_mutex_);
   drain_homes_.clear();
-  for (uint64_t t = taken; t != 0; t &= t - 1) {
-    const uint32_t r = static_cast<uint32_t>(drain_word_ * 64 + __builtin_ctzll(t));
+  for (const uint32_t r : drain_rows_) {
     if (const uint32_t h = home(r); (h & kOnDisk) != 0) drain_homes_.push_back(h);
   }
   drain_scratch_.resize(drain_homes_.size() * size_t{stride});
-  if (!drain_homes_.empty())
+  if (!drain_homes_.empty()) {
     read_disk_rows(drain_homes_.size(), drain_homes_.data(), drain_scratch_.data());
-  uint64_t filled = 0, on_disk = 0;
-  for (; taken != 0; taken &= taken - 1, ++filled) {
-    const uint32_t r = static_cast<uint32_t>(drain_word_ * 64 + __builtin_ctzll(taken));
+  }
+  uint64_t on_disk = 0;
+  for (size_t k = 0; k < drain_rows_.size(); ++k) {
+    const uint32_t r = drain_rows_[k];
     const uint32_t h = home(r);
     const float* values =
         (h & kOnDisk) != 0 ? drain_scratch_.data() + on_disk++ * stride : arena_.row(h);
-    row::write_record(out + filled * record, arena_.row_meta(r)->key, values, stride);
+    row::write_record(out + k * record, arena_.row_meta(r)->key, values, stride);
   }
-  return filled;
+  return drain_rows_.size();
 }
 
 const std::vector<int64_t>& HostTable::evicted_at_capture() const {

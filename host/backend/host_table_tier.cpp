@@ -37,6 +37,7 @@ using io::detail::errno_text;
 
 void HostTable::open_tier() {
   io::RowSlotsOptions options;
+  options.queue_depth = 128;
   std::string detail;
   const size_t row_bytes = size_t{spec().stride()} * sizeof(float);
   if (int r = io::RowSlots::create(spec().tier_dir, row_bytes, options, &disk_, &detail); r < 0) {
