@@ -49,7 +49,7 @@ class StoreConfig(ctypes.Structure):
                 ("rank", c_int), ("world_size", c_int), ("nccl_comm", c_void_p),
                 ("staging_bytes", c_size_t), ("io_queue_depth", c_int), ("host_threads", c_int),
                 ("restore_spill", c_enum), ("spill_dir", c_char_p), ("mpi_comm", c_void_p),
-                ("comm_callbacks", c_void_p)]
+                ("comm_callbacks", c_void_p), ("tier_dir", c_char_p)]
 
 
 class TableConfig(ctypes.Structure):
@@ -60,14 +60,18 @@ class TableConfig(ctypes.Structure):
                 ("initial_accumulator", c_float), ("init", c_enum), ("init_a", c_float),
                 ("init_b", c_float), ("seed", c_uint64), ("admit_after", c_uint32),
                 ("evict_idle_steps", c_uint64), ("evict_idle_seconds", c_double),
-                ("evict_when_full", c_uint32), ("admit_bloom_bytes", c_uint64)]
+                ("evict_when_full", c_uint32), ("admit_bloom_bytes", c_uint64),
+                ("device_rows", c_uint64), ("memory_rows", c_uint64)]
 
 
 class TableStats(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("rows", c_uint64), ("capacity", c_uint64),
                 ("dirty_rows", c_uint64), ("inserted", c_uint64), ("evicted", c_uint64),
                 ("pending_admission", c_uint64), ("skipped_keys", c_uint64),
-                ("admitted", c_uint64)]
+                ("admitted", c_uint64), ("rows_in_device", c_uint64),
+                ("rows_in_memory", c_uint64), ("rows_on_disk", c_uint64),
+                ("rows_moved_up", c_uint64), ("rows_moved_down", c_uint64),
+                ("tier_bytes_read", c_uint64), ("tier_bytes_written", c_uint64)]
 
 
 class CheckpointPolicy(ctypes.Structure):
@@ -145,6 +149,7 @@ sharded_lookup = _declare("embstore_sharded_lookup", c_status, _P, c_void_p, c_s
                           c_uint32, c_void_p)
 sharded_apply_gradients = _declare("embstore_sharded_apply_gradients", c_status, _P, c_void_p,
                                    c_void_p, c_size_t, c_void_p)
+prefetch = _declare("embstore_prefetch", c_status, _P, c_void_p, c_size_t, c_void_p)
 step = _declare("embstore_step", c_status, _P, c_uint64)
 table_stats = _declare("embstore_table_stats", c_status, _P, POINTER(TableStats))
 table_evict = _declare("embstore_table_evict", c_status, _P, POINTER(c_uint64))

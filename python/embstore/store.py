@@ -57,7 +57,9 @@ def _struct_dict(s, skip=("struct_size",)):
 class TableStats:
     """A table's counters (Table.stats; embstore_table_stats_t): live rows, rows allocated,
     rows dirty since the last capture, rows ever inserted and evicted, keys pending admission,
-    gradient keys that had no row, and rows that training lookups inserted."""
+    gradient keys that had no row, rows that training lookups inserted; and its tiers: live
+    rows in device memory, in host memory and on disk, rows ever moved up and down, and the
+    bytes read from and written to the SSD tier's file."""
 
     rows: int
     capacity: int
@@ -67,6 +69,13 @@ class TableStats:
     pending_admission: int
     skipped_keys: int
     admitted: int
+    rows_in_device: int
+    rows_in_memory: int
+    rows_on_disk: int
+    rows_moved_up: int
+    rows_moved_down: int
+    tier_bytes_read: int
+    tier_bytes_written: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +134,10 @@ class Store(Owner):
     told of.
 
     Store(backend="auto"|"host"|"cuda", device=0, host_threads=0, staging_bytes=None,
-          io_queue_depth=None, restore_spill="auto", spill_dir=None, comm=None)
+          io_queue_depth=None, restore_spill="auto", spill_dir=None, comm=None, tier_dir=None)
+
+    tier_dir: a directory on a disk (not tmpfs) for the SSD tier of tables created with
+    memory_rows (see docs/tiers.md).
 
     comm: a Communicator (embstore.comm; embstore.torch.ProcessGroup for a torch.distributed
     group) makes a sharded store of comm.world_size ranks, created by every rank together: each
@@ -137,7 +149,8 @@ class Store(Owner):
     """
 
     def __init__(self, backend="auto", *, device=0, host_threads=0, staging_bytes=None,
-                 io_queue_depth=None, restore_spill="auto", spill_dir=None, comm=None):
+                 io_queue_depth=None, restore_spill="auto", spill_dir=None, comm=None,
+                 tier_dir=None):
         cfg = _lib.StoreConfig()
         _lib.store_config_init(ctypes.byref(cfg))
         callbacks = None
@@ -158,6 +171,7 @@ class Store(Owner):
         cfg.restore_spill = _choice(_SPILL, restore_spill, "restore_spill")
         # The library copies the path at create.
         cfg.spill_dir = _path_bytes(spill_dir, "spill_dir") if spill_dir is not None else None
+        cfg.tier_dir = _path_bytes(tier_dir, "tier_dir") if tier_dir is not None else None
         handle = ctypes.c_void_p()
         self._callbacks = callbacks
         self._absorbed_failure = None
@@ -224,8 +238,9 @@ class Store(Owner):
                      beta1=0.9, beta2=0.999, weight_decay=0.0, initial_accumulator=0.0,
                      init="uniform", init_a=-0.01, init_b=0.01, seed=0, initial_capacity=1024,
                      max_capacity=0, admit_after=0, evict_idle_steps=0, evict_idle_seconds=0.0,
-                     evict_when_full=False, admit_bloom_bytes=0):
-        """Creates a table (embstore_table_create); the defaults are the C API's."""
+                     evict_when_full=False, admit_bloom_bytes=0, device_rows=0, memory_rows=0):
+        """Creates a table (embstore_table_create); the defaults are the C API's. memory_rows:
+        rows kept in host memory, the rest in the store's tier_dir (0: every row in memory)."""
         cfg = _lib.TableConfig()
         _lib.table_config_init(ctypes.byref(cfg))
         name_b = _name_bytes(name)
@@ -249,6 +264,8 @@ class Store(Owner):
         cfg.evict_idle_seconds = float(evict_idle_seconds)
         cfg.evict_when_full = 1 if evict_when_full else 0
         cfg.admit_bloom_bytes = _int_arg(admit_bloom_bytes, "admit_bloom_bytes", minimum=0)
+        cfg.device_rows = _int_arg(device_rows, "device_rows", minimum=0)
+        cfg.memory_rows = _int_arg(memory_rows, "memory_rows", minimum=0)
         handle = ctypes.c_void_p()
         check(self._call(_lib.table_create, ctypes.byref(cfg), ctypes.byref(handle)),
               "embstore_table_create")
@@ -427,6 +444,15 @@ class Table:
         row get one from the initializer; else they read as zeros and nothing is stored. On a
         sharded store, only keys this rank owns (see sharded_lookup)."""
         return self._lookup(_lib.lookup, keys, insert, out, stream)
+
+    def prefetch(self, keys, *, stream=None):
+        """Brings the rows of keys up to the table's first tier ahead of a lookup or update of
+        them (embstore_prefetch); keys without a row are ignored; an untiered table does
+        nothing."""
+        k = _arrays.keys_buffer(keys)
+        self._check_memory((k,))
+        handle = _arrays.stream_handle(stream, (k,))
+        check(self._call(_lib.prefetch, k.ptr, k.size, handle), "embstore_prefetch")
 
     def sharded_lookup(self, keys, *, insert=False, out=None, stream=None):
         """Collective lookup on a sharded store (embstore_sharded_lookup): every rank passes

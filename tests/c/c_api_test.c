@@ -46,10 +46,18 @@ int main(void) {
   CHECK(embstore_store_create(&sc, &store) == EMBSTORE_INVALID_ARGUMENT && store == NULL);
 
   embstore_store_config_init(&sc);
+  CHECK(sc.tier_dir == NULL);
   sc.backend = EMBSTORE_BACKEND_HOST; /* pointers below are host memory */
   CHECK(embstore_store_create(&sc, &store) == EMBSTORE_OK);
   CHECK(embstore_store_backend(store) == EMBSTORE_BACKEND_HOST);
 
+  embstore_table_config_init(&tc);
+  CHECK(tc.device_rows == 0 && tc.memory_rows == 0);
+  tc.name = "tiered";
+  tc.dim = 8;
+  tc.memory_rows = 10; /* the store has no tier_dir for the rest */
+  CHECK(embstore_table_create(store, &tc, &table) == EMBSTORE_INVALID_ARGUMENT && table == NULL);
+  CHECK(strstr(embstore_last_error(), "tier_dir") != NULL);
   embstore_table_config_init(&tc);
   tc.name = "item_id";
   tc.dim = 8;
@@ -78,6 +86,10 @@ int main(void) {
   CHECK(embstore_table_stats(table, &stats) == EMBSTORE_OK);
   CHECK(stats.rows == 3 && stats.inserted == 3 && stats.dirty_rows == 3 && stats.admitted == 3);
   CHECK(stats.pending_admission == 0);
+  CHECK(stats.rows_in_memory == 3 && stats.rows_on_disk == 0 && stats.rows_moved_down == 0);
+  /* An untiered table has nothing to bring up. */
+  CHECK(embstore_prefetch(table, keys, 4, NULL) == EMBSTORE_OK);
+  CHECK(embstore_prefetch(NULL, keys, 4, NULL) == EMBSTORE_INVALID_ARGUMENT);
 
   CHECK(embstore_lookup(NULL, keys, 4, values, 0, NULL) == EMBSTORE_INVALID_ARGUMENT);
   CHECK(strlen(embstore_last_error()) > 0);
