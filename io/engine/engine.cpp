@@ -96,6 +96,11 @@ int Ring::init(unsigned depth, char* base, unsigned count, size_t bytes, std::st
 }
 
 int Ring::start(int fd, bool write, unsigned index, char* p, size_t len, uint64_t off) {
+  if (const int r = queue(fd, write, index, p, len, off); r < 0) return r;
+  return submit();
+}
+
+int Ring::queue(int fd, bool write, unsigned index, char* p, size_t len, uint64_t off) {
   if (broken_ || !ok_) return -EIO;
   io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
   // Callers keep in_flight below the depth and submit each request at once, so a free entry
@@ -117,17 +122,22 @@ int Ring::start(int fd, bool write, unsigned index, char* p, size_t len, uint64_
     }
   }
   io_uring_sqe_set_data64(sqe, index);
+  ++in_flight_;
+  return 0;
+}
+
+int Ring::submit() {
+  if (broken_ || !ok_) return -EIO;
   int r;
   do {
     r = io_uring_submit(&ring_);
   } while (r == -EINTR);
   if (r < 0) {
-    // The entry may still sit in the submission queue and go out with a later submit, after
-    // its buffer was reused: refuse all further requests instead.
+    // Entries may still sit in the submission queue and go out with a later submit, after
+    // their buffers were reused: refuse all further requests instead.
     broken_ = true;
     return r;
   }
-  ++in_flight_;
   return 0;
 }
 

@@ -67,6 +67,10 @@ class Ring {
   // buffer index, which user_data carries. Callers keep in_flight() below the depth. Returns
   // 0, or -errno: after a failed submit the ring refuses every later request (-EIO).
   int start(int fd, bool write, unsigned index, char* p, size_t len, uint64_t off);
+  // The same without the submit, for many small requests at once: submit() sends every queued
+  // one in one system call, and must come before a reap that waits. Counted in in_flight().
+  int queue(int fd, bool write, unsigned index, char* p, size_t len, uint64_t off);
+  int submit();
   // One completion. Waits when wait; returns -EAGAIN when none is ready and !wait.
   int reap(bool wait, unsigned* index, int* result);
   // Waits for every request in flight, dropping their results; a wait that fails leaves the

@@ -355,7 +355,9 @@ int PageFile::transfer_uring(bool write, const std::vector<uint64_t>& pages, con
   size_t next = 0;
   for (;;) {
     // Every staging buffer is in flight or spare, so in flight <= queue_depth_ and the ring
-    // (queue_depth_ entries) always has a free one.
+    // (queue_depth_ entries) always has a free one. Requests of a round go out in one submit:
+    // pages are small, and a system call each would cost more than the I/O.
+    bool queued = false;
     while (error == 0 && next < pages.size() && !spare_.empty()) {
       const unsigned index = spare_.back();
       const uint64_t off = pages[next] * page_bytes_;
@@ -366,49 +368,69 @@ int PageFile::transfer_uring(bool write, const std::vector<uint64_t>& pages, con
         }
         std::memcpy(buffer(index), src[next], page_bytes_);
       }
-      if (const int r = ring_.start(fd_, write, index, buffer(index), page_bytes_, off); r < 0) {
-        fail(r, pages[next], " (io_uring submit)");
+      if (const int r = ring_.queue(fd_, write, index, buffer(index), page_bytes_, off); r < 0) {
+        fail(r, pages[next], " (io_uring queue)");
         break;
       }
       slots_[index] = {next, 0};
       spare_.pop_back();
       ++next;
+      queued = true;
+    }
+    if (queued) {
+      if (const int r = ring_.submit(); r < 0) {
+        // Broken: the queued requests may or may not have gone out; the destructor's
+        // queue_exit cancels and waits.
+        if (error == 0) {
+          error = r;
+          set_detail(detail,
+                     fmt::format("tier file in {}: io_uring submit: {}", dir_, errno_text(r)));
+        }
+        return error;
+      }
     }
     if (ring_.in_flight() == 0) break;
 
+    // The first completion waited for, then every other one already there, before refilling.
     unsigned index = 0;
     int res = 0;
-    if (const int r = ring_.reap(true, &index, &res); r < 0) {
-      // The ring cannot be waited on (it is broken now): its requests may still own buffers, so
-      // no more I/O here; the destructor's queue_exit cancels and waits.
-      if (error == 0) {
-        error = r;
-        set_detail(detail, fmt::format("tier file in {}: io_uring wait: {}", dir_, errno_text(r)));
+    bool reaped = false;
+    for (;;) {
+      if (const int r = ring_.reap(!reaped, &index, &res); r < 0) {
+        if (reaped && r == -EAGAIN) break;
+        // The ring cannot be waited on (it is broken now): its requests may still own buffers, so
+        // no more I/O here; the destructor's queue_exit cancels and waits.
+        if (error == 0) {
+          error = r;
+          set_detail(detail,
+                     fmt::format("tier file in {}: io_uring wait: {}", dir_, errno_text(r)));
+        }
+        return error;
       }
-      return error;
-    }
-    Slot& s = slots_[index];
-    const uint64_t page = pages[s.item];
-    if (res < 0) {
-      fail(res, page, "");
-    } else if (res == 0) {
-      fail(-EIO, page, no_progress(write, s.done));
-    } else {
-      s.done += static_cast<size_t>(res);
-      if (s.done < page_bytes_) {
-        // Short transfer: continue where it stopped (on a block boundary under O_DIRECT).
-        const int r = ring_.start(fd_, write, index, buffer(index) + s.done, page_bytes_ - s.done,
-                                  page * page_bytes_ + s.done);
-        if (r == 0) continue;
-        fail(r, page, " (io_uring submit)");
-      } else if (write) {
-        bytes_written_ += page_bytes_;
+      Slot& s = slots_[index];
+      const uint64_t page = pages[s.item];
+      if (res < 0) {
+        fail(res, page, "");
+      } else if (res == 0) {
+        fail(-EIO, page, no_progress(write, s.done));
       } else {
-        std::memcpy(dst[s.item], buffer(index), page_bytes_);
-        bytes_read_ += page_bytes_;
+        s.done += static_cast<size_t>(res);
+        if (s.done < page_bytes_) {
+          // Short transfer: continue where it stopped (on a block boundary under O_DIRECT).
+          const int r = ring_.start(fd_, write, index, buffer(index) + s.done, page_bytes_ - s.done,
+                                    page * page_bytes_ + s.done);
+          if (r == 0) continue;
+          fail(r, page, " (io_uring submit)");
+        } else if (write) {
+          bytes_written_ += page_bytes_;
+        } else {
+          std::memcpy(dst[s.item], buffer(index), page_bytes_);
+          bytes_read_ += page_bytes_;
+        }
       }
+      spare_.push_back(index);
+      reaped = true;
     }
-    spare_.push_back(index);
   }
   return error;
 }
