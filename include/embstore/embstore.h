@@ -199,8 +199,9 @@ EMBSTORE_API uint32_t embstore_shard_of(int64_t key, uint32_t world_size);
     @param [out] store_out the new store
     @return OK; INVALID_ARGUMENT (store_out NULL, struct_size too small, bad backend, negative
     host_threads, io_queue_depth outside 1..4096, staging_bytes below 1 MiB, device below 0,
-    rank/world_size out of range, unknown restore_spill; world_size > 1 without a communicator or
-    with both kinds, callbacks with a NULL function or a struct_size too small, an MPI
+    rank/world_size out of range, unknown restore_spill, an empty tier_dir; world_size > 1
+    without a communicator or with both kinds, callbacks with a NULL function or a struct_size
+    too small, an MPI
     communicator whose rank or size differ from rank and world_size, or MPI not initialized);
     UNSUPPORTED (CUDA asked for where this build has no CUDA or no device is usable; mpi_comm in a
     build without MPI; world_size > 1 on the CUDA backend in a build without NCCL); COMM_ERROR;
@@ -315,9 +316,11 @@ EMBSTORE_API void embstore_table_config_init(embstore_table_config_t* config);
     with negative deviation, UNIFORM with init_b < init_a, an initializer whose values would
     overflow a float (see embstore_init_t), negative or non-finite evict_idle_seconds,
     evict_when_full not 0 or 1, admit_bloom_bytes set while admit_after <= 1, below 64, above
-    EMBSTORE_MAX_ADMIT_BLOOM_BYTES or with admit_after above 255); ALREADY_EXISTS;
-    OUT_OF_MEMORY (also at once for a Bloom filter larger than the memory available);
-    DEVICE_ERROR. */
+    EMBSTORE_MAX_ADMIT_BLOOM_BYTES or with admit_after above 255; memory_rows without the
+    store's tier_dir, or a tier_dir that is missing, not a directory or on tmpfs: see "Tiers");
+    ALREADY_EXISTS; OUT_OF_MEMORY (also at once for a Bloom filter larger than the memory
+    available); IO_ERROR (no file can be created in tier_dir); UNSUPPORTED (device_rows or
+    memory_rows on the CUDA backend); DEVICE_ERROR. */
 EMBSTORE_API embstore_status_t embstore_table_create(embstore_store_t* store,
                                                      const embstore_table_config_t* config,
                                                      embstore_table_t** table_out);
