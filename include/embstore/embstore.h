@@ -597,7 +597,7 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
    through the io engine: io_uring and O_DIRECT where the kernel and file system allow). Each
    row has one home: its value and optimizer state move between memory and the file whole, and
    the table's index, metadata, dirty bits and admission counts stay in memory for every row
-   (about 60 bytes a row beside the budget). A lookup or update first brings the rows it needs
+   (40 to 60 bytes a row beside the budget). A lookup or update first brings the rows it needs
    up, in one batched read; to make room it moves the least recently used rows down, in one
    batched write, an eighth of the budget at a time so that the choice (a pass over the budget's
    stamps) is paid once per that many rows. embstore_prefetch brings a coming batch's rows up
