@@ -149,10 +149,21 @@ class HostTable final : public Table {
   // At the end of a call: moves the least recently used rows down until the budget holds again
   // (after a call on more rows than it). A failure leaves them in memory: the call succeeded.
   void settle();
+  // Settles a tiered table when a call ends, however it ends.
+  struct SettleAtExit {
+    HostTable* table;
+    ~SettleAtExit() {
+      if (table->tiered_) table->settle();
+    }
+  };
   void move_down_least_used(uint64_t count, bool spare_this_call);
   uint32_t take_frame();
   void place_in_frame(uint32_t r, uint32_t f);
   void reserve_frames(uint64_t frames);
+  void reserve_frames_for(uint64_t n);
+  void reserve_disk_rows(uint64_t n);
+  // Room for releasing n rows' homes without allocating (evict_rows' "nothing can fail").
+  void reserve_release(size_t n);
   void move_down(std::vector<uint32_t>& frames);
   void move_up(const std::vector<uint32_t>& rows);
   // Frees the disk handles or frames of rows that leave the table (eviction).
@@ -160,9 +171,11 @@ class HostTable final : public Table {
   void compact_disk();
   // rows' frames (kNoRow kept) into frames_scratch_; rows itself when untiered.
   const uint32_t* frames_of(const uint32_t* rows, size_t n);
-  // The row's values wherever it lives (a disk row read into *scratch): for copy-on-write, which
-  // may meet rows on disk (eviction). Any table; on the training thread.
-  const float* values_for_copy(uint32_t r, std::vector<float>* scratch);
+  // Where each of rows' values are, for copy-on-write (which may meet rows on disk: eviction),
+  // those on disk read into cow_scratch_ in one batch. Any table; on the training thread. When
+  // the read fails, the taken rows cannot be written: the snapshot is failed (copy_failed_,
+  // which the drain reports) and the call throws IO_ERROR.
+  const float* const* stage_for_copy(const std::vector<uint32_t>& rows);
   // Under disk_mutex_: the rows of disk homes[0..n) into out (stride floats each). Any thread
   // (the drain's and copy-on-write's scratch differ, but these handles are shared: the lock).
   void read_disk_rows(size_t n, const uint32_t* homes, float* out);
@@ -225,8 +238,11 @@ class HostTable final : public Table {
   uint64_t moved_up_ = 0, moved_down_ = 0;
   std::vector<uint32_t> up_rows_, down_frames_, frames_scratch_, group_frames_;
   std::vector<uint64_t> handles_, handles_for_read_;
+  std::vector<std::pair<uint64_t, uint64_t>> compact_moves_;
   std::vector<char*> row_ptrs_, read_ptrs_;
-  std::vector<uint32_t> drain_homes_, drain_rows_;
+  std::vector<uint32_t> drain_homes_, drain_rows_, cow_homes_;
+  std::vector<const float*> cow_values_;
+  std::atomic<bool> copy_failed_{false};  // see stage_for_copy
   std::vector<float> cow_scratch_, drain_scratch_;
   // The fault-in of the rows asked for at create, or of those a restore loads (reserve());
   // last, so it stops before the memory goes.

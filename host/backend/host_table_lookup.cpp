@@ -47,6 +47,7 @@ void HostTable::lookup(const int64_t* keys, size_t n, float* out, bool insert, u
   rows_scratch_.resize(n);
   uint32_t* rows = rows_scratch_.data();
   find_rows(keys, n, rows);
+  const SettleAtExit settle_at_exit{this};
   if (tiered_) {
     begin_tier_call();
     bring_up(rows, n);
@@ -59,7 +60,6 @@ void HostTable::lookup(const int64_t* keys, size_t n, float* out, bool insert, u
   const uint32_t* frames = frames_of(rows, n);
   streaming ? copy_rows<true>(frames, n, out) : copy_rows<false>(frames, n, out);
   if (!pending_pos_.empty()) read_pending(keys, out);
-  if (tiered_) settle();
 }
 
 // rows: frames (kNoRow: zeros).
@@ -117,6 +117,13 @@ void HostTable::insert_missing(const int64_t* keys, size_t n, uint32_t* rows, ui
     if (spec().evicts()) touch_rows(rows, n, step);
     return;
   }
+  if (tiered_) {
+    // Frames and row ids for every new row (at most `missing`) before anything changes:
+    // moving rows down may fail, and a new row must never be in the index without its frame.
+    make_frames(missing);
+    reserve_frames_for(missing);
+    reserve_rows(std::min<uint64_t>(next_row_ + missing, row::kMaxRows));
+  }
   const uint64_t limit = row::row_limit(spec().max_capacity);
   if (rows_ + missing > limit) {
     // Near the limit only: count distinct new keys exactly (duplicates share a row), and
@@ -131,9 +138,6 @@ void HostTable::insert_missing(const int64_t* keys, size_t n, uint32_t* rows, ui
       make_room(rows_ + fresh - limit, step, rows, n);
     }
   }
-  // Frames for every new row (at most `missing`) before the index changes: moving rows down
-  // may fail, and then nothing is inserted.
-  if (tiered_) make_frames(missing);
   // Only once there is room: a refused call touches nothing.
   if (spec().evicts()) touch_rows(rows, n, step);
 

@@ -50,9 +50,12 @@ void HostTable::load_rows(const int64_t* keys, const float* values, const float*
     if (rows_ + n > limit) fail_over_limit(spec(), n, rows_, "rows to load", "loaded");
     reserve_rows(next_row_ + n);
   }
+  const SettleAtExit settle_at_exit{this};
   if (tiered_) {  // room for every row of the block before the index changes
     begin_tier_call();
     make_frames(n);
+    reserve_frames_for(n);
+    reserve_rows(std::min<uint64_t>(next_row_ + n, row::kMaxRows));
   }
   // The index first, then the copies on the pool's threads. A key the table holds
   // (skip_held), or a repeat of a key in the input (a corrupt file; the first copy is kept),
@@ -103,7 +106,6 @@ void HostTable::load_rows(const int64_t* keys, const float* values, const float*
       }
     }
   });
-  if (tiered_) settle();
 }
 
 // The index part of load_rows on the pool's threads, for a table with room for every key of

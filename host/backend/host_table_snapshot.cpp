@@ -9,6 +9,7 @@
 #include "cuda/row/bitmap.h"
 #include "cuda/row/snapshot.h"
 #include "host/backend/host_table.hpp"
+#include "host/error.hpp"
 
 namespace embstore::host_backend {
 
@@ -49,6 +50,14 @@ uint64_t HostTable::drain(SnapshotSink* sink, uint64_t max_rows) {
   // A tiered table's rows on disk are read in batches of many words' rows: one row per word
   // (a sparse delta) would be a read at a time.
   const uint64_t batch = tiered_ ? kTieredDrainRows : 64;
+  if (copy_failed_.load()) {
+    // A training call's copy-on-write could not read rows it had taken from the tier: they
+    // are not in the snapshot, so it fails (end_snapshot marks its rows dirty again).
+    fail(EMBSTORE_IO_ERROR,
+         "table '{}': copy-on-write could not read captured rows from the "
+         "SSD tier in '{}'",
+         spec().name, spec().tier_dir);
+  }
   uint64_t budget = std::min(max_rows, captured_left_.load());
   while (budget > 0 && drain_word_ < words) {
     if (row::atomic_load(&captured_[drain_word_]) == 0) {
@@ -59,6 +68,15 @@ uint64_t HostTable::drain(SnapshotSink* sink, uint64_t max_rows) {
     char* out = sink->reserve(std::min(budget, batch), false, &granted);
     if (out == nullptr) break;  // staging is full
     drain_copying_.fetch_add(1);
+    // Even after a throw (a failed read of the tier) drain_copying_ must end even, or every
+    // later copy-on-write would wait forever (or no longer wait when it must).
+    struct EndCopy {
+      std::atomic<uint64_t>& counter;
+      bool done = false;
+      ~EndCopy() {
+        if (!done) counter.fetch_add(1);
+      }
+    } end_copy{drain_copying_};
     uint64_t filled = 0;
     if (tiered_) {
       filled = drain_tiered(granted, out);
@@ -72,6 +90,7 @@ uint64_t HostTable::drain(SnapshotSink* sink, uint64_t max_rows) {
     // After the copies: a call that reads captured_left_ as 0 skips the wait.
     captured_left_.fetch_sub(filled);
     drain_copying_.fetch_add(1);
+    end_copy.done = true;
     sink->commit(filled);
     budget -= std::min(budget, filled);
   }
@@ -95,7 +114,9 @@ uint64_t HostTable::drain_tiered(uint64_t granted, char* out) {
     for (; taken != 0; taken &= taken - 1) {
       drain_rows_.push_back(static_cast<uint32_t>(drain_word_ * 64 + __builtin_ctzll(taken)));
     }
-    if (got < want) ++drain_word_;  // the word is empty: copy-on-write only clears bits
+    // Fewer than asked: the word is empty, unless copy-on-write took one of the bits picked
+    // (then the rest are still there: take again). Bits are only ever cleared.
+    if (got < want && row::atomic_load(&captured_[drain_word_]) == 0) ++drain_word_;
   }
   std::lock_guard disk_lock(disk_mutex_);
   drain_homes_.clear();
@@ -133,6 +154,7 @@ void HostTable::end_snapshot(bool failed) {
     }
   }
   ledger_.end_snapshot(failed);
+  copy_failed_.store(false);
   captured_.clear();
   snapshot_set_.clear();
   captured_left_.store(0);
@@ -154,6 +176,9 @@ void HostTable::copy_out_taken() {
   const uint32_t stride = spec().stride();
   const uint64_t record = row::record_bytes(stride);
   wait_for_drain_copy();
+  // Where each row's values are, those on disk read first: nothing is reserved from the sink
+  // before the only step that can fail.
+  const float* const* values = stage_for_copy(rows);
   size_t done = 0;
   while (done < rows.size()) {
     uint64_t granted = 0;
@@ -161,8 +186,7 @@ void HostTable::copy_out_taken() {
     if (out == nullptr) break;  // the snapshot was aborted
     for (uint64_t k = 0; k < granted; ++k) {
       const uint32_t r = rows[done + k];
-      row::write_record(out + k * record, arena_.row_meta(r)->key,
-                        values_for_copy(r, &cow_scratch_), stride);
+      row::write_record(out + k * record, arena_.row_meta(r)->key, values[done + k], stride);
     }
     sink_->commit(granted);
     done += granted;

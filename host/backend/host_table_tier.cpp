@@ -31,6 +31,8 @@ namespace {
 // Handles must leave kOnDisk free: a RowSlots handle is page * rows_per_page + slot, so this
 // bounds the tier at 2^31 slots (2^31 rows of more than 2 KiB, more of smaller ones).
 constexpr uint64_t kMaxHandle = kOnDisk;
+// The most pages one compaction rewrites (RowSlotsOptions::compact_max_pages).
+constexpr size_t kCompactMaxPages = 1024;
 using io::detail::errno_text;
 
 }  // namespace
@@ -38,6 +40,7 @@ using io::detail::errno_text;
 void HostTable::open_tier() {
   io::RowSlotsOptions options;
   options.queue_depth = 128;
+  options.compact_max_pages = kCompactMaxPages;
   std::string detail;
   const size_t row_bytes = size_t{spec().stride()} * sizeof(float);
   if (int r = io::RowSlots::create(spec().tier_dir, row_bytes, options, &disk_, &detail); r < 0) {
@@ -60,9 +63,9 @@ void HostTable::prefetch(const int64_t* keys, size_t n, void*) {
   if (!tiered_) return;
   rows_scratch_.resize(n);
   find_rows(keys, n, rows_scratch_.data());
+  const SettleAtExit settle_at_exit{this};
   begin_tier_call();
   bring_up(rows_scratch_.data(), n);
-  settle();
 }
 
 void HostTable::bring_up(const uint32_t* rows, size_t n) {
@@ -98,9 +101,10 @@ void HostTable::settle() {
   if (resident_ <= budget) return;
   try {
     move_down_least_used(resident_ - budget, false);
-  } catch (const Error&) {
-    // The call itself succeeded: its rows stay in memory, over the budget, and the next call
-    // that needs room meets the failure again (and reports it) while nothing changes.
+  } catch (...) {
+    // The call itself succeeded (or is failing already): its rows stay in memory, over the
+    // budget, and the next call that needs room meets the failure again and reports it. A
+    // failed move changes nothing, and this runs from destructors too: nothing may escape.
   }
 }
 
@@ -138,32 +142,55 @@ void HostTable::place_in_frame(uint32_t r, uint32_t f) {
   ++resident_;
 }
 
-// Frame chunks double as the arena's row chunks do (frames never move).
+// Frame chunks double as the arena's row chunks do (frames never move). The bookkeeping grows
+// first and a chunk counts only once it is there: a failed allocation leaves the frames as
+// they were.
 void HostTable::reserve_frames(uint64_t frames) {
   while (frame_capacity_ < frames) {
-    if (frame_chunks_ == row::kMaxChunks)
-      fail(EMBSTORE_OUT_OF_MEMORY, "frame arena is at its limit");
+    if (frame_chunks_ == row::kMaxChunks) {
+      fail(EMBSTORE_OUT_OF_MEMORY, "table '{}': the frame arena is at its limit", spec().name);
+    }
     const uint64_t n = row::chunk_rows(frame_chunks_, arena_.base_shift);
+    const uint64_t capacity = row::arena_capacity(frame_chunks_ + 1, arena_.base_shift);
+    frame_row_.resize(capacity, row::kNoRow);
+    frame_used_.resize(capacity, 0);
+    free_frames_.reserve(capacity);
+    value_chunks_.reserve(frame_chunks_ + 1);
     HostBuffer values(n * arena_.stride * sizeof(float));
     arena_.values[frame_chunks_] = values.as<float>();
     value_chunks_.push_back(std::move(values));
     ++frame_chunks_;
-    frame_capacity_ = row::arena_capacity(frame_chunks_, arena_.base_shift);
+    frame_capacity_ = capacity;
   }
-  frame_row_.resize(frame_capacity_, row::kNoRow);
-  frame_used_.resize(frame_capacity_, 0);
+}
+
+// Room for n more frames (free ones first; free_frames_ always has capacity for every frame), so
+// that take_frame cannot fail.
+void HostTable::reserve_frames_for(uint64_t n) {
+  const uint64_t free = free_frames_.size();
+  if (n > free) reserve_frames(next_frame_ + (n - free));
+}
+
+// disk_row_ entries for the handles of n rows put now.
+void HostTable::reserve_disk_rows(uint64_t n) {
+  const uint64_t per_page = disk_->rows_per_page();
+  const uint64_t handles = (disk_->file_pages() + n / per_page + 1) * per_page;
+  if (disk_row_.size() < handles)
+    disk_row_.resize(std::max<uint64_t>(handles, disk_row_.size() * 2));
 }
 
 // Writes the rows of `frames` to fresh disk slots, then points their homes there and frees the
 // frames. A captured row goes to the snapshot first.
 void HostTable::move_down(std::vector<uint32_t>& frames) {
   if (frames.empty()) return;
+  const size_t n = frames.size();
+  reserve_disk_rows(n);
   if (captured_left_.load() > 0) {
     cow_rows_.clear();
+    cow_rows_.reserve(n);
     for (const uint32_t f : frames) take_for_copy(frame_row_[f]);
     copy_out_taken();  // also waits for a drain copying one of them from its frame
   }
-  const size_t n = frames.size();
   row_ptrs_.resize(n);
   handles_.resize(n);
   for (size_t i = 0; i < n; ++i) row_ptrs_[i] = reinterpret_cast<char*>(arena_.row(frames[i]));
@@ -178,8 +205,6 @@ void HostTable::move_down(std::vector<uint32_t>& frames) {
     fail(EMBSTORE_OUT_OF_MEMORY, "table '{}': the SSD tier is at its limit of {} row slots",
          spec().name, kMaxHandle);
   }
-  const uint64_t top = *std::max_element(handles_.begin(), handles_.end());
-  if (disk_row_.size() <= top) disk_row_.resize(std::max<uint64_t>(top + 1, disk_row_.size() * 2));
   for (size_t i = 0; i < n; ++i) {
     const uint32_t f = frames[i];
     const uint32_t r = frame_row_[f];
@@ -197,6 +222,8 @@ void HostTable::move_down(std::vector<uint32_t>& frames) {
 void HostTable::move_up(const std::vector<uint32_t>& rows) {
   const size_t n = rows.size();
   std::vector<uint32_t> frames(n);
+  reserve_frames_for(n);  // take_frame cannot fail now
+  cow_rows_.reserve(n);
   for (size_t i = 0; i < n; ++i) frames[i] = take_frame();
   row_ptrs_.resize(n);
   handles_.resize(n);
@@ -219,7 +246,7 @@ void HostTable::move_up(const std::vector<uint32_t>& rows) {
     // Their values are still those of the capture: written now, from the frames.
     cow_rows_.clear();
     for (const uint32_t r : rows) take_for_copy(r);
-    copy_out_taken();  // also waits for a drain copying one of them from disk
+    copy_out_taken();  // also waits for a drain copying one of them from disk (no disk read)
   }
   std::lock_guard disk_lock(disk_mutex_);
   disk_->free(n, handles_.data());
@@ -227,13 +254,22 @@ void HostTable::move_up(const std::vector<uint32_t>& rows) {
 }
 
 // Under disk_mutex_. Compaction is an optimization: when it fails, every row stays where it was.
+// disk_row_ is sized for every handle it can report first: once it returns, the old handles are
+// dead, and applying the moves must not fail.
 void HostTable::compact_disk() {
-  std::vector<std::pair<uint64_t, uint64_t>> moved;
+  const uint64_t per_page = disk_->rows_per_page();
+  const uint64_t handles = (disk_->file_pages() + kCompactMaxPages + 1) * per_page;
+  try {
+    if (disk_row_.size() < handles) disk_row_.resize(handles);
+    compact_moves_.clear();
+    compact_moves_.reserve(disk_->pages_in_use() * per_page);
+  } catch (const std::bad_alloc&) {
+    return;
+  }
   std::string detail;
-  if (disk_->compact(&moved, &detail) < 0) return;
-  for (const auto& [from, to] : moved) {
+  if (disk_->compact(&compact_moves_, &detail) < 0) return;
+  for (const auto& [from, to] : compact_moves_) {
     const uint32_t r = disk_row_[from];
-    if (disk_row_.size() <= to) disk_row_.resize(std::max<uint64_t>(to + 1, disk_row_.size() * 2));
     disk_row_[to] = r;
     set_home(r, kOnDisk | static_cast<uint32_t>(to));
   }
@@ -241,7 +277,7 @@ void HostTable::compact_disk() {
 
 void HostTable::release_homes(const std::vector<uint32_t>& rows) {
   handles_.clear();
-  for (const uint32_t r : rows) {
+  for (const uint32_t r : rows) {  // reserved by the caller (reserve_release)
     const uint32_t h = home(r);
     if ((h & kOnDisk) != 0) {
       handles_.push_back(h & ~kOnDisk);
@@ -256,6 +292,8 @@ void HostTable::release_homes(const std::vector<uint32_t>& rows) {
   disk_->free(handles_.size(), handles_.data());
 }
 
+void HostTable::reserve_release(size_t n) { handles_.reserve(n); }
+
 const uint32_t* HostTable::frames_of(const uint32_t* rows, size_t n) {
   if (!tiered_) return rows;
   frames_scratch_.resize(n);
@@ -265,14 +303,34 @@ const uint32_t* HostTable::frames_of(const uint32_t* rows, size_t n) {
 }
 
 // On the training thread, the only writer of home_: only the disk needs the lock.
-const float* HostTable::values_for_copy(uint32_t r, std::vector<float>* scratch) {
-  if (!tiered_) return arena_.row(r);
-  const uint32_t h = home(r);
-  if ((h & kOnDisk) == 0) return arena_.row(h);
-  std::lock_guard disk_lock(disk_mutex_);
-  scratch->resize(spec().stride());
-  read_disk_rows(1, &h, scratch->data());
-  return scratch->data();
+const float* const* HostTable::stage_for_copy(const std::vector<uint32_t>& rows) {
+  const uint32_t stride = spec().stride();
+  cow_values_.resize(rows.size());
+  if (!tiered_) {
+    for (size_t k = 0; k < rows.size(); ++k) cow_values_[k] = arena_.row(rows[k]);
+    return cow_values_.data();
+  }
+  cow_homes_.clear();
+  for (const uint32_t r : rows) {
+    if (const uint32_t h = home(r); (h & kOnDisk) != 0) cow_homes_.push_back(h);
+  }
+  cow_scratch_.resize(cow_homes_.size() * size_t{stride});
+  if (!cow_homes_.empty()) {
+    std::lock_guard disk_lock(disk_mutex_);
+    try {
+      read_disk_rows(cow_homes_.size(), cow_homes_.data(), cow_scratch_.data());
+    } catch (const Error&) {
+      copy_failed_.store(true);
+      throw;
+    }
+  }
+  size_t on_disk = 0;
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const uint32_t h = home(rows[k]);
+    cow_values_[k] =
+        (h & kOnDisk) != 0 ? cow_scratch_.data() + on_disk++ * size_t{stride} : arena_.row(h);
+  }
+  return cow_values_.data();
 }
 
 void HostTable::read_disk_rows(size_t n, const uint32_t* homes, float* out) {

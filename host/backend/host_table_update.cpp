@@ -23,6 +23,7 @@ void HostTable::apply_gradients(const int64_t* keys, const float* grads, size_t 
   rows_scratch_.resize(n);
   uint32_t* rows = rows_scratch_.data();
   find_rows(keys, n, rows);
+  const SettleAtExit settle_at_exit{this};
   if (tiered_) {  // before anything changes: a failed move fails the call with nothing done
     begin_tier_call();
     bring_up(rows, n);
@@ -30,12 +31,12 @@ void HostTable::apply_gradients(const int64_t* keys, const float* grads, size_t 
   group_by_row(rows, n, dirty_tracking_);
   if (captured_left_.load() > 0) {
     cow_rows_.clear();
+    cow_rows_.reserve(groups_.size());
     for (const Group& g : groups_) take_for_copy(g.row);
     copy_out_taken();
   }
   row::dispatch_opt(spec().opt.kind,
                     [&](auto kind) { update_groups<decltype(kind)::value>(grads, step); });
-  if (tiered_) settle();
 }
 
 // Positions of each row in batch order: groups_[g] = {row, first, last, count}, next_[i] = the

@@ -4,6 +4,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -122,21 +123,29 @@ int Ring::queue(int fd, bool write, unsigned index, char* p, size_t len, uint64_
     }
   }
   io_uring_sqe_set_data64(sqe, index);
-  ++in_flight_;
+  ++unsubmitted_;
   return 0;
 }
 
+// Requests count in flight once the kernel took them: a wait for one never submitted would
+// never end.
 int Ring::submit() {
   if (broken_ || !ok_) return -EIO;
-  int r;
-  do {
-    r = io_uring_submit(&ring_);
-  } while (r == -EINTR);
-  if (r < 0) {
-    // Entries may still sit in the submission queue and go out with a later submit, after
-    // their buffers were reused: refuse all further requests instead.
-    broken_ = true;
-    return r;
+  while (unsubmitted_ > 0) {
+    int r;
+    do {
+      r = io_uring_submit(&ring_);
+    } while (r == -EINTR);
+    if (r <= 0) {
+      // Entries may still sit in the submission queue and go out with a later submit, after
+      // their buffers were reused: refuse all further requests instead.
+      broken_ = true;
+      unsubmitted_ = 0;
+      return r < 0 ? r : -EBUSY;
+    }
+    const unsigned taken = std::min(static_cast<unsigned>(r), unsubmitted_);
+    unsubmitted_ -= taken;
+    in_flight_ += taken;
   }
   return 0;
 }

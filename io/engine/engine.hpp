@@ -68,7 +68,8 @@ class Ring {
   // 0, or -errno: after a failed submit the ring refuses every later request (-EIO).
   int start(int fd, bool write, unsigned index, char* p, size_t len, uint64_t off);
   // The same without the submit, for many small requests at once: submit() sends every queued
-  // one in one system call, and must come before a reap that waits. Counted in in_flight().
+  // one in one system call (they count in in_flight() once sent), and must come before a reap
+  // that waits. A submit that fails or sends nothing breaks the ring.
   int queue(int fd, bool write, unsigned index, char* p, size_t len, uint64_t off);
   int submit();
   // One completion. Waits when wait; returns -EAGAIN when none is ready and !wait.
@@ -85,6 +86,7 @@ class Ring {
   bool fixed_ = false;   // buffers registered: io_uring_prep_{write,read}_fixed
   bool broken_ = false;  // a submit or a wait failed
   unsigned in_flight_ = 0;
+  unsigned unsubmitted_ = 0;  // queued, not yet taken by the kernel
 };
 
 // One file and its buffers. Not thread-safe: one producer (writer) or consumer (reader).

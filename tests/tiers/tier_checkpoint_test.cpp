@@ -111,3 +111,57 @@ TEST_CASE(
 
 }  // namespace
 }  // namespace embstore_test::tiers
+
+namespace embstore_test::tiers {
+namespace {
+
+TEST_CASE(
+    "rows on disk evicted while a checkpoint is in flight are written with their values at "
+    "the capture",
+    "[tiers][checkpoint]") {
+  TierDir tier;
+  if (!backend_has_tiers(tier.path())) return;
+  TempDir dir_a, dir_b;
+  StoreGuard a(tier_store(nullptr, size_t{1} << 20));
+  StoreGuard b(tier_store(tier.path().c_str(), size_t{1} << 20));
+  embstore_table_config_t ca = tier_config("emb", 64, 0);
+  ca.evict_idle_steps = 2;
+  embstore_table_config_t cb = ca;
+  cb.memory_rows = 300;
+  Twins twins{a, b, make_table(a, ca), make_table(b, cb)};
+  const int64_t keys = 6000;
+  const std::vector<int64_t> all = key_range(keys);
+  lookup_ok(twins.plain, all);  // every row at step 0: idle, and mostly on disk, by step 3
+  lookup_ok(twins.tiered, all);
+  twins.step(1, 200, 100);  // a few rows stay in use
+  const std::vector<float> at_capture = lookup_ok(twins.plain, all, 0);
+  uint64_t va = 0, vb = 0;
+  {
+    HeldCheckpointWriter held;
+    ok(embstore_checkpoint(b, dir_b.path().c_str(), EMBSTORE_CKPT_FULL, &vb));
+    held.wait_held();
+    ok(embstore_checkpoint(a, dir_a.path().c_str(), EMBSTORE_CKPT_FULL, &va));
+    REQUIRE(va == vb);
+    // The idle rule runs in embstore_step (every step for N = 2): rows idle since step 0, most
+    // of them on disk and captured, are copied out, then evicted.
+    ok(embstore_step(a, 4));
+    ok(embstore_step(b, 4));
+    REQUIRE(stats(twins.tiered).evicted == stats(twins.plain).evicted);
+    REQUIRE(stats(twins.tiered).evicted > keys / 2);
+    held.release();
+  }
+  ok(embstore_checkpoint_wait(a, va));
+  ok(embstore_checkpoint_wait(b, vb));
+  embstore_checkpoint_stats_t cs;
+  cs.struct_size = sizeof(cs);
+  ok(embstore_checkpoint_stats(b, &cs));
+  REQUIRE(cs.copy_on_write_rows > 0);
+  REQUIRE(version_rows(dir_a.path(), va, true) == version_rows(dir_b.path(), vb, true));
+  StoreGuard c(tier_store(nullptr));
+  REQUIRE(restore_ok(c, dir_b.path(), vb) == vb);
+  REQUIRE(same_bits(lookup_ok(get_table(c, "emb"), all, 0), at_capture));
+  REQUIRE(stats(twins.tiered).rows == stats(twins.plain).rows);
+}
+
+}  // namespace
+}  // namespace embstore_test::tiers
