@@ -84,18 +84,19 @@ inline void require_same_checkpoint(embstore_store_t* a, embstore_store_t* b,
 // Holds the first write not made on this thread (a checkpoint writer's) until release(), so that
 // that checkpoint's snapshot stays captured while this thread trains; later writes, and the
 // tier's own (made on this thread), go ahead. As HeldWriter, which would hold a tier write, but
-// for at most half a second: a training call whose copy-on-write finds staging full waits for
-// the writer, and goes on once it moves.
+// for at most `hold` (2 s: long enough for the training calls under a sanitizer to meet the
+// captured rows while the writer is held): a training call whose copy-on-write finds staging
+// full waits for the writer, and goes on once it moves.
 class HeldCheckpointWriter {
  public:
-  HeldCheckpointWriter()
-      : trainer_(std::this_thread::get_id()), guard_([this](uint64_t, size_t) {
+  explicit HeldCheckpointWriter(std::chrono::milliseconds hold = std::chrono::seconds(2))
+      : trainer_(std::this_thread::get_id()), hold_(hold), guard_([this](uint64_t, size_t) {
           if (std::this_thread::get_id() == trainer_) return 0;
           std::unique_lock lock(m_);
           if (held_) return 0;
           held_ = true;
           cv_.notify_all();
-          cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return released_; });
+          cv_.wait_for(lock, hold_, [&] { return released_; });
           return 0;
         }) {}
   ~HeldCheckpointWriter() { release(); }
@@ -114,6 +115,7 @@ class HeldCheckpointWriter {
 
  private:
   std::thread::id trainer_;
+  std::chrono::milliseconds hold_;
   std::mutex m_;
   std::condition_variable cv_;
   bool held_ = false, released_ = false;
