@@ -394,7 +394,10 @@ embstore_status_t embstore_table_stats(embstore_table_t* table, embstore_table_s
     }
     const embstore::TableCalls::Scope in_flight(table->store->table_calls);
     const embstore::TableCounters c = table->impl->counters();
-    if (out->struct_size >= sizeof(embstore_table_stats_t)) out->admitted = c.admitted;
+    // Each group of fields for callers whose struct reaches it (0.3: admitted; tiers after).
+    if (out->struct_size >= offsetof(embstore_table_stats_t, admitted) + sizeof(uint64_t)) {
+      out->admitted = c.admitted;
+    }
     out->rows = c.rows;
     out->capacity = c.capacity;
     out->dirty_rows = c.dirty_rows;
