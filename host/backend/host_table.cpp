@@ -23,8 +23,19 @@ HostTable::HostTable(TableSpec spec, ThreadPool& pool)
   arena_.stride = this->spec().stride();
   tiered_ = this->spec().tiered();
   home_.base_shift = arena_.base_shift;
+  heat_.base_shift = arena_.base_shift;
   reserve_rows(this->spec().initial_capacity);
   if (tiered_) open_tier();
+}
+
+HostTable::~HostTable() {
+  if (!prefetch_thread_.joinable()) return;
+  {
+    std::lock_guard lock(prefetch_mutex_);
+    prefetch_stop_ = true;
+  }
+  prefetch_cv_.notify_all();
+  prefetch_thread_.join();  // after the read in flight, if any
 }
 
 TableCounters HostTable::counters() {
@@ -84,9 +95,10 @@ void HostTable::reserve_rows(uint64_t rows) {
     if (chunks_ == row::kMaxChunks) fail(EMBSTORE_OUT_OF_MEMORY, "row arena is at its limit");
     const uint64_t n = row::chunk_rows(chunks_, arena_.base_shift);
     HostBuffer meta(n * sizeof(row::RowMeta));
-    if (tiered_) {  // values live in frames (reserve_frames); each row gets its home
-      HostBuffer homes(n * sizeof(uint32_t));
+    if (tiered_) {  // values live in frames (reserve_frames); each row gets its home and heat
+      HostBuffer homes(n * (sizeof(uint32_t) + sizeof(uint8_t)));
       home_.chunks[chunks_] = homes.as<uint32_t>();
+      heat_.chunks[chunks_] = reinterpret_cast<uint8_t*>(homes.as<uint32_t>() + n);
       home_chunks_.push_back(std::move(homes));
     } else {
       HostBuffer values(n * arena_.stride * sizeof(float));
@@ -99,6 +111,7 @@ void HostTable::reserve_rows(uint64_t rows) {
   }
   const uint64_t words = row::bitmap_words(row::arena_capacity(chunks_, arena_.base_shift));
   dirty_.resize(words, 0);
+  if (tiered_) arriving_.resize(words, 0);
   freed_.resize(words, 0);
   // New rows are never captured: the bitmaps of a snapshot in progress keep their size
   // (drain reads captured_ without the lock).

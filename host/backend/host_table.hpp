@@ -16,12 +16,14 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/row/arena.h"
@@ -41,18 +43,24 @@ constexpr size_t kGrain = 4096;
 constexpr size_t kAhead = 16;
 // The most rows one drain step of a tiered table copies: its rows on disk are one batched read.
 constexpr uint64_t kTieredDrainRows = 1024;
+// A tiered table halves every row's heat after this many budgets' worth of row uses: long
+// enough to tell a hot row from a passing one, short enough to follow a shifting hot set.
+constexpr uint64_t kHeatPeriodBudgets = 8;
 
-// A row's home on a tiered table: a frame of the value arena, or with kOnDisk set a handle of
-// the tier's RowSlots. Chunked as the arena's metadata, so an entry never moves.
-inline constexpr uint32_t kOnDisk = 0x80000000u;
-struct HomeRef {
-  uint32_t* chunks[row::kMaxChunks];
+// Per-row entries of a tiered table, chunked as the arena's metadata, so an entry never moves.
+template <typename T>
+struct ChunkedRef {
+  T* chunks[row::kMaxChunks];
   uint32_t base_shift;
-  uint32_t* at(uint64_t r) const {
+  T* at(uint64_t r) const {
     const row::ChunkPos p = row::chunk_of(r, base_shift);
     return chunks[p.chunk] + p.offset;
   }
 };
+// A row's home on a tiered table: a frame of the value arena, or with kOnDisk set a handle of
+// the tier's RowSlots.
+inline constexpr uint32_t kOnDisk = 0x80000000u;
+using HomeRef = ChunkedRef<uint32_t>;
 
 inline void prefetch_row(const float* row, uint32_t floats) {
   const char* p = reinterpret_cast<const char*>(row);
@@ -63,6 +71,8 @@ inline void prefetch_row(const float* row, uint32_t floats) {
 class HostTable final : public Table {
  public:
   HostTable(TableSpec spec, ThreadPool& pool);
+  // Waits for a prefetch's read in flight (its rows stay on disk).
+  ~HostTable() override;
 
   void prefault_initial_capacity() override;
   void prefetch(const int64_t* keys, size_t n, void*) override;
@@ -143,6 +153,10 @@ class HostTable final : public Table {
   // Brings rows[0..n) (kNoRow entries skipped, repeats allowed) up, making room first; stamps
   // every one. Throws Error(IO_ERROR) with nothing lost.
   void bring_up(const uint32_t* rows, size_t n);
+  // Stamps the rows of rows[0..n) in memory with this call (kNoRow entries skipped, repeats
+  // allowed) and counts a use of each; up_rows_ = the others, on disk, each once, also counted.
+  // Whether there are any.
+  bool stamp_resident(const uint32_t* rows, size_t n);
   // Makes sure `need` frames can be taken without passing the budget, moving the least recently
   // used rows (not stamped in this call) down: at least an eighth of the budget at a time.
   void make_frames(uint64_t need);
@@ -157,8 +171,23 @@ class HostTable final : public Table {
     }
   };
   void move_down_least_used(uint64_t count, bool spare_this_call);
+  // Frames held: rows in memory and frames a prefetch's read fills.
+  uint64_t held_frames() const { return resident_ + prefetch_.rows.size(); }
+  // Ends the prefetch in flight, if any: waits for its read, then its rows are in memory (or,
+  // when the read failed, still on disk and its frames free again). Under mutex_.
+  void finish_prefetch();
+  // Whether any of rows[0..n) is a prefetch's row in flight.
+  bool any_arriving(const uint32_t* rows, size_t n) const;
+  // The prefetch thread: reads each job's rows into its frames, beside training calls.
+  void prefetch_loop();
   uint32_t take_frame();
   void place_in_frame(uint32_t r, uint32_t f);
+  // A row new to the table (an insert, a restore's load) in a frame of its own, heat 1.
+  void place_new_row(uint32_t r);
+  // Counts one more call that used row r; halves every row's heat once the calls counted since
+  // the last halving reach kHeatPeriodBudgets times the budget (the count forgets old use).
+  void heat_up(uint32_t r);
+  void cool_all();
   void reserve_frames(uint64_t frames);
   void reserve_frames_for(uint64_t n);
   void reserve_disk_rows(uint64_t n);
@@ -166,6 +195,10 @@ class HostTable final : public Table {
   void reserve_release(size_t n);
   void move_down(std::vector<uint32_t>& frames);
   void move_up(const std::vector<uint32_t>& rows);
+  // After rows' bytes were read into frames: points their homes there, frees their disk slots
+  // and writes captured ones by copy-on-write. The frames were taken; stamped with `clock`.
+  void finish_move_up(const std::vector<uint32_t>& rows, const std::vector<uint32_t>& frames,
+                      uint64_t clock);
   // Frees the disk handles or frames of rows that leave the table (eviction).
   void release_homes(const std::vector<uint32_t>& rows);
   void compact_disk();
@@ -223,11 +256,15 @@ class HostTable final : public Table {
   std::vector<SpilledChunk> spilled_;  // while a restore has the rows in its spill file
   // The SSD tier (spec().memory_rows != 0). Frames: the value arena's slots; chunks
   // frame_chunks_ of value_chunks_. frame_row_: the row in each frame (kNoRow: free);
-  // frame_used_: the use clock of its last call. disk_mutex_ guards disk_ and every write of
-  // home_ (drain reads captured rows' homes and disk rows beside training calls).
+  // frame_used_: the use clock of its last call. heat_: by row, wherever it lives, how many calls
+  // used it (saturating, halved now and then); rows move down coldest first, least recently
+  // used among equals. disk_mutex_ guards disk_ and every write of home_ (drain reads captured
+  // rows' homes and disk rows beside training calls).
   bool tiered_ = false;
   HomeRef home_{};
+  ChunkedRef<uint8_t> heat_{};
   std::vector<HostBuffer> home_chunks_;
+  uint64_t heat_count_ = 0;  // heat_up calls since the last cool_all
   uint32_t frame_chunks_ = 0;
   uint64_t frame_capacity_ = 0, next_frame_ = 0, resident_ = 0, use_clock_ = 0;
   std::vector<uint32_t> frame_row_, free_frames_;
@@ -244,6 +281,25 @@ class HostTable final : public Table {
   std::vector<const float*> cow_values_;
   std::atomic<bool> copy_failed_{false};  // see stage_for_copy
   std::vector<float> cow_scratch_, drain_scratch_;
+  // The prefetch in flight (rows empty: none). The caller's thread takes frames for its rows on
+  // disk and hands the read to prefetch_thread_, which fills them under disk_mutex_ (the rows'
+  // homes stay on disk meanwhile: a checkpoint's drain reads them there), and the next call that
+  // needs one of them, or that may free rows, finishes it (finish_prefetch). arriving_: its rows,
+  // by row id (under mutex_). The other fields are guarded by prefetch_mutex_ once submitted.
+  struct PrefetchJob {
+    std::vector<uint32_t> rows, frames;
+    std::vector<char*> into;
+    std::vector<uint64_t> handles;
+    uint64_t clock = 0;
+    bool submitted = false, done = false;
+    int err = 0;
+  };
+  PrefetchJob prefetch_;
+  std::vector<uint64_t> arriving_;
+  std::mutex prefetch_mutex_;
+  std::condition_variable prefetch_cv_;
+  bool prefetch_stop_ = false;
+  std::thread prefetch_thread_;  // started by the first prefetch that reads
   // The fault-in of the rows asked for at create, or of those a restore loads (reserve());
   // last, so it stops before the memory goes.
   Prefaulter prefaulter_;

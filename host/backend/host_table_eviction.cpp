@@ -28,7 +28,10 @@ uint64_t HostTable::evict_before(uint64_t cutoff_step) {
 // their keys leave the index and the rows go to the free list.
 void HostTable::evict_rows(std::vector<uint32_t>& victims) {
   if (victims.empty()) return;
-  if (tiered_) reserve_release(victims.size());
+  if (tiered_) {
+    finish_prefetch();  // a row being read must not lose its disk slot
+    reserve_release(victims.size());
+  }
   if (captured_left_.load() > 0) {
     cow_rows_.clear();
     cow_rows_.reserve(victims.size());

@@ -158,11 +158,7 @@ void HostTable::insert_missing(const int64_t* keys, size_t n, uint32_t* rows, ui
     for (const uint32_t r : new_rows_) admission->admitted(arena_.row_meta(r)->key);
   }
   if (tiered_) {
-    for (const uint32_t r : new_rows_) {
-      const uint32_t f = take_frame();
-      set_home(r, f);
-      place_in_frame(r, f);
-    }
+    for (const uint32_t r : new_rows_) place_new_row(r);
   }
 
   const TableSpec& s = spec();

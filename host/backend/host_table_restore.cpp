@@ -52,6 +52,7 @@ void HostTable::load_rows(const int64_t* keys, const float* values, const float*
   }
   const SettleAtExit settle_at_exit{this};
   if (tiered_) {  // room for every row of the block before the index changes
+    finish_prefetch();
     begin_tier_call();
     make_frames(n);
     reserve_frames_for(n);
@@ -79,10 +80,7 @@ void HostTable::load_rows(const int64_t* keys, const float* values, const float*
   }
   if (tiered_) {
     for (size_t i = 0; i < n; ++i) {
-      if (rows[i] == row::kNoRow) continue;
-      const uint32_t f = take_frame();
-      set_home(rows[i], f);
-      place_in_frame(rows[i], f);
+      if (rows[i] != row::kNoRow) place_new_row(rows[i]);
     }
   }
   const uint32_t dim = spec().dim;

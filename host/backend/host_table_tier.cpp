@@ -58,17 +58,92 @@ void HostTable::fail_tier(int err, const char* what, const std::string& detail) 
        what, spec().tier_dir, detail.empty() ? errno_text(err) : detail);
 }
 
+// Takes frames for the rows on disk (moving others down first, as a lookup would) and hands
+// their read to the prefetch thread: the call returns before the read is done.
 void HostTable::prefetch(const int64_t* keys, size_t n, void*) {
   std::lock_guard lock(mutex_);
   if (!tiered_) return;
+  finish_prefetch();  // one in flight at a time
   rows_scratch_.resize(n);
   find_rows(keys, n, rows_scratch_.data());
   const SettleAtExit settle_at_exit{this};
   begin_tier_call();
-  bring_up(rows_scratch_.data(), n);
+  if (!stamp_resident(rows_scratch_.data(), n)) return;
+  make_frames(up_rows_.size());
+  PrefetchJob job;
+  job.rows = up_rows_;
+  job.frames.resize(job.rows.size());
+  job.into.resize(job.rows.size());
+  job.handles.reserve(job.rows.size());
+  job.clock = use_clock_;
+  reserve_frames_for(job.rows.size());  // take_frame cannot fail now
+  if (!prefetch_thread_.joinable()) prefetch_thread_ = std::thread([this] { prefetch_loop(); });
+  for (size_t i = 0; i < job.rows.size(); ++i) {
+    job.frames[i] = take_frame();  // not a candidate for moving down: frame_row_ stays kNoRow
+    job.into[i] = reinterpret_cast<char*>(arena_.row(job.frames[i]));
+    row::bitmap_set<false>(arriving_.data(), job.rows[i]);
+  }
+  job.submitted = true;
+  {
+    std::lock_guard prefetch_lock(prefetch_mutex_);
+    prefetch_ = std::move(job);
+  }
+  prefetch_cv_.notify_all();
 }
 
-void HostTable::bring_up(const uint32_t* rows, size_t n) {
+void HostTable::prefetch_loop() {
+  std::unique_lock lock(prefetch_mutex_);
+  for (;;) {
+    prefetch_cv_.wait(lock,
+                      [&] { return prefetch_stop_ || (prefetch_.submitted && !prefetch_.done); });
+    if (prefetch_.submitted && !prefetch_.done) {
+      PrefetchJob& job = prefetch_;
+      lock.unlock();
+      {
+        // Homes are read here, not when the job was made: compaction may have moved the rows'
+        // slots since (it writes homes under disk_mutex_ too).
+        std::lock_guard disk_lock(disk_mutex_);
+        job.handles.clear();
+        for (const uint32_t r : job.rows) job.handles.push_back(home(r) & ~kOnDisk);
+        job.err = disk_->get(job.rows.size(), job.handles.data(), job.into.data(), nullptr);
+      }
+      lock.lock();
+      job.done = true;
+      prefetch_cv_.notify_all();
+      continue;
+    }
+    if (prefetch_stop_) return;
+  }
+}
+
+bool HostTable::any_arriving(const uint32_t* rows, size_t n) const {
+  if (prefetch_.rows.empty()) return false;
+  for (size_t i = 0; i < n; ++i) {
+    if (rows[i] != row::kNoRow && row::bitmap_test(arriving_.data(), rows[i])) return true;
+  }
+  return false;
+}
+
+void HostTable::finish_prefetch() {
+  if (prefetch_.rows.empty()) return;
+  PrefetchJob job;
+  {
+    std::unique_lock lock(prefetch_mutex_);
+    prefetch_cv_.wait(lock, [&] { return prefetch_.done; });
+    job = std::move(prefetch_);
+    prefetch_ = PrefetchJob{};
+  }
+  for (const uint32_t r : job.rows) row::bitmap_clear<false>(arriving_.data(), r);
+  if (job.err < 0) {
+    // The rows stay on disk: the call that needs them reads them itself, and reports the
+    // failure if it happens again.
+    for (const uint32_t f : job.frames) free_frames_.push_back(f);
+    return;
+  }
+  finish_move_up(job.rows, job.frames, job.clock);
+}
+
+bool HostTable::stamp_resident(const uint32_t* rows, size_t n) {
   up_rows_.clear();
   for (size_t i = 0; i < n; ++i) {
     const uint32_t r = rows[i];
@@ -76,31 +151,39 @@ void HostTable::bring_up(const uint32_t* rows, size_t n) {
     const uint32_t h = home(r);
     if ((h & kOnDisk) != 0) {
       up_rows_.push_back(r);
-    } else {
+    } else if (frame_used_[h] != use_clock_) {
       frame_used_[h] = use_clock_;
+      heat_up(r);
     }
   }
-  if (up_rows_.empty()) return;
+  if (up_rows_.empty()) return false;
   std::sort(up_rows_.begin(), up_rows_.end());
   up_rows_.erase(std::unique(up_rows_.begin(), up_rows_.end()), up_rows_.end());
+  for (const uint32_t r : up_rows_) heat_up(r);
+  return true;
+}
+
+void HostTable::bring_up(const uint32_t* rows, size_t n) {
+  if (any_arriving(rows, n)) finish_prefetch();
+  if (!stamp_resident(rows, n)) return;
   make_frames(up_rows_.size());
   move_up(up_rows_);
 }
 
 void HostTable::make_frames(uint64_t need) {
   const uint64_t budget = spec().memory_rows;
-  if (resident_ + need <= budget) return;
+  if (held_frames() + need <= budget) return;
   // The rows past the budget, and an eighth of the budget beyond, so that the next calls find
   // room without a pass over the stamps. Fewer than that may be free to go (the call's own rows
   // are spared): then the call runs over the budget (take_frame) until settle().
-  move_down_least_used(resident_ + need - budget + budget / 8, true);
+  move_down_least_used(held_frames() + need - budget + budget / 8, true);
 }
 
 void HostTable::settle() {
   const uint64_t budget = spec().memory_rows;
-  if (resident_ <= budget) return;
+  if (held_frames() <= budget) return;
   try {
-    move_down_least_used(resident_ - budget, false);
+    move_down_least_used(held_frames() - budget, false);
   } catch (...) {
     // The call itself succeeded (or is failing already): its rows stay in memory, over the
     // budget, and the next call that needs room meets the failure again and reports it. A
@@ -108,12 +191,18 @@ void HostTable::settle() {
   }
 }
 
+// Coldest first (a row used in one call goes before one used in many, however recent: a pass
+// over the tail of the key space does not push the hot rows out), then least recently used;
+// ties: the lowest frame.
 void HostTable::move_down_least_used(uint64_t count, bool spare_this_call) {
-  // Ties: the lowest frame.
+  constexpr uint64_t kClockBits = 56;
+  constexpr uint64_t kClockMask = (uint64_t{1} << kClockBits) - 1;
   std::vector<std::pair<uint64_t, uint32_t>> candidates;
   for (uint64_t f = 0; f < next_frame_; ++f) {
-    if (frame_row_[f] != row::kNoRow && (!spare_this_call || frame_used_[f] < use_clock_)) {
-      candidates.emplace_back(frame_used_[f], static_cast<uint32_t>(f));
+    const uint32_t r = frame_row_[f];
+    if (r != row::kNoRow && (!spare_this_call || frame_used_[f] < use_clock_)) {
+      const uint64_t order = uint64_t{*heat_.at(r)} << kClockBits | (frame_used_[f] & kClockMask);
+      candidates.emplace_back(order, static_cast<uint32_t>(f));
     }
   }
   if (candidates.size() > count) {
@@ -140,6 +229,31 @@ void HostTable::place_in_frame(uint32_t r, uint32_t f) {
   frame_row_[f] = r;
   frame_used_[f] = use_clock_;
   ++resident_;
+}
+
+void HostTable::place_new_row(uint32_t r) {
+  const uint32_t f = take_frame();
+  set_home(r, f);
+  place_in_frame(r, f);
+  *heat_.at(r) = 0;  // a reused row id forgets its old row's heat
+  heat_up(r);
+}
+
+void HostTable::heat_up(uint32_t r) {
+  uint8_t& heat = *heat_.at(r);
+  if (heat < UINT8_MAX) ++heat;
+  if (++heat_count_ >= kHeatPeriodBudgets * spec().memory_rows) cool_all();
+}
+
+void HostTable::cool_all() {
+  heat_count_ = 0;
+  const uint64_t rows = next_row_;
+  for (uint32_t c = 0; c < chunks_ && row::arena_capacity(c, arena_.base_shift) < rows; ++c) {
+    const uint64_t first = row::arena_capacity(c, arena_.base_shift);
+    const uint64_t n = std::min(row::chunk_rows(c, arena_.base_shift), rows - first);
+    uint8_t* heat = heat_.chunks[c];
+    for (uint64_t i = 0; i < n; ++i) heat[i] >>= 1;
+  }
 }
 
 // Frame chunks double as the arena's row chunks do (frames never move). The bookkeeping grows
@@ -217,8 +331,8 @@ void HostTable::move_down(std::vector<uint32_t>& frames) {
   moved_down_ += n;
 }
 
-// Reads `rows` (on disk, distinct) into frames, then points their homes there and frees their
-// slots. Frames come from make_frames (called before) or grow past the budget.
+// Reads `rows` (on disk, distinct) into frames, then finish_move_up. Frames come from
+// make_frames (called before) or grow past the budget.
 void HostTable::move_up(const std::vector<uint32_t>& rows) {
   const size_t n = rows.size();
   std::vector<uint32_t> frames(n);
@@ -238,9 +352,26 @@ void HostTable::move_up(const std::vector<uint32_t>& rows) {
       for (const uint32_t f : frames) free_frames_.push_back(f);
       fail_tier(r, "reading rows from", detail);
     }
-    for (size_t i = 0; i < n; ++i) set_home(rows[i], frames[i]);
   }
-  for (size_t i = 0; i < n; ++i) place_in_frame(rows[i], frames[i]);
+  finish_move_up(rows, frames, use_clock_);
+}
+
+void HostTable::finish_move_up(const std::vector<uint32_t>& rows,
+                               const std::vector<uint32_t>& frames, uint64_t clock) {
+  const size_t n = rows.size();
+  cow_rows_.reserve(n);
+  handles_.resize(n);
+  {
+    std::lock_guard disk_lock(disk_mutex_);
+    for (size_t i = 0; i < n; ++i) {
+      handles_[i] = home(rows[i]) & ~kOnDisk;
+      set_home(rows[i], frames[i]);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    place_in_frame(rows[i], frames[i]);
+    frame_used_[frames[i]] = clock;
+  }
   moved_up_ += n;
   if (captured_left_.load() > 0) {
     // Their values are still those of the capture: written now, from the frames.

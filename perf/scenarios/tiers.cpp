@@ -6,9 +6,11 @@
 //             batches of 65536 (untimed; the tiered tables move most rows down on the way);
 //   warmed    --warmup whole steps (untimed);
 //   saved     one full checkpoint into a fresh directory, waited for (untimed);
-//   trained   --steps timed whole steps: lookup with insert, apply_gradients of fixed
+//   trained   --steps timed whole steps: lookup with insert, embstore_prefetch of the next
+//             step's keys (unless --no-prefetch; the warm-up steps too), apply_gradients of fixed
 //             pseudo-random gradients, embstore_step; each call timed on its own too (the host
-//             backend's calls return when done, tier moves included);
+//             backend's calls return when done, tier moves included, except the prefetch's read,
+//             which goes on in the background until the next lookup needs its rows);
 //   saved     one incremental checkpoint, timed from embstore_checkpoint to
 //             embstore_checkpoint_wait: its delta holds the rows the timed steps touched.
 // The key space is [1, --rows] by rank (keys key_of_rank(rank), as every scenario draws them):
@@ -83,10 +85,10 @@ struct Cell {
   uint64_t memory_rows = 0;  // 0: untiered
   double fill_seconds = 0;
   double steps_per_second = 0;
-  double ratio = NAN;                        // to the untiered table of dist; NaN: none ran
-  double lookup = 0, apply = 0, step = 0;    // seconds per timed step
-  double moved_up = 0, moved_down = 0;       // rows per timed step
-  double bytes_read = 0, bytes_written = 0;  // SSD tier, per timed step
+  double ratio = NAN;  // to the untiered table of dist; NaN: none ran
+  double lookup = 0, prefetch = 0, apply = 0, step = 0;     // seconds per timed step
+  double moved_up = 0, moved_down = 0;                      // rows per timed step
+  double bytes_read = 0, bytes_written = 0;                 // SSD tier, per timed step
   uint64_t rows = 0, rows_in_memory = 0, rows_on_disk = 0;  // at the end
   uint64_t rss_filled = 0, rss_end = 0;
   double delta_seconds = 0;
@@ -134,6 +136,10 @@ class TiersScenario final : public Scenario {
                    "it must be on a disk, not tmpfs")
         ->capture_default_str();
     app.add_flag("--keep", keep_, "keep the working directory and its checkpoints");
+    app.add_flag("--prefetch,!--no-prefetch", prefetch_,
+                 "each step prefetches the next step's keys after its lookup, as a pipelined "
+                 "trainer does (the read overlaps the update)")
+        ->capture_default_str();
   }
 
   int run(const CommonOptions& options, Report& report) override {
@@ -166,10 +172,11 @@ class TiersScenario final : public Scenario {
     for (float& g : grads) g = static_cast<float>(rng.next_unit() * 0.02 - 0.01);
 
     report.say(
-        "{:>7} {:>5} {:>8} | {:>8} {:>5} | {:>7} {:>7} {:>7} | {:>7} {:>7} | {:>8} {:>8} | "
+        "{:>7} {:>5} {:>8} | {:>8} {:>5} | {:>7} {:>6} {:>7} {:>7} | {:>7} {:>7} | {:>8} {:>8} | "
         "{:>7} | {:>8} {:>8} | {:>7} {:>8}",
-        "dist", "share", "mem rows", "steps/s", "ratio", "look ms", "apply ms", "step ms", "up/st",
-        "down/st", "wr B/st", "rd B/st", "in mem", "RSS fill", "RSS end", "delta s", "delta B");
+        "dist", "share", "mem rows", "steps/s", "ratio", "look ms", "pf ms", "apply ms", "step ms",
+        "up/st", "down/st", "wr B/st", "rd B/st", "in mem", "RSS fill", "RSS end", "delta s",
+        "delta B");
     std::vector<Cell> cells;
     embstore_backend_t backend = EMBSTORE_BACKEND_HOST;
     for (const std::string& dist : dists_) {
@@ -187,29 +194,32 @@ class TiersScenario final : public Scenario {
         if (c.memory_rows == 0) baseline = c.steps_per_second;
         c.ratio = c.steps_per_second / baseline;
         report.say(
-            "{:>7} {:>5} {:>8} | {:>8.2f} {:>5} | {:>7.1f} {:>8.1f} {:>7.2f} | {:>7} {:>7} | "
+            "{:>7} {:>5} {:>8} | {:>8.2f} {:>5} | {:>7.1f} {:>6.1f} {:>8.1f} {:>7.2f} | {:>7} "
+            "{:>7} | "
             "{:>8} {:>8} | {:>7} | {:>8} {:>8} | {:>7.3f} {:>8}",
             dist, share, c.memory_rows == 0 ? std::string("all") : si(c.memory_rows),
             c.steps_per_second,
             std::isnan(c.ratio) ? std::string("-") : fmt::format("{:.2f}", c.ratio), c.lookup * 1e3,
-            c.apply * 1e3, c.step * 1e3, si(c.moved_up), si(c.moved_down), si(c.bytes_written),
-            si(c.bytes_read), si(c.rows_in_memory), si(static_cast<double>(c.rss_filled)),
-            si(static_cast<double>(c.rss_end)), c.delta_seconds,
-            si(static_cast<double>(c.delta_bytes)));
+            c.prefetch * 1e3, c.apply * 1e3, c.step * 1e3, si(c.moved_up), si(c.moved_down),
+            si(c.bytes_written), si(c.bytes_read), si(c.rows_in_memory),
+            si(static_cast<double>(c.rss_filled)), si(static_cast<double>(c.rss_end)),
+            c.delta_seconds, si(static_cast<double>(c.delta_bytes)));
         cells.push_back(std::move(c));
       }
     }
     report.say(
-        "{} rows of dim {} ({}), {} timed steps of {} keys after {} warm-up; per step: means over "
-        "the timed steps; delta: one incremental checkpoint after them, to its commit; {} "
+        "{} rows of dim {} ({}), {} timed steps of {} keys after {} warm-up, {}; per step: means "
+        "over the timed steps; delta: one incremental checkpoint after them, to its commit; {} "
         "backend, {} thread(s), --dir {}",
-        rows_, o.dim, optimizer_, o.steps, o.batch, warmup_, backend_name(backend), o.threads,
+        rows_, o.dim, optimizer_, o.steps, o.batch, warmup_,
+        prefetch_ ? "each prefetching the next" : "no prefetch", backend_name(backend), o.threads,
         dir_);
 
     report_common(report, o, backend);
     report.set("rows", rows_);
     report.set("optimizer", optimizer_);
     report.set("warmup", warmup_);
+    report.set("prefetch", prefetch_);
     report.set("dir", dir_);
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
     for (const Cell& c : cells) {
@@ -225,6 +235,7 @@ class TiersScenario final : public Scenario {
         j["steps_per_second_ratio_to_untiered"] = c.ratio;
       }
       j["lookup_seconds_per_step"] = c.lookup;
+      j["prefetch_seconds_per_step"] = c.prefetch;
       j["apply_seconds_per_step"] = c.apply;
       j["step_call_seconds_per_step"] = c.step;
       j["rows_moved_up_per_step"] = c.moved_up;
@@ -303,9 +314,15 @@ class TiersScenario final : public Scenario {
             "embstore_apply_gradients");
     };
     auto next_step = [&] { check(embstore_step(store.get(), ++step), "embstore_step"); };
+    const size_t batches = warmup_ + o.steps;
+    auto prefetch_next = [&](size_t b) {
+      if (!prefetch_ || b + 1 == batches) return;
+      check(embstore_prefetch(table, at(b + 1), o.batch, nullptr), "embstore_prefetch");
+    };
 
     for (size_t b = 0; b < warmup_; ++b) {
       lookup(b);
+      prefetch_next(b);
       apply(b);
       next_step();
     }
@@ -320,6 +337,9 @@ class TiersScenario final : public Scenario {
       const Stopwatch l;
       lookup(b);
       cell.lookup += l.seconds();
+      const Stopwatch p;
+      prefetch_next(b);
+      cell.prefetch += p.seconds();
       const Stopwatch a;
       apply(b);
       cell.apply += a.seconds();
@@ -332,6 +352,7 @@ class TiersScenario final : public Scenario {
     const double n = static_cast<double>(o.steps);
     cell.steps_per_second = n / seconds;
     cell.lookup /= n;
+    cell.prefetch /= n;
     cell.apply /= n;
     cell.step /= n;
     cell.moved_up = static_cast<double>(after.rows_moved_up - before.rows_moved_up) / n;
@@ -368,6 +389,7 @@ class TiersScenario final : public Scenario {
   std::vector<double> shares_{1, 0.5, 0.1, 0.01};
   std::string optimizer_ = "adagrad";
   size_t warmup_ = 5;
+  bool prefetch_ = true;
   std::string dir_ = "/var/tmp";
   bool keep_ = false;
 };

@@ -21,9 +21,10 @@ TEST_CASE("full and incremental checkpoints of a tiered table equal its untiered
   no_rebaseline(a);
   no_rebaseline(b);
   const uint64_t budget = GENERATE(1, 16, 200);
-  INFO("memory_rows " << budget);
+  const bool prefetch_next = GENERATE(false, true);
+  INFO("memory_rows " << budget << ", prefetch " << prefetch_next);
   Twins twins{a, b, make_table(a, tier_config("emb", 8, 0)),
-              make_table(b, tier_config("emb", 8, budget))};
+              make_table(b, tier_config("emb", 8, budget)), prefetch_next};
   for (uint64_t s = 1; s <= 3; ++s) twins.step(s, 600, 150);
   REQUIRE(checkpoint_ok(a, dir_a.path()) == checkpoint_ok(b, dir_b.path()));
   REQUIRE(version_rows(dir_a.path(), 3, true) == version_rows(dir_b.path(), 3, true));

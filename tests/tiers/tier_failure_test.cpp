@@ -93,8 +93,7 @@ TEST_CASE("a failed write to the tier fails the call and loses no row", "[tiers]
   const embstore_table_stats_t at_fault = stats(twins.tiered);
   REQUIRE(at_fault.rows_in_memory > 0);
   REQUIRE(at_fault.rows_in_memory <= 32);
-  std::vector<int64_t> fresh(64);
-  for (size_t i = 0; i < fresh.size(); ++i) fresh[i] = 5000 + static_cast<int64_t>(i);
+  const std::vector<int64_t> fresh = keys_from(5000, 64);
   std::vector<float> out(fresh.size() * 8);
   {
     const int err = GENERATE(ENOSPC, EIO);

@@ -33,6 +33,13 @@ inline embstore_table_config_t tier_config(const char* name, uint32_t dim, uint6
   return c;
 }
 
+// Keys first, first + 1, ..., n of them.
+inline std::vector<int64_t> keys_from(int64_t first, size_t n) {
+  std::vector<int64_t> k(n);
+  for (size_t i = 0; i < n; ++i) k[i] = first + static_cast<int64_t>(i);
+  return k;
+}
+
 // Whether the backend under test has tiers; on one without, creating a tiered table must be
 // UNSUPPORTED (checked here), and the caller returns.
 inline bool backend_has_tiers(const std::string& dir) {
@@ -45,12 +52,15 @@ inline bool backend_has_tiers(const std::string& dir) {
 }
 
 // Two tables trained alike: `plain` untiered, `tiered` with a budget. step() gives both the same
-// batch (step_batch's keys in [-keys/2, keys/2)) and requires the same lookup results.
+// batch (step_batch's keys in [-keys/2, keys/2)) and requires the same lookup results. With
+// prefetch_next, the tiered table prefetches the next step's batch between its lookup and its
+// update, as a pipelined trainer does: the read goes on while the update runs.
 struct Twins {
   embstore_store_t* plain_store;
   embstore_store_t* tiered_store;
   embstore_table_t* plain;
   embstore_table_t* tiered;
+  bool prefetch_next = false;
 
   void step(uint64_t s, int64_t keys, size_t batch) {
     std::vector<int64_t> k;
@@ -59,6 +69,12 @@ struct Twins {
     const std::vector<float> a = lookup_ok(plain, k);
     const std::vector<float> b = lookup_ok(tiered, k);
     REQUIRE(same_bits(a, b));
+    if (prefetch_next) {
+      std::vector<int64_t> next_keys;
+      std::vector<float> next_grads;
+      step_batch(s + 1, keys, batch, embstore_table_dim(plain), &next_keys, &next_grads);
+      ok(embstore_prefetch(tiered, next_keys.data(), next_keys.size(), nullptr));
+    }
     apply_ok(plain, k, g);
     apply_ok(tiered, k, g);
     ok(embstore_step(plain_store, s));

@@ -1,5 +1,8 @@
 // A tiered table trained on a stream holds what an untiered one holds, bit for bit, at every
 // budget down to one row; its stats count rows per tier and the moves; prefetch brings rows up.
+#include <chrono>
+#include <thread>
+
 #include "tests/tiers/tier_fixtures.hpp"
 
 namespace embstore_test::tiers {
@@ -20,8 +23,10 @@ TEST_CASE("a tiered table trains bit for bit as an untiered one, at budgets down
       GENERATE(Case{1, EMBSTORE_OPT_ADAGRAD, 1, 0}, Case{7, EMBSTORE_OPT_ADAM, 1, 0},
                Case{64, EMBSTORE_OPT_SGD, 1, 0}, Case{100, EMBSTORE_OPT_ROWWISE_ADAGRAD, 2, 0},
                Case{300, EMBSTORE_OPT_ADAGRAD, 1, 3});
+  const bool prefetch_next = GENERATE(false, true);
   INFO("memory_rows " << c.memory_rows << ", optimizer " << c.opt << ", admit_after "
-                      << c.admit_after << ", evict_idle_steps " << c.evict_idle_steps);
+                      << c.admit_after << ", evict_idle_steps " << c.evict_idle_steps
+                      << ", prefetch " << prefetch_next);
   TempDir dir_a, dir_b;
   StoreGuard a(tier_store(nullptr));
   StoreGuard b(tier_store(tier.path().c_str()));
@@ -30,7 +35,7 @@ TEST_CASE("a tiered table trains bit for bit as an untiered one, at budgets down
   ca.evict_idle_steps = c.evict_idle_steps;
   embstore_table_config_t cb = ca;
   cb.memory_rows = c.memory_rows;
-  Twins twins{a, b, make_table(a, ca), make_table(b, cb)};
+  Twins twins{a, b, make_table(a, ca), make_table(b, cb), prefetch_next};
   const int64_t keys = 1000;
   for (uint64_t s = 1; s <= 12; ++s) twins.step(s, keys, 200);
   const embstore_table_stats_t sa = stats(twins.plain);
@@ -86,25 +91,41 @@ TEST_CASE("a tiered table keeps its budget between calls and holds a larger batc
   REQUIRE(stats(t).rows_in_memory == 50);
 }
 
-TEST_CASE("prefetch brings a batch's rows up ahead of its lookup", "[tiers]") {
+// The tier's bytes read, once they exceed `above` (a prefetch's read runs on a thread of the
+// table's); 0 when that did not happen within 30 s.
+uint64_t wait_for_bytes_read(embstore_table_t* t, uint64_t above) {
+  for (int i = 0; i < 3000; ++i) {
+    const uint64_t read = stats(t).tier_bytes_read;
+    if (read > above) return read;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return 0;
+}
+
+TEST_CASE("prefetch reads a batch's rows in the background, ahead of its lookup", "[tiers]") {
   TierDir tier;
   if (!backend_has_tiers(tier.path())) return;
   StoreGuard store(tier_store(tier.path().c_str()));
   embstore_table_t* t = make_table(store, tier_config("emb", 8, 64));
   const std::vector<int64_t> early = key_range(64);
-  std::vector<int64_t> late(64);
-  for (size_t i = 0; i < late.size(); ++i) late[i] = 1000 + static_cast<int64_t>(i);
+  const std::vector<int64_t> late = keys_from(1000, 64);
   const std::vector<float> early_values = lookup_ok(t, early);
   lookup_ok(t, late);  // early's rows go down
-  REQUIRE(stats(t).rows_on_disk >= 32);
+  const embstore_table_stats_t before = stats(t);
+  REQUIRE(before.rows_on_disk == 64);
   std::vector<int64_t> ask = early;
   ask.push_back(999999);  // no row: ignored
   ok(embstore_prefetch(t, ask.data(), ask.size(), nullptr));
-  const uint64_t up = stats(t).rows_moved_up;
-  REQUIRE(up >= 32);
+  // The call returned with the read handed over: it shows in the bytes read.
+  const uint64_t read = wait_for_bytes_read(t, before.tier_bytes_read);
+  REQUIRE(read >= before.tier_bytes_read + 64 * 8 * 2 * 4);
+  // The lookup finds its rows read already: they come up, and nothing more is read.
   REQUIRE(same_bits(lookup_ok(t, early, 0), early_values));
-  REQUIRE(stats(t).rows_moved_up == up);  // nothing left to bring up
-  REQUIRE(stats(t).rows == 128);          // the unknown key got no row
+  const embstore_table_stats_t after = stats(t);
+  REQUIRE(after.rows_moved_up == before.rows_moved_up + 64);
+  REQUIRE(after.tier_bytes_read == read);
+  REQUIRE(after.rows == 128);  // the unknown key got no row
+  REQUIRE(after.rows_in_memory <= 64);
 
   ok(embstore_prefetch(t, nullptr, 0, nullptr));
   require_status(embstore_prefetch(t, nullptr, 3, nullptr), EMBSTORE_INVALID_ARGUMENT, "keys");
@@ -115,6 +136,47 @@ TEST_CASE("prefetch brings a batch's rows up ahead of its lookup", "[tiers]") {
   lookup_ok(plain, early);
   ok(embstore_prefetch(plain, early.data(), early.size(), nullptr));
   REQUIRE(stats(plain).rows_moved_up == 0);
+}
+
+TEST_CASE("a prefetch in flight meets eviction, another prefetch and the table's end", "[tiers]") {
+  TierDir tier;
+  if (!backend_has_tiers(tier.path())) return;
+  StoreGuard store(tier_store(tier.path().c_str()));
+  embstore_table_config_t c = tier_config("emb", 8, 32);
+  c.evict_idle_steps = 100;
+  embstore_table_t* t = make_table(store, c);
+  ok(embstore_step(store, 1));
+  const std::vector<int64_t> old_keys = key_range(64);
+  lookup_ok(t, old_keys);  // touched at step 1; half of them on disk
+  const std::vector<int64_t> fresh = keys_from(500, 32);
+  ok(embstore_step(store, 2));
+  lookup_ok(t, fresh);  // touched at step 2: the old rows go down
+  REQUIRE(stats(t).rows_on_disk == 64);
+  SECTION("eviction of the rows being read") {
+    ok(embstore_prefetch(t, old_keys.data(), old_keys.size(), nullptr));
+    // Idle since step 1: all 64 old rows go (in embstore_step's idle rule, or in the evict).
+    ok(embstore_step(store, 102));
+    uint64_t evicted = 0;
+    ok(embstore_table_evict(t, &evicted));
+    const embstore_table_stats_t s = stats(t);
+    REQUIRE(s.evicted == 64);
+    REQUIRE(s.rows == 32);
+    REQUIRE(s.rows_in_memory + s.rows_on_disk == 32);
+    // Their keys start again from the initializer.
+    const std::vector<float> again = lookup_ok(t, old_keys);
+    const std::vector<float> fresh_table =
+        lookup_ok(make_table(store, tier_config("x", 8, 0)), old_keys);
+    REQUIRE(same_bits(again, fresh_table));
+  }
+  SECTION("a second prefetch while the first is in flight") {
+    const std::vector<float> want = lookup_ok(make_table(store, tier_config("x", 8, 0)), old_keys);
+    ok(embstore_prefetch(t, old_keys.data(), 32, nullptr));
+    ok(embstore_prefetch(t, old_keys.data() + 32, 32, nullptr));
+    REQUIRE(same_bits(lookup_ok(t, old_keys, 0), want));
+  }
+  SECTION("the store destroyed with a prefetch in flight") {
+    ok(embstore_prefetch(t, old_keys.data(), old_keys.size(), nullptr));
+  }
 }
 
 TEST_CASE("stats of a caller built before tiers leave the tier fields alone", "[tiers]") {
