@@ -22,18 +22,21 @@
 
 enum { ROWS = 20000, MEMORY_ROWS = 2000, BATCH = 1024, DIM = 16, STEPS = 30 };
 
-static int64_t keys[BATCH];
+static int64_t keys[2][BATCH]; /* this step's batch and the next one's */
 static float values[BATCH * DIM], grads[BATCH * DIM];
 static int64_t all[ROWS];
 static float trained[ROWS * DIM], restored[ROWS * DIM];
 
-/* A batch of step s: three quarters from a hot set of 1,000 keys, the rest from all 20,000. */
-static void make_batch(uint64_t s) {
+/* The batch of step s, in keys[s % 2]: three quarters from a hot set of 1,000 keys, the rest
+   from all 20,000. */
+static const int64_t* make_batch(uint64_t s) {
+  int64_t* k = keys[s % 2];
   uint64_t x = s * 0x9E3779B97F4A7C15ull;
   for (int i = 0; i < BATCH; ++i) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17; /* xorshift64 */
-    keys[i] = (int64_t)(i % 4 != 0 ? x % 1000 : x % ROWS);
+    k[i] = (int64_t)(i % 4 != 0 ? x % 1000 : x % ROWS);
   }
+  return k;
 }
 
 int main(int argc, char** argv) {
@@ -64,13 +67,15 @@ int main(int argc, char** argv) {
     const int n = ROWS - i < BATCH ? ROWS - i : BATCH;
     CHECK(embstore_lookup(table, all + i, n, values, EMBSTORE_LOOKUP_INSERT, NULL));
   }
+  const int64_t* batch = make_batch(1);
   for (uint64_t s = 1; s <= STEPS; ++s) {
-    make_batch(s);
-    /* Ahead of the batch (here just before; a trainer prefetches batch i+1 during batch i). */
-    CHECK(embstore_prefetch(table, keys, BATCH, NULL));
-    CHECK(embstore_lookup(table, keys, BATCH, values, EMBSTORE_LOOKUP_INSERT, NULL));
-    CHECK(embstore_apply_gradients(table, keys, grads, BATCH, NULL));
+    CHECK(embstore_lookup(table, batch, BATCH, values, EMBSTORE_LOOKUP_INSERT, NULL));
+    /* The next batch's rows are read in the background while this one trains. */
+    const int64_t* next = make_batch(s + 1);
+    CHECK(embstore_prefetch(table, next, BATCH, NULL));
+    CHECK(embstore_apply_gradients(table, batch, grads, BATCH, NULL));
     CHECK(embstore_step(store, s));
+    batch = next;
   }
   embstore_table_stats_t st;
   memset(&st, 0, sizeof(st));

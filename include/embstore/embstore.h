@@ -597,12 +597,17 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
    through the io engine: io_uring and O_DIRECT where the kernel and file system allow). Each
    row has one home: its value and optimizer state move between memory and the file whole, and
    the table's index, metadata, dirty bits and admission counts stay in memory for every row
-   (40 to 60 bytes a row beside the budget). A lookup or update first brings the rows it needs
-   up, in one batched read; to make room it moves the least recently used rows down, in one
-   batched write, an eighth of the budget at a time so that the choice (a pass over the budget's
-   stamps) is paid once per that many rows. embstore_prefetch brings a coming batch's rows up
-   ahead. In this version the moves run on the calling thread; the CUDA backend has no tiers
-   yet (device_rows and memory_rows other than 0 are UNSUPPORTED there).
+   (41 to 61 bytes a row beside the budget). A lookup or update first brings the rows it needs
+   up, in one batched read; to make room it moves rows down, in one batched write, an eighth of
+   the budget at a time so that the choice (a pass over the budget's rows) is paid once per that
+   many rows. The rows moved down are the coldest: those used in the fewest calls (a count kept
+   for every row wherever it lives, halved each time the table has counted eight budgets' worth
+   of uses, so that it follows a shifting hot set), the least recently used among equals; a
+   pass over many rows used once does not push out the rows every batch uses.
+   embstore_prefetch reads a coming batch's rows in the background while the current one
+   trains. In this version moves down run on the calling thread (a prefetch's included); the
+   CUDA backend has no tiers yet (device_rows and memory_rows other than 0 are UNSUPPORTED
+   there).
 
    Results do not depend on tiers: a tiered table trained on a stream holds what an untiered
    one holds, bit for bit, and its checkpoints hold the same rows (a delta the same dirty rows,
@@ -619,9 +624,15 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
    @{ */
 
 /** Brings the rows of keys[0..n) up to the table's first tier ahead of a lookup or update of
-    them; keys without a row (and, on a sharded store, keys of other ranks) are ignored. On the
-    host backend it runs on the calling thread, under the table's lock like a lookup; a table
-    without tiers does nothing.
+    them; keys without a row (and, on a sharded store, keys of other ranks) are ignored. A table
+    without tiers does nothing. On the host backend the call, under the table's lock like a
+    lookup, takes memory for the rows on disk (moving others down first, as a lookup would) and
+    returns; a thread of the table's reads them meanwhile, and the first call that needs one of
+    them (or that may evict rows, or prefetches again: one prefetch is in flight at a time)
+    waits for that read to end. Calls on other rows go on beside it. The rows count as moved up
+    in embstore_table_stats once a call has waited for them. A failed read is not reported here:
+    the rows stay on disk, and the call that needs them reads them itself (and reports
+    IO_ERROR if that fails too).
     @param table the table
     @param [in] keys n keys (host memory on the host backend), or NULL when n is 0
     @param n the number of keys

@@ -38,8 +38,9 @@ namespace embstore::io {
 namespace {
 
 std::mutex g_fault_mutex;
-std::function<int(uint64_t, size_t)> g_fault;
-bool g_fault_set = false;  // read under the mutex; the hook is test-only, so no fast path
+std::function<int(uint64_t, size_t)> g_fault, g_read_fault;
+// Read under the mutex; the hooks are test-only, so no fast path.
+bool g_fault_set = false, g_read_fault_set = false;
 
 std::mutex g_log_mutex;
 
@@ -55,6 +56,12 @@ void set_fault_injection(std::function<int(uint64_t offset, size_t bytes)> hook)
   g_fault_set = static_cast<bool>(g_fault);
 }
 
+void set_read_fault_injection(std::function<int(uint64_t offset, size_t bytes)> hook) {
+  std::lock_guard<std::mutex> lock(g_fault_mutex);
+  g_read_fault = std::move(hook);
+  g_read_fault_set = static_cast<bool>(g_read_fault);
+}
+
 namespace detail {
 
 int injected_fault(uint64_t offset, size_t bytes) {
@@ -62,6 +69,13 @@ int injected_fault(uint64_t offset, size_t bytes) {
   if (!g_fault_set) return 0;
   const int r = g_fault(offset, bytes);
   return r > 0 ? -r : r;  // a positive errno by mistake still fails the write
+}
+
+int injected_read_fault(uint64_t offset, size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_fault_mutex);
+  if (!g_read_fault_set) return 0;
+  const int r = g_read_fault(offset, bytes);
+  return r > 0 ? -r : r;
 }
 
 std::string errno_name(int negative_errno) {

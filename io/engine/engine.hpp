@@ -42,6 +42,8 @@ inline size_t align_up(size_t n) { return (n + kAlignment - 1) & ~(kAlignment - 
 
 // The fault hook of fault.hpp: 0, or the -errno the write at [offset, offset + bytes) reports.
 int injected_fault(uint64_t offset, size_t bytes);
+// set_read_fault_injection's hook for a read at offset (0 when none is set).
+int injected_read_fault(uint64_t offset, size_t bytes);
 
 // An io_uring over a set of staging buffers: the requests, their completions and the rules
 // both users keep (Channel below, and the SSD tier's PageFile). Not thread-safe.

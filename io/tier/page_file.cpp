@@ -304,13 +304,13 @@ int PageFile::transfer_sync(bool write, const std::vector<uint64_t>& pages, cons
   char* staged = buffer(0);  // aligned, as O_DIRECT needs; one page at a time
   for (size_t i = 0; i < pages.size(); ++i) {
     const uint64_t off = pages[i] * page_bytes_;
-    if (write) {
-      if (const int fault = detail::injected_fault(off, page_bytes_); fault != 0) {
-        set_detail(detail, describe(true, pages[i], fault));
-        return fault;
-      }
-      std::memcpy(staged, src[i], page_bytes_);
+    if (const int fault = write ? detail::injected_fault(off, page_bytes_)
+                                : detail::injected_read_fault(off, page_bytes_);
+        fault != 0) {
+      set_detail(detail, describe(write, pages[i], fault));
+      return fault;
     }
+    if (write) std::memcpy(staged, src[i], page_bytes_);
     size_t done = 0;
     while (done < page_bytes_) {
       const ssize_t r =
@@ -361,13 +361,13 @@ int PageFile::transfer_uring(bool write, const std::vector<uint64_t>& pages, con
     while (error == 0 && next < pages.size() && !spare_.empty()) {
       const unsigned index = spare_.back();
       const uint64_t off = pages[next] * page_bytes_;
-      if (write) {
-        if (const int fault = detail::injected_fault(off, page_bytes_); fault != 0) {
-          fail(fault, pages[next], "");
-          break;
-        }
-        std::memcpy(buffer(index), src[next], page_bytes_);
+      if (const int fault = write ? detail::injected_fault(off, page_bytes_)
+                                  : detail::injected_read_fault(off, page_bytes_);
+          fault != 0) {
+        fail(fault, pages[next], "");
+        break;
       }
+      if (write) std::memcpy(buffer(index), src[next], page_bytes_);
       if (const int r = ring_.queue(fd_, write, index, buffer(index), page_bytes_, off); r < 0) {
         fail(r, pages[next], " (io_uring queue)");
         break;

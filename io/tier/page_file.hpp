@@ -78,8 +78,9 @@ class PageFile {
   // each one, as for FileWriter). After an error no further write starts, and the call returns
   // only once those in flight are done; the pages of a failed call hold old or new contents.
   int write(const std::vector<uint64_t>& pages, const char* const* data, std::string* detail);
-  // Reads pages[i] into data[i] (page_bytes() each, any alignment), the same way. A page that
-  // was allocated but never written reads as zeros. -EIO when the file is shorter than the page
+  // Reads pages[i] into data[i] (page_bytes() each, any alignment), the same way (the read
+  // fault hook of io/engine/fault.hpp is asked before each read). A page that was allocated but
+  // never written reads as zeros. -EIO when the file is shorter than the page
   // (it was cut behind this object's back): a short read is never handed out as data.
   int read(const std::vector<uint64_t>& pages, char* const* data, std::string* detail);
 

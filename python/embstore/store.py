@@ -447,8 +447,10 @@ class Table:
 
     def prefetch(self, keys, *, stream=None):
         """Brings the rows of keys up to the table's first tier ahead of a lookup or update of
-        them (embstore_prefetch); keys without a row are ignored; an untiered table does
-        nothing."""
+        them (embstore_prefetch): returns once the read is handed to a thread of the table's,
+        and the first call that needs one of the rows waits for it. Call it with the next
+        batch's keys right after this batch's lookup. Keys without a row are ignored; an
+        untiered table does nothing."""
         k = _arrays.keys_buffer(keys)
         self._check_memory((k,))
         handle = _arrays.stream_handle(stream, (k,))

@@ -2,6 +2,7 @@
 // row; a process killed while rows move comes back from its last checkpoint.
 #include <sys/stat.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "tests/tiers/tier_fixtures.hpp"
@@ -112,6 +113,56 @@ TEST_CASE("a failed write to the tier fails the call and loses no row", "[tiers]
   const embstore_table_stats_t after = stats(twins.tiered);
   REQUIRE(after.rows == at_fault.rows);
   REQUIRE(after.rows_moved_down == at_fault.rows_moved_down);
+  REQUIRE(same_bits(lookup_ok(twins.tiered, all, 0), before));
+  for (uint64_t s = 4; s <= 6; ++s) twins.step(s, 300, 100);
+  require_same_checkpoint(a, b, dir_a.path(), dir_b.path(), "emb");
+}
+
+TEST_CASE("a failed read from the tier fails the call or the checkpoint and loses no row",
+          "[tiers][failure]") {
+  TierDir tier;
+  if (!backend_has_tiers(tier.path())) return;
+  TempDir dir_a, dir_b;
+  StoreGuard a(tier_store(nullptr));
+  StoreGuard b(tier_store(tier.path().c_str()));
+  no_rebaseline(a);
+  no_rebaseline(b);
+  Twins twins{a, b, make_table(a, tier_config("emb", 8, 0)),
+              make_table(b, tier_config("emb", 8, 32))};
+  for (uint64_t s = 1; s <= 3; ++s) twins.step(s, 300, 100);
+  const std::vector<int64_t> all = key_range(300);
+  const std::vector<float> before = lookup_ok(twins.plain, all, 0);
+  const std::vector<int64_t> cold(all.begin(), all.begin() + 100);  // most of them on disk
+  REQUIRE(stats(twins.tiered).rows_on_disk >= 100);
+  const embstore_table_stats_t at_fault = stats(twins.tiered);
+  std::vector<float> out(cold.size() * 8);
+  std::vector<float> grads(cold.size() * 8, 0.25f);
+  SECTION("a lookup's and an update's") {
+    ReadFaultGuard faults([](uint64_t, size_t) { return -EIO; });
+    require_status(embstore_lookup(twins.tiered, cold.data(), cold.size(), out.data(), 0, nullptr),
+                   EMBSTORE_IO_ERROR, tier.path().c_str());
+    require_status(
+        embstore_apply_gradients(twins.tiered, cold.data(), grads.data(), cold.size(), nullptr),
+        EMBSTORE_IO_ERROR, "no row was lost");
+  }
+  SECTION("a prefetch's, which the call that needs the rows meets again") {
+    ReadFaultGuard faults([](uint64_t, size_t) { return -EIO; });
+    ok(embstore_prefetch(twins.tiered, cold.data(), cold.size(), nullptr));  // not reported here
+    require_status(embstore_lookup(twins.tiered, cold.data(), cold.size(), out.data(), 0, nullptr),
+                   EMBSTORE_IO_ERROR, "reading rows from");
+  }
+  SECTION("a checkpoint's drain, then a checkpoint that succeeds") {
+    uint64_t v = 0;
+    {
+      ReadFaultGuard faults([](uint64_t, size_t) { return -EIO; });
+      ok(embstore_checkpoint(b, dir_b.path().c_str(), EMBSTORE_CKPT_FULL, &v));
+      require_status(embstore_checkpoint_wait(b, v), EMBSTORE_IO_ERROR, "for a checkpoint");
+    }
+    REQUIRE_FALSE(std::filesystem::exists(version_dir(dir_b.path(), v)));  // no version left
+  }
+  const embstore_table_stats_t after = stats(twins.tiered);
+  REQUIRE(after.rows == at_fault.rows);
+  REQUIRE(after.rows_moved_up == at_fault.rows_moved_up);  // nothing came up
   REQUIRE(same_bits(lookup_ok(twins.tiered, all, 0), before));
   for (uint64_t s = 4; s <= 6; ++s) twins.step(s, 300, 100);
   require_same_checkpoint(a, b, dir_a.path(), dir_b.path(), "emb");
