@@ -13,6 +13,7 @@ struct Case {
   embstore_optimizer_t opt;
   uint32_t admit_after;
   uint64_t evict_idle_steps;
+  uint64_t max_capacity = 0;  // with evict_when_full
 };
 
 TEST_CASE("a tiered table trains bit for bit as an untiered one, at budgets down to one row",
@@ -22,17 +23,22 @@ TEST_CASE("a tiered table trains bit for bit as an untiered one, at budgets down
   const Case c =
       GENERATE(Case{1, EMBSTORE_OPT_ADAGRAD, 1, 0}, Case{7, EMBSTORE_OPT_ADAM, 1, 0},
                Case{64, EMBSTORE_OPT_SGD, 1, 0}, Case{100, EMBSTORE_OPT_ROWWISE_ADAGRAD, 2, 0},
-               Case{300, EMBSTORE_OPT_ADAGRAD, 1, 3});
+               Case{300, EMBSTORE_OPT_ADAGRAD, 1, 3}, Case{40, EMBSTORE_OPT_ADAGRAD, 1, 0, 400});
   const bool prefetch_next = GENERATE(false, true);
   INFO("memory_rows " << c.memory_rows << ", optimizer " << c.opt << ", admit_after "
                       << c.admit_after << ", evict_idle_steps " << c.evict_idle_steps
-                      << ", prefetch " << prefetch_next);
+                      << ", max_capacity " << c.max_capacity << ", prefetch " << prefetch_next);
   TempDir dir_a, dir_b;
   StoreGuard a(tier_store(nullptr));
   StoreGuard b(tier_store(tier.path().c_str()));
   embstore_table_config_t ca = tier_config("emb", 8, 0, c.opt);
   ca.admit_after = c.admit_after;
   ca.evict_idle_steps = c.evict_idle_steps;
+  if (c.max_capacity != 0) {
+    ca.initial_capacity = 64;
+    ca.max_capacity = c.max_capacity;
+    ca.evict_when_full = 1;
+  }
   embstore_table_config_t cb = ca;
   cb.memory_rows = c.memory_rows;
   Twins twins{a, b, make_table(a, ca), make_table(b, cb), prefetch_next};
@@ -55,7 +61,8 @@ TEST_CASE("a tiered table trains bit for bit as an untiered one, at budgets down
   REQUIRE(sb.rows_moved_up > 0);
   REQUIRE(sb.tier_bytes_written >= sb.rows_moved_down * 8 * 4);
   REQUIRE(sb.tier_bytes_read > 0);
-  if (c.evict_idle_steps != 0) REQUIRE(sb.evicted > 0);
+  if (c.evict_idle_steps != 0 || c.max_capacity != 0) REQUIRE(sb.evicted > 0);
+  if (c.max_capacity != 0) REQUIRE(sb.rows <= c.max_capacity);
   if (c.admit_after > 1) REQUIRE(sb.pending_admission > 0);
   // Every key, including those with no row (zeros without insert).
   const std::vector<int64_t> all = key_range(keys + 40);
