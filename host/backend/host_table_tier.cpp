@@ -191,19 +191,23 @@ void HostTable::settle() {
   }
 }
 
-// Coldest first (a row used in one call goes before one used in many, however recent: a pass
-// over the tail of the key space does not push the hot rows out), then least recently used;
-// ties: the lowest frame.
+// Rows used in this call or the one before go last: a prefetch of batch i + 1 runs between
+// batch i's lookup and its update, and must not move down the rows that update needs (nor the
+// update's settling the rows just prefetched). Among the others, coldest first (a row used in
+// one call goes before one used in many, however recent: a pass over the tail of the key space
+// does not push the hot rows out), then least recently used; ties: the lowest frame.
 void HostTable::move_down_least_used(uint64_t count, bool spare_this_call) {
-  constexpr uint64_t kClockBits = 56;
+  constexpr uint64_t kClockBits = 54;
   constexpr uint64_t kClockMask = (uint64_t{1} << kClockBits) - 1;
+  constexpr uint64_t kRecent = uint64_t{1} << 62;  // above heat (8 bits) and clock
   std::vector<std::pair<uint64_t, uint32_t>> candidates;
   for (uint64_t f = 0; f < next_frame_; ++f) {
     const uint32_t r = frame_row_[f];
-    if (r != row::kNoRow && (!spare_this_call || frame_used_[f] < use_clock_)) {
-      const uint64_t order = uint64_t{*heat_.at(r)} << kClockBits | (frame_used_[f] & kClockMask);
-      candidates.emplace_back(order, static_cast<uint32_t>(f));
-    }
+    if (r == row::kNoRow || (spare_this_call && frame_used_[f] == use_clock_)) continue;
+    const uint64_t recent = frame_used_[f] + 1 >= use_clock_ ? kRecent : 0;
+    const uint64_t order =
+        recent | uint64_t{*heat_.at(r)} << kClockBits | (frame_used_[f] & kClockMask);
+    candidates.emplace_back(order, static_cast<uint32_t>(f));
   }
   if (candidates.size() > count) {
     std::nth_element(candidates.begin(), candidates.begin() + count, candidates.end());

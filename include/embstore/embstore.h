@@ -603,7 +603,9 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
    many rows. The rows moved down are the coldest: those used in the fewest calls (a count kept
    for every row wherever it lives, halved each time the table has counted eight budgets' worth
    of uses, so that it follows a shifting hot set), the least recently used among equals; a
-   pass over many rows used once does not push out the rows every batch uses.
+   pass over many rows used once does not push out the rows every batch uses. Rows used by the
+   last two calls go last of all (a prefetch of the next batch spares the rows that the current
+   batch's update is about to use).
    embstore_prefetch reads a coming batch's rows in the background while the current one
    trains. In this version moves down run on the calling thread (a prefetch's included); the
    CUDA backend has no tiers yet (device_rows and memory_rows other than 0 are UNSUPPORTED

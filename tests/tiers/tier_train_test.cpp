@@ -145,6 +145,37 @@ TEST_CASE("prefetch reads a batch's rows in the background, ahead of its lookup"
   REQUIRE(stats(plain).rows_moved_up == 0);
 }
 
+TEST_CASE("a prefetch of the next batch leaves the current batch's rows for its update",
+          "[tiers]") {
+  TierDir tier;
+  if (!backend_has_tiers(tier.path())) return;
+  StoreGuard store(tier_store(tier.path().c_str()));
+  embstore_table_t* t = make_table(store, tier_config("emb", 8, 100));
+  const std::vector<int64_t> next = keys_from(0, 40), all = keys_from(1000, 100);
+  const std::vector<int64_t> hot(all.begin(), all.begin() + 60),
+      current(all.begin() + 60, all.end());
+  lookup_ok(t, next);
+  lookup_ok(t, all);                                       // next's rows go down
+  for (int call = 0; call < 3; ++call) lookup_ok(t, hot);  // used in more calls than current
+  lookup_ok(t, current);                                   // batch i's lookup
+  const embstore_table_stats_t before = stats(t);
+  REQUIRE(before.rows_on_disk == 40);
+  // Batch i + 1's prefetch needs 40 frames: it takes them from the hot rows, not from the
+  // colder rows that batch i's update is about to use (a policy by use counts alone would).
+  ok(embstore_prefetch(t, next.data(), next.size(), nullptr));
+  const uint64_t read = wait_for_bytes_read(t, before.tier_bytes_read);
+  REQUIRE(read > before.tier_bytes_read);
+  const std::vector<float> grads(current.size() * 8, 0.5f);
+  apply_ok(t, current, grads);
+  embstore_table_stats_t s = stats(t);
+  REQUIRE(s.tier_bytes_read == read);  // the update read nothing
+  REQUIRE(s.rows_moved_up == before.rows_moved_up);
+  lookup_ok(t, next, 0);  // batch i + 1 takes its prefetched rows
+  s = stats(t);
+  REQUIRE(s.rows_moved_up == before.rows_moved_up + 40);
+  REQUIRE(s.tier_bytes_read == read);
+}
+
 TEST_CASE("a prefetch in flight meets eviction, another prefetch and the table's end", "[tiers]") {
   TierDir tier;
   if (!backend_has_tiers(tier.path())) return;
