@@ -170,7 +170,9 @@ class HostTable final : public Table {
       if (table->tiered_) table->settle();
     }
   };
-  void move_down_least_used(uint64_t count, bool spare_this_call);
+  // Moves down up to `count` rows, never those stamped at spare_since or later; the order is
+  // move_down_least_used's (host_table_tier.cpp).
+  void move_down_least_used(uint64_t count, uint64_t spare_since);
   // Frames held: rows in memory and frames a prefetch's read fills.
   uint64_t held_frames() const { return resident_ + prefetch_.rows.size(); }
   // Ends the prefetch in flight, if any: waits for its read, then its rows are in memory (or,

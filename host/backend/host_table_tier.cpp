@@ -69,7 +69,15 @@ void HostTable::prefetch(const int64_t* keys, size_t n, void*) {
   const SettleAtExit settle_at_exit{this};
   begin_tier_call();
   if (!stamp_resident(rows_scratch_.data(), n)) return;
-  make_frames(up_rows_.size());
+  // A hint: only the rows that fit beside those of this call and the one before (the current
+  // batch, whose update comes next) are read; the call that needs the others reads them.
+  const uint64_t budget = spec().memory_rows;
+  if (held_frames() + up_rows_.size() > budget) {
+    move_down_least_used(held_frames() + up_rows_.size() - budget + budget / 8, use_clock_ - 1);
+  }
+  const uint64_t room = budget > held_frames() ? budget - held_frames() : 0;
+  if (up_rows_.size() > room) up_rows_.resize(room);
+  if (up_rows_.empty()) return;
   PrefetchJob job;
   job.rows = up_rows_;
   job.frames.resize(job.rows.size());
@@ -176,14 +184,14 @@ void HostTable::make_frames(uint64_t need) {
   // The rows past the budget, and an eighth of the budget beyond, so that the next calls find
   // room without a pass over the stamps. Fewer than that may be free to go (the call's own rows
   // are spared): then the call runs over the budget (take_frame) until settle().
-  move_down_least_used(held_frames() + need - budget + budget / 8, true);
+  move_down_least_used(held_frames() + need - budget + budget / 8, use_clock_);
 }
 
 void HostTable::settle() {
   const uint64_t budget = spec().memory_rows;
   if (held_frames() <= budget) return;
   try {
-    move_down_least_used(held_frames() - budget, false);
+    move_down_least_used(held_frames() - budget, UINT64_MAX);
   } catch (...) {
     // The call itself succeeded (or is failing already): its rows stay in memory, over the
     // budget, and the next call that needs room meets the failure again and reports it. A
@@ -196,14 +204,14 @@ void HostTable::settle() {
 // update's settling the rows just prefetched). Among the others, coldest first (a row used in
 // one call goes before one used in many, however recent: a pass over the tail of the key space
 // does not push the hot rows out), then least recently used; ties: the lowest frame.
-void HostTable::move_down_least_used(uint64_t count, bool spare_this_call) {
+void HostTable::move_down_least_used(uint64_t count, uint64_t spare_since) {
   constexpr uint64_t kClockBits = 54;
   constexpr uint64_t kClockMask = (uint64_t{1} << kClockBits) - 1;
   constexpr uint64_t kRecent = uint64_t{1} << 62;  // above heat (8 bits) and clock
   std::vector<std::pair<uint64_t, uint32_t>> candidates;
   for (uint64_t f = 0; f < next_frame_; ++f) {
     const uint32_t r = frame_row_[f];
-    if (r == row::kNoRow || (spare_this_call && frame_used_[f] == use_clock_)) continue;
+    if (r == row::kNoRow || frame_used_[f] >= spare_since) continue;
     const uint64_t recent = frame_used_[f] + 1 >= use_clock_ ? kRecent : 0;
     const uint64_t order =
         recent | uint64_t{*heat_.at(r)} << kClockBits | (frame_used_[f] & kClockMask);

@@ -631,7 +631,9 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
     lookup, takes memory for the rows on disk (moving others down first, as a lookup would) and
     returns; a thread of the table's reads them meanwhile, and the first call that needs one of
     them (or that may evict rows, or prefetches again: one prefetch is in flight at a time)
-    waits for that read to end. Calls on other rows go on beside it. The rows count as moved up
+    waits for that read to end. Calls on other rows go on beside it. Only the rows that fit in
+    the budget beside those of the call before (the current batch's) are read; the call that
+    needs the others reads them. The rows count as moved up
     in embstore_table_stats once a call has waited for them. A failed read is not reported here:
     the rows stay on disk, and the call that needs them reads them itself (and reports
     IO_ERROR if that fails too).

@@ -114,24 +114,25 @@ TEST_CASE("prefetch reads a batch's rows in the background, ahead of its lookup"
   if (!backend_has_tiers(tier.path())) return;
   StoreGuard store(tier_store(tier.path().c_str()));
   embstore_table_t* t = make_table(store, tier_config("emb", 8, 64));
-  const std::vector<int64_t> early = key_range(64);
+  const std::vector<int64_t> early = key_range(60);
   const std::vector<int64_t> late = keys_from(1000, 64);
   const std::vector<float> early_values = lookup_ok(t, early);
-  lookup_ok(t, late);  // early's rows go down
+  lookup_ok(t, late);          // early's rows go down
+  lookup_ok(t, {late[0]}, 0);  // the call before the prefetch: one row
   const embstore_table_stats_t before = stats(t);
-  REQUIRE(before.rows_on_disk == 64);
+  REQUIRE(before.rows_on_disk == 60);
   std::vector<int64_t> ask = early;
   ask.push_back(999999);  // no row: ignored
   ok(embstore_prefetch(t, ask.data(), ask.size(), nullptr));
   // The call returned with the read handed over: it shows in the bytes read.
   const uint64_t read = wait_for_bytes_read(t, before.tier_bytes_read);
-  REQUIRE(read >= before.tier_bytes_read + 64 * 8 * 2 * 4);
+  REQUIRE(read >= before.tier_bytes_read + 60 * 8 * 2 * 4);
   // The lookup finds its rows read already: they come up, and nothing more is read.
   REQUIRE(same_bits(lookup_ok(t, early, 0), early_values));
   const embstore_table_stats_t after = stats(t);
-  REQUIRE(after.rows_moved_up == before.rows_moved_up + 64);
+  REQUIRE(after.rows_moved_up == before.rows_moved_up + 60);
   REQUIRE(after.tier_bytes_read == read);
-  REQUIRE(after.rows == 128);  // the unknown key got no row
+  REQUIRE(after.rows == 124);  // the unknown key got no row
   REQUIRE(after.rows_in_memory <= 64);
 
   ok(embstore_prefetch(t, nullptr, 0, nullptr));
@@ -174,6 +175,31 @@ TEST_CASE("a prefetch of the next batch leaves the current batch's rows for its 
   s = stats(t);
   REQUIRE(s.rows_moved_up == before.rows_moved_up + 40);
   REQUIRE(s.tier_bytes_read == read);
+}
+
+TEST_CASE("a prefetch reads only what fits beside the current batch", "[tiers]") {
+  TierDir tier;
+  if (!backend_has_tiers(tier.path())) return;
+  StoreGuard store(tier_store(tier.path().c_str()));
+  embstore_table_t* t = make_table(store, tier_config("emb", 8, 64));
+  const std::vector<int64_t> next = keys_from(0, 40), current = keys_from(1000, 40);
+  lookup_ok(t, next);
+  lookup_ok(t, current);  // 24 of next's rows go down: 40 + 40 do not fit in 64
+  const embstore_table_stats_t before = stats(t);
+  REQUIRE(before.rows_on_disk == 24);
+  // 56 rows in memory, the 16 others of next's among them; current's 40 stay (the call before):
+  // room for 8 more.
+  ok(embstore_prefetch(t, next.data(), next.size(), nullptr));
+  const uint64_t read = wait_for_bytes_read(t, before.tier_bytes_read);
+  REQUIRE(read > before.tier_bytes_read);
+  apply_ok(t, current, std::vector<float>(current.size() * 8, 0.5f));
+  embstore_table_stats_t s = stats(t);
+  REQUIRE(s.tier_bytes_read == read);  // the update's rows were all still in memory
+  REQUIRE(s.rows_moved_up == before.rows_moved_up);
+  lookup_ok(t, next, 0);
+  s = stats(t);
+  REQUIRE(s.rows_moved_up == before.rows_moved_up + 24);  // 8 prefetched, 16 read now
+  REQUIRE(s.tier_bytes_read > read);
 }
 
 TEST_CASE("a prefetch in flight meets eviction, another prefetch and the table's end", "[tiers]") {
