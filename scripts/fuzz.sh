@@ -6,19 +6,19 @@
 # finds a crash, and names the saved input.
 #   scripts/fuzz.sh [--seconds N] [--target NAME]
 #     --seconds N    run each target for N seconds (default 20)
-#     --target NAME  run only NAME: manifest_fuzz, row_file_fuzz or admission_file_fuzz
-#                    (default: all three)
+#     --target NAME  run only NAME: manifest_fuzz, row_file_fuzz, admission_file_fuzz or
+#                    codec_fuzz (default: all four)
 # JOBS=N sets the build's parallelism (default: nproc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 
 usage() {
-  echo "usage: scripts/fuzz.sh [--seconds N] [--target manifest_fuzz|row_file_fuzz|admission_file_fuzz]" >&2
+  echo "usage: scripts/fuzz.sh [--seconds N] [--target manifest_fuzz|row_file_fuzz|admission_file_fuzz|codec_fuzz]" >&2
   exit 2
 }
 
-all_targets=(manifest_fuzz row_file_fuzz admission_file_fuzz)
+all_targets=(manifest_fuzz row_file_fuzz admission_file_fuzz codec_fuzz)
 seconds=20
 targets=("${all_targets[@]}")
 while [ $# -gt 0 ]; do

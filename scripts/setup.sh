@@ -11,7 +11,8 @@
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config liburing-dev libfmt-dev catch2 nlohmann-json3-dev
-          libxxhash-dev libre2-dev libcli11-dev python3 openmpi-bin libopenmpi-dev doxygen)
+          libxxhash-dev libre2-dev libzstd-dev libcli11-dev python3 openmpi-bin libopenmpi-dev
+          doxygen)
 for arg in "$@"; do
   case "$arg" in
     --plot) packages+=(gnuplot-nox) ;;

@@ -1,0 +1,107 @@
+// Lossy row codecs of checkpointed rows (issue 35): the per-value and per-row arithmetic of bf16
+// and int8, which the host's writers and readers run and the CUDA backend's staging can run as
+// they are. The lossless codec (a byte shuffle, then zstd) has no per-row part: io/codec.
+//
+// bf16: a float's top 16 bits, rounded to nearest, ties to even. A finite normal value comes
+// back within a relative 2^-8 of itself (half a unit in the last of bf16's 8 significant
+// bits); a subnormal within 2^-134 absolute; a value that rounds past bf16's largest finite
+// (about 3.39e38) becomes an infinity of its sign; infinities stay; a NaN stays a NaN (quiet).
+//
+// int8 (FBGEMM's fused 8-bit rows): a row of n values becomes n bytes and two floats, offset =
+// the row's minimum and scale = (maximum - minimum) / 255, q = the nearest integer to
+// (x - offset) / scale, scale rounded up to a float; decoded, offset + scale * q. Each value
+// comes back within half a step of itself: |decoded - x| <= (maximum - minimum) / 510 +
+// 2^-22 * (|minimum| + |maximum|) + 2^-149 (the last two terms: the float rounding of the scale
+// and of the result, and a subnormal scale's coarser one). A row whose values are all equal
+// comes back exactly. A row holding a NaN or an infinity comes back as all NaN: 8 bits a value
+// cannot hold it, and NaNs say so where a finite value would be silently wrong.
+//
+// Arithmetic is in double, IEEE-exact operations only, so host and device give the same bytes.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/row/hd.h"
+
+namespace embstore::row {
+
+constexpr uint32_t kFloatExponentMask = 0x7f800000u;
+
+EMBSTORE_HD bool is_finite_bits(uint32_t bits) {
+  return (bits & kFloatExponentMask) != kFloatExponentMask;
+}
+
+EMBSTORE_HD uint16_t bf16_from_float(float x) {
+  const uint32_t bits = bit_cast<uint32_t>(x);
+  if ((bits & 0x7fffffffu) > kFloatExponentMask) {
+    return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // NaN: sign and payload kept, quiet
+  }
+  // Round to nearest even on the 16 bits dropped; a carry into the exponent is the right
+  // rounding too (up to the next binade, or to infinity past the largest finite).
+  const uint32_t rounded = bits + 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(rounded >> 16);
+}
+
+EMBSTORE_HD float float_from_bf16(uint16_t b) { return bit_cast<float>(uint32_t{b} << 16); }
+
+// Nearest integer of a non-negative double, ties away from zero (floor(v + 0.5)): exact for the
+// values int8 meets (below 256).
+EMBSTORE_HD double round_half_up(double v) {
+#if defined(__CUDA_ARCH__)
+  return ::floor(v + 0.5);
+#else
+  return std::floor(v + 0.5);
+#endif
+}
+
+// The scale and offset of a row of n values (n >= 1) under int8. Non-finite values: both NaN.
+EMBSTORE_HD void int8_row_range(const float* x, uint32_t n, float* scale, float* offset) {
+  float lo = x[0], hi = x[0];
+  bool finite = true;
+  for (uint32_t i = 0; i < n; ++i) {
+    finite = finite && is_finite_bits(bit_cast<uint32_t>(x[i]));
+    lo = x[i] < lo ? x[i] : lo;
+    hi = x[i] > hi ? x[i] : hi;
+  }
+  if (!finite) {
+    *scale = bit_cast<float>(0x7fc00000u);
+    *offset = *scale;
+    return;
+  }
+  const double range = static_cast<double>(hi) - static_cast<double>(lo);  // exact enough
+  float s = static_cast<float>(range / 255.0);
+  // Rounded up, so that 255 steps cover the range and no value needs a 256th: a float's
+  // rounding (coarse for a subnormal scale) must not cost more than half a step.
+  if (static_cast<double>(s) * 255.0 < range) s = bit_cast<float>(bit_cast<uint32_t>(s) + 1u);
+  *scale = s;
+  *offset = lo;
+}
+
+// Encodes row x[0..n) into q[0..n), *scale and *offset.
+EMBSTORE_HD void int8_encode_row(const float* x, uint32_t n, uint8_t* q, float* scale,
+                                 float* offset) {
+  int8_row_range(x, n, scale, offset);
+  const double s = *scale, o = *offset;
+  if (!(s > 0)) {  // all values equal (scale 0), or not finite (NaN)
+    for (uint32_t i = 0; i < n; ++i) q[i] = 0;
+    return;
+  }
+  for (uint32_t i = 0; i < n; ++i) {
+    const double v = round_half_up((static_cast<double>(x[i]) - o) / s);
+    q[i] = static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
+  }
+}
+
+EMBSTORE_HD void int8_decode_row(const uint8_t* q, uint32_t n, float scale, float offset,
+                                 float* x) {
+  // The largest float: a row reaching it may get a scale rounded up, whose last step lands a
+  // hair beyond; that is the row's maximum, not an infinity. (A NaN passes both tests.)
+  constexpr double kMax = 3.4028234663852886e38;
+  const double s = scale, o = offset;
+  for (uint32_t i = 0; i < n; ++i) {
+    const double v = o + s * static_cast<double>(q[i]);
+    x[i] = static_cast<float>(v > kMax ? kMax : (v < -kMax ? -kMax : v));
+  }
+}
+
+}  // namespace embstore::row

@@ -1,0 +1,239 @@
+#include "io/codec/block_codec.hpp"
+
+#include <zstd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+#include "cuda/row/codec.h"
+
+namespace embstore::io {
+namespace {
+
+void set_detail(std::string* detail, std::string text) {
+  if (detail != nullptr) *detail = std::move(text);
+}
+
+size_t float_bytes(uint32_t rows, uint32_t width) { return size_t{rows} * width * sizeof(float); }
+
+// in (n floats' bytes) -> out: byte k of every float, for k = 0..3 (little-endian machines: the
+// exponents' bytes end up together, which is what zstd finds).
+void shuffle(const char* in, size_t n, char* out) {
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t k = 0; k < sizeof(float); ++k) out[k * n + i] = in[i * sizeof(float) + k];
+  }
+}
+
+void unshuffle(const char* in, size_t n, char* out) {
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t k = 0; k < sizeof(float); ++k) out[i * sizeof(float) + k] = in[k * n + i];
+  }
+}
+
+std::string size_mismatch(Codec codec, size_t size, size_t want, uint32_t rows, uint32_t width) {
+  return std::string(codec_name(codec)) + " block of " + std::to_string(rows) + " rows x " +
+         std::to_string(width) + " floats holds " + std::to_string(size) + " bytes, not " +
+         std::to_string(want);
+}
+
+}  // namespace
+
+struct BlockCodec::Contexts {
+  ZSTD_CCtx* c = nullptr;
+  ZSTD_DCtx* d = nullptr;
+  ~Contexts() {
+    ZSTD_freeCCtx(c);
+    ZSTD_freeDCtx(d);
+  }
+};
+
+const char* codec_name(Codec codec) {
+  switch (codec) {
+    case Codec::kNone:
+      return "none";
+    case Codec::kLossless:
+      return "lossless";
+    case Codec::kBf16:
+      return "bf16";
+    case Codec::kInt8:
+      return "int8";
+  }
+  return "?";
+}
+
+bool codec_from_name(std::string_view name, Codec* out) {
+  for (const Codec c : {Codec::kNone, Codec::kLossless, Codec::kBf16, Codec::kInt8}) {
+    if (name == codec_name(c)) {
+      *out = c;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool codec_is_known(uint32_t value) { return value <= static_cast<uint32_t>(Codec::kInt8); }
+
+BlockCodec::BlockCodec(int zstd_level) : level_(zstd_level), zstd_(new Contexts) {}
+BlockCodec::~BlockCodec() = default;
+
+size_t BlockCodec::bound(Codec codec, uint32_t rows, uint32_t width) {
+  const size_t values = size_t{rows} * width;
+  switch (codec) {
+    case Codec::kNone:
+      return values * sizeof(float);
+    case Codec::kLossless:
+      return ZSTD_compressBound(values * sizeof(float));
+    case Codec::kBf16:
+      return values * sizeof(uint16_t);
+    case Codec::kInt8:
+      return size_t{rows} * 2 * sizeof(float) + values;
+  }
+  return 0;
+}
+
+int BlockCodec::encode(Codec codec, const float* in, uint32_t rows, uint32_t width,
+                       std::vector<char>* out, std::string* detail) {
+  if (!codec_is_known(static_cast<uint32_t>(codec))) {
+    set_detail(detail, "unknown codec " + std::to_string(static_cast<unsigned>(codec)));
+    return -EINVAL;
+  }
+  const size_t values = size_t{rows} * width;
+  if (out == nullptr || (values != 0 && in == nullptr)) {
+    set_detail(detail, "null block");
+    return -EINVAL;
+  }
+  try {
+    const size_t at = out->size();
+    out->resize(at + bound(codec, rows, width));
+    char* dst = out->data() + at;
+    switch (codec) {
+      case Codec::kNone:
+        if (values != 0) std::memcpy(dst, in, values * sizeof(float));
+        return 0;
+      case Codec::kBf16:
+        for (size_t i = 0; i < values; ++i) {
+          const uint16_t b = row::bf16_from_float(in[i]);
+          std::memcpy(dst + i * sizeof(b), &b, sizeof(b));
+        }
+        return 0;
+      case Codec::kInt8: {
+        char* scales = dst;
+        char* offsets = dst + size_t{rows} * sizeof(float);
+        auto* q = reinterpret_cast<uint8_t*>(dst + size_t{rows} * 2 * sizeof(float));
+        for (uint32_t r = 0; r < rows && width != 0; ++r) {
+          float scale = 0, offset = 0;
+          row::int8_encode_row(in + size_t{r} * width, width, q + size_t{r} * width, &scale,
+                               &offset);
+          std::memcpy(scales + size_t{r} * sizeof(float), &scale, sizeof(float));
+          std::memcpy(offsets + size_t{r} * sizeof(float), &offset, sizeof(float));
+        }
+        if (width == 0) std::memset(dst, 0, size_t{rows} * 2 * sizeof(float));
+        return 0;
+      }
+      case Codec::kLossless: {
+        if (zstd_->c == nullptr && (zstd_->c = ZSTD_createCCtx()) == nullptr) return -ENOMEM;
+        scratch_.resize(values * sizeof(float));
+        shuffle(reinterpret_cast<const char*>(in), values, scratch_.data());
+        const size_t n = ZSTD_compressCCtx(zstd_->c, dst, bound(codec, rows, width),
+                                           scratch_.data(), scratch_.size(), level_);
+        if (ZSTD_isError(n)) {
+          out->resize(at);
+          set_detail(detail, std::string("zstd: ") + ZSTD_getErrorName(n));
+          return -EIO;
+        }
+        out->resize(at + n);
+        return 0;
+      }
+    }
+  } catch (const std::bad_alloc&) {
+    set_detail(detail, "out of memory encoding a block");
+    return -ENOMEM;
+  }
+  return -EINVAL;
+}
+
+int BlockCodec::decode(Codec codec, const char* data, size_t size, uint32_t rows, uint32_t width,
+                       float* out, std::string* detail) {
+  if (!codec_is_known(static_cast<uint32_t>(codec))) {
+    set_detail(detail, "unknown codec " + std::to_string(static_cast<unsigned>(codec)));
+    return -EINVAL;
+  }
+  const size_t values = size_t{rows} * width;
+  if ((size != 0 && data == nullptr) || (values != 0 && out == nullptr)) {
+    set_detail(detail, "null block");
+    return -EINVAL;
+  }
+  if (codec != Codec::kLossless) {
+    const size_t want = bound(codec, rows, width);
+    if (size != want) {
+      set_detail(detail, size_mismatch(codec, size, want, rows, width));
+      return -EBADMSG;
+    }
+  }
+  switch (codec) {
+    case Codec::kNone:
+      if (values != 0) std::memcpy(out, data, values * sizeof(float));
+      return 0;
+    case Codec::kBf16:
+      for (size_t i = 0; i < values; ++i) {
+        uint16_t b = 0;
+        std::memcpy(&b, data + i * sizeof(b), sizeof(b));
+        out[i] = row::float_from_bf16(b);
+      }
+      return 0;
+    case Codec::kInt8: {
+      const auto* q = reinterpret_cast<const uint8_t*>(data + size_t{rows} * 2 * sizeof(float));
+      for (uint32_t r = 0; r < rows && width != 0; ++r) {
+        float scale = 0, offset = 0;
+        std::memcpy(&scale, data + size_t{r} * sizeof(float), sizeof(float));
+        std::memcpy(&offset, data + (size_t{rows} + r) * sizeof(float), sizeof(float));
+        row::int8_decode_row(q + size_t{r} * width, width, scale, offset, out + size_t{r} * width);
+      }
+      return 0;
+    }
+    case Codec::kLossless: {
+      const size_t want = float_bytes(rows, width);
+      // The frame must say its size, and say this one: zstd then never writes more than that.
+      const unsigned long long declared = ZSTD_getFrameContentSize(data, size);
+      if (declared == ZSTD_CONTENTSIZE_ERROR || declared == ZSTD_CONTENTSIZE_UNKNOWN ||
+          declared != want) {
+        set_detail(detail, "lossless block of " + std::to_string(rows) + " rows x " +
+                               std::to_string(width) + " floats: " +
+                               (declared == ZSTD_CONTENTSIZE_ERROR ? "not a zstd frame"
+                                : declared == ZSTD_CONTENTSIZE_UNKNOWN
+                                    ? "a zstd frame of no size"
+                                    : "a zstd frame of " + std::to_string(declared) +
+                                          " bytes, not " + std::to_string(want)));
+        return -EBADMSG;
+      }
+      // One frame, all of the block: anything after it is not this block's.
+      const size_t frame = ZSTD_findFrameCompressedSize(data, size);
+      if (ZSTD_isError(frame) || frame != size) {
+        set_detail(detail, "lossless block: " + std::string(ZSTD_isError(frame)
+                                                                ? ZSTD_getErrorName(frame)
+                                                                : "bytes after its zstd frame"));
+        return -EBADMSG;
+      }
+      try {
+        scratch_.resize(want);
+      } catch (const std::bad_alloc&) {
+        set_detail(detail, "out of memory decoding a block");
+        return -ENOMEM;
+      }
+      if (zstd_->d == nullptr && (zstd_->d = ZSTD_createDCtx()) == nullptr) return -ENOMEM;
+      const size_t n = ZSTD_decompressDCtx(zstd_->d, scratch_.data(), want, data, size);
+      if (ZSTD_isError(n) || n != want) {
+        set_detail(detail, "lossless block: zstd: " +
+                               std::string(ZSTD_isError(n) ? ZSTD_getErrorName(n)
+                                                           : "a frame shorter than it says"));
+        return -EBADMSG;
+      }
+      unshuffle(scratch_.data(), values, reinterpret_cast<char*>(out));
+      return 0;
+    }
+  }
+  return -EINVAL;
+}
+
+}  // namespace embstore::io

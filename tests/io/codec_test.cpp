@@ -1,0 +1,173 @@
+// Block codecs (io/codec/block_codec.hpp): every codec round-trips blocks of every shape, the
+// lossless ones bit for bit (NaN payloads and -0 included), the lossy ones within their bounds;
+// decoding refuses bytes that are not an encoding of the block it is told about.
+#include <zstd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "io/codec/block_codec.hpp"
+
+namespace embstore::io {
+namespace {
+
+constexpr Codec kAll[] = {Codec::kNone, Codec::kLossless, Codec::kBf16, Codec::kInt8};
+
+// Rows like trained embeddings: small values around zero, a few exact zeros and -0.
+std::vector<float> trained_rows(uint32_t rows, uint32_t width, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 0.03f);
+  std::vector<float> v(size_t{rows} * width);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = i % 29 == 0 ? (i % 2 ? -0.0f : 0.0f) : d(rng);
+  return v;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::vector<char> encode_ok(BlockCodec& c, Codec codec, const std::vector<float>& in, uint32_t rows,
+                            uint32_t width) {
+  std::vector<char> out = {'x'};  // encode appends
+  std::string detail;
+  REQUIRE(c.encode(codec, in.data(), rows, width, &out, &detail) == 0);
+  REQUIRE(out[0] == 'x');
+  REQUIRE(out.size() - 1 <= BlockCodec::bound(codec, rows, width));
+  return std::vector<char>(out.begin() + 1, out.end());
+}
+
+TEST_CASE("every codec round-trips blocks of every shape", "[codec]") {
+  BlockCodec c;
+  for (const auto& [rows, width] :
+       {std::pair<uint32_t, uint32_t>{0, 8}, {1, 1}, {3, 7}, {257, 64}, {1000, 129}}) {
+    const std::vector<float> in = trained_rows(rows, width, rows + width);
+    for (const Codec codec : kAll) {
+      INFO(codec_name(codec) << ", " << rows << " x " << width);
+      const std::vector<char> bytes = encode_ok(c, codec, in, rows, width);
+      std::vector<float> out(in.size() + 1, 12345.0f);  // a canary after the block
+      std::string detail;
+      REQUIRE(c.decode(codec, bytes.data(), bytes.size(), rows, width, out.data(), &detail) == 0);
+      REQUIRE(out.back() == 12345.0f);
+      out.pop_back();
+      if (codec_is_lossless(codec)) {
+        REQUIRE(same_bits(in, out));
+      } else {
+        for (size_t i = 0; i < in.size(); ++i) {
+          // bf16: relative 2^-8; int8: half a step of the row's range, plus float rounding.
+          double tol = std::ldexp(std::fabs(in[i]), -8);
+          if (codec == Codec::kInt8) {
+            const float* row = in.data() + i / width * width;
+            const auto [lo, hi] = std::minmax_element(row, row + width);
+            tol = (static_cast<double>(*hi) - *lo) / 255 / 2 +
+                  std::ldexp(std::fabs(*lo) + std::fabs(*hi), -22) + std::ldexp(1.0, -149);
+          }
+          REQUIRE(std::fabs(static_cast<double>(out[i]) - in[i]) <= tol);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("lossless keeps every bit and shrinks trained rows", "[codec]") {
+  BlockCodec c;
+  std::vector<float> in = trained_rows(512, 64, 3);
+  in[5] = std::numeric_limits<float>::quiet_NaN();
+  uint32_t payload_nan = 0x7fa00001u;  // a signalling NaN with a payload
+  std::memcpy(&in[6], &payload_nan, sizeof(float));
+  in[7] = -std::numeric_limits<float>::infinity();
+  in[8] = std::numeric_limits<float>::denorm_min();
+  const std::vector<char> bytes = encode_ok(c, Codec::kLossless, in, 512, 64);
+  std::vector<float> out(in.size());
+  REQUIRE(c.decode(Codec::kLossless, bytes.data(), bytes.size(), 512, 64, out.data(), nullptr) ==
+          0);
+  REQUIRE(same_bits(in, out));
+  // The shuffle puts the exponents' bytes together: values of one scale compress.
+  REQUIRE(bytes.size() < in.size() * sizeof(float) * 95 / 100);
+}
+
+TEST_CASE("names and codes of codecs", "[codec]") {
+  for (const Codec codec : kAll) {
+    Codec back = Codec::kNone;
+    REQUIRE(codec_from_name(codec_name(codec), &back));
+    REQUIRE(back == codec);
+    REQUIRE(codec_is_known(static_cast<uint32_t>(codec)));
+  }
+  Codec out = Codec::kInt8;
+  REQUIRE_FALSE(codec_from_name("zstd", &out));
+  REQUIRE(out == Codec::kInt8);
+  REQUIRE_FALSE(codec_is_known(4));
+  REQUIRE(std::string(codec_name(static_cast<Codec>(9))) == "?");
+  BlockCodec c;
+  std::vector<char> bytes;
+  float f = 1;
+  REQUIRE(c.encode(static_cast<Codec>(9), &f, 1, 1, &bytes, nullptr) == -EINVAL);
+  REQUIRE(c.decode(static_cast<Codec>(9), "", 0, 0, 0, nullptr, nullptr) == -EINVAL);
+  REQUIRE(c.encode(Codec::kNone, nullptr, 1, 1, &bytes, nullptr) == -EINVAL);
+}
+
+TEST_CASE("decoding refuses bytes that are not the block's encoding", "[codec]") {
+  BlockCodec c;
+  const uint32_t rows = 40, width = 16;
+  const std::vector<float> in = trained_rows(rows, width, 5);
+  std::vector<float> out(in.size() + 1, 7.0f);
+  std::string detail;
+  auto refused = [&](Codec codec, const std::vector<char>& bytes, const char* why) {
+    INFO(codec_name(codec) << ": " << why);
+    detail.clear();
+    REQUIRE(c.decode(codec, bytes.data(), bytes.size(), rows, width, out.data(), &detail) ==
+            -EBADMSG);
+    REQUIRE(!detail.empty());
+    REQUIRE(out.back() == 7.0f);  // nothing written past the block
+  };
+  for (const Codec codec : kAll) {
+    std::vector<char> bytes = encode_ok(c, codec, in, rows, width);
+    std::vector<char> shorter(bytes.begin(), bytes.end() - 1), longer = bytes;
+    longer.push_back(0);
+    refused(codec, shorter, "one byte short");
+    refused(codec, longer, "one byte more");
+    refused(codec, {}, "empty");
+    // The same bytes taken for a block of another shape.
+    detail.clear();
+    REQUIRE(c.decode(codec, bytes.data(), bytes.size(), rows + 1, width, out.data(), &detail) ==
+            -EBADMSG);
+  }
+  const std::vector<char> frame = encode_ok(c, Codec::kLossless, in, rows, width);
+  SECTION("a corrupt frame") {
+    std::vector<char> bad = frame;
+    for (size_t i = 12; i < bad.size(); i += 7) bad[i] = static_cast<char>(bad[i] ^ 0x5a);
+    refused(Codec::kLossless, bad, "flipped bytes");
+    refused(Codec::kLossless, std::vector<char>(frame.size(), 'z'), "not zstd");
+  }
+  SECTION("a frame of another size: a bomb asks for more than the block holds") {
+    const std::vector<float> big(size_t{rows} * width * 1000, 0.0f);  // compresses to little
+    std::vector<char> bomb(ZSTD_compressBound(big.size() * sizeof(float)));
+    bomb.resize(ZSTD_compress(bomb.data(), bomb.size(), big.data(), big.size() * sizeof(float), 1));
+    refused(Codec::kLossless, bomb, "declares 1000 times the block");
+  }
+  SECTION("a frame that does not say its size") {
+    ZSTD_CCtx* cctx = ZSTD_createCCtx();
+    ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 0);
+    std::vector<char> unsized(ZSTD_compressBound(in.size() * sizeof(float)));
+    ZSTD_outBuffer o{unsized.data(), unsized.size(), 0};
+    ZSTD_inBuffer i{in.data(), in.size() * sizeof(float), 0};
+    REQUIRE(ZSTD_compressStream2(cctx, &o, &i, ZSTD_e_end) == 0);
+    ZSTD_freeCCtx(cctx);
+    unsized.resize(o.pos);
+    refused(Codec::kLossless, unsized, "no content size");
+  }
+  SECTION("two frames") {
+    std::vector<char> two = frame;
+    two.insert(two.end(), frame.begin(), frame.end());
+    refused(Codec::kLossless, two, "a second frame after the first");
+  }
+}
+
+}  // namespace
+}  // namespace embstore::io
