@@ -69,6 +69,7 @@ std::unique_ptr<Scenario> make_sharded_scenario();
 std::unique_ptr<Scenario> make_follow_scenario();
 std::unique_ptr<Scenario> make_step_scenario();
 std::unique_ptr<Scenario> make_tiers_scenario();
+std::unique_ptr<Scenario> make_codecs_scenario();
 
 // A scenario's working directory, <parent>/embstore-perf-<scenario>-<pid>, removed with
 // everything in it at the end unless kept.

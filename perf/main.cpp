@@ -64,7 +64,7 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
 }
 
 int run(int argc, char** argv) {
-  std::vector<Entry> entries(10);
+  std::vector<Entry> entries(11);
   entries[0].scenario = make_lookup_scenario();
   entries[1].scenario = make_optimizer_scenario();
   entries[2].scenario = make_io_scenario();
@@ -75,6 +75,7 @@ int run(int argc, char** argv) {
   entries[7].scenario = make_follow_scenario();
   entries[8].scenario = make_step_scenario();
   entries[9].scenario = make_tiers_scenario();
+  entries[10].scenario = make_codecs_scenario();
 
   CLI::App app{"embstore-perf: benchmark scenarios for embstore", "embstore-perf"};
   app.require_subcommand(1);

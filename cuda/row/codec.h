@@ -44,6 +44,20 @@ EMBSTORE_HD uint16_t bf16_from_float(float x) {
 
 EMBSTORE_HD float float_from_bf16(uint16_t b) { return bit_cast<float>(uint32_t{b} << 16); }
 
+// The bounds above, as numbers, for the tests and the benchmark that check them.
+// bf16: the largest |decoded - x| for a finite x that does not round past bf16's largest.
+EMBSTORE_HD double bf16_error_bound(float x) {
+  const uint32_t exponent = bit_cast<uint32_t>(x) & kFloatExponentMask;
+  const double magnitude = x < 0 ? -static_cast<double>(x) : static_cast<double>(x);
+  return exponent != 0 ? magnitude * 0x1p-8 : 0x1p-134;
+}
+// int8: the largest |decoded - x| for the values of a finite row with minimum lo, maximum hi.
+EMBSTORE_HD double int8_error_bound(float lo, float hi) {
+  const double a = lo < 0 ? -static_cast<double>(lo) : lo,
+               b = hi < 0 ? -static_cast<double>(hi) : hi;
+  return (static_cast<double>(hi) - lo) / 510 + (a + b) * 0x1p-22 + 0x1p-149;
+}
+
 // Nearest integer of a non-negative double, ties away from zero (floor(v + 0.5)): exact for the
 // values int8 meets (below 256).
 EMBSTORE_HD double round_half_up(double v) {

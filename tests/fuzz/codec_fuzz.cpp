@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/row/codec.h"
 #include "io/codec/block_codec.hpp"
 
 namespace {
@@ -45,8 +46,7 @@ void check_lossy(Codec codec, const float* in, const float* out, uint32_t rows, 
           if (!std::isnan(y[i])) fail("int8: a non-finite row did not come back as NaN");
           continue;
         }
-        const double bound = (static_cast<double>(hi) - lo) / 255 / 2 +
-                             std::ldexp(std::fabs(lo) + std::fabs(hi), -22) + std::ldexp(1.0, -149);
+        const double bound = embstore::row::int8_error_bound(lo, hi);
         if (!(std::fabs(static_cast<double>(y[i]) - x[i]) <= bound)) fail("int8: out of bound");
       } else if (std::isnan(x[i])) {
         if (!std::isnan(y[i])) fail("bf16: a NaN did not stay one");
@@ -54,12 +54,9 @@ void check_lossy(Codec codec, const float* in, const float* out, uint32_t rows, 
         if (y[i] != x[i]) fail("bf16: an infinity changed");
       } else if (std::isinf(y[i]) && !std::isinf(x[i])) {
         if (std::fabs(x[i]) < 3.38e38f) fail("bf16: an infinity from a value far below the top");
-      } else if (std::isnormal(x[i])) {
-        if (!(std::fabs(static_cast<double>(y[i]) - x[i]) <= std::ldexp(std::fabs(x[i]), -8))) {
-          fail("bf16: out of bound");
-        }
-      } else if (!(std::fabs(static_cast<double>(y[i]) - x[i]) <= std::ldexp(1.0, -134))) {
-        fail("bf16: a subnormal out of bound");
+      } else if (!(std::fabs(static_cast<double>(y[i]) - x[i]) <=
+                   embstore::row::bf16_error_bound(x[i]))) {
+        fail("bf16: out of bound");
       }
     }
   }

@@ -1,6 +1,8 @@
 // Block codecs (io/codec/block_codec.hpp): every codec round-trips blocks of every shape, the
 // lossless ones bit for bit (NaN payloads and -0 included), the lossy ones within their bounds;
 // decoding refuses bytes that are not an encoding of the block it is told about.
+#include "cuda/row/codec.h"
+
 #include <zstd.h>
 
 #include <algorithm>
@@ -61,12 +63,11 @@ TEST_CASE("every codec round-trips blocks of every shape", "[codec]") {
       } else {
         for (size_t i = 0; i < in.size(); ++i) {
           // bf16: relative 2^-8; int8: half a step of the row's range, plus float rounding.
-          double tol = std::ldexp(std::fabs(in[i]), -8);
+          double tol = row::bf16_error_bound(in[i]);
           if (codec == Codec::kInt8) {
             const float* row = in.data() + i / width * width;
             const auto [lo, hi] = std::minmax_element(row, row + width);
-            tol = (static_cast<double>(*hi) - *lo) / 255 / 2 +
-                  std::ldexp(std::fabs(*lo) + std::fabs(*hi), -22) + std::ldexp(1.0, -149);
+            tol = row::int8_error_bound(*lo, *hi);
           }
           REQUIRE(std::fabs(static_cast<double>(out[i]) - in[i]) <= tol);
         }

@@ -48,7 +48,9 @@ TEST_CASE("bf16 is within a relative 2^-8 of every normal value", "[codec]") {
     const float x = from_bits(bits(rng));
     if (!std::isnormal(x) || std::fabs(x) > 3.38e38f) continue;
     const float y = float_from_bf16(bf16_from_float(x));
-    REQUIRE(std::fabs(static_cast<double>(y) - x) <= std::ldexp(std::fabs(x), -8));
+    const double bound = std::ldexp(std::fabs(static_cast<double>(x)), -8);  // in double: exact
+    REQUIRE(std::fabs(static_cast<double>(y) - x) <= bound);
+    REQUIRE(bf16_error_bound(x) == bound);
     ++checked;
   }
   REQUIRE(checked > 100000);
@@ -57,6 +59,7 @@ TEST_CASE("bf16 is within a relative 2^-8 of every normal value", "[codec]") {
     const float x = from_bits(b);
     REQUIRE(std::fabs(static_cast<double>(float_from_bf16(bf16_from_float(x))) - x) <=
             std::ldexp(1.0, -134));
+    REQUIRE(bf16_error_bound(x) == std::ldexp(1.0, -134));
   }
 }
 
@@ -70,8 +73,7 @@ void require_int8_bound(const std::vector<float>& x) {
   int8_decode_row(q.data(), n, scale, offset, y.data());
   float lo = x[0], hi = x[0];
   for (const float v : x) lo = std::min(lo, v), hi = std::max(hi, v);
-  const double bound = (static_cast<double>(hi) - lo) / 510 +
-                       std::ldexp(std::fabs(lo) + std::fabs(hi), -22) + std::ldexp(1.0, -149);
+  const double bound = int8_error_bound(lo, hi);
   for (uint32_t i = 0; i < n; ++i) {
     INFO("value " << x[i] << " came back as " << y[i] << ", scale " << scale);
     REQUIRE(std::isfinite(y[i]));
