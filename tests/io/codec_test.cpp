@@ -32,7 +32,8 @@ std::vector<float> trained_rows(uint32_t rows, uint32_t width, uint32_t seed) {
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 std::vector<char> encode_ok(BlockCodec& c, Codec codec, const std::vector<float>& in, uint32_t rows,

@@ -127,5 +127,13 @@ TEST_CASE("reshard's staging follows the data, not the ranks") {
   REQUIRE(r.status == 0);
   REQUIRE(run_tool({"verify", out}).status == 0);
   CAPTURE(r.max_rss_kib);
-  REQUIRE(r.max_rss_kib < 400 * 1024);  // 200 x 16 MiB was 3.2 GB
+  // 200 x 16 MiB was 3.2 GB. The tool peaks at about 12 MB; under AddressSanitizer (whose
+  // allocator and shadow memory the tool then carries) at about 410 MB, so the limit there is
+  // wider: both still catch a staging buffer a rank.
+#if defined(__SANITIZE_ADDRESS__)
+  constexpr long kLimitKib = 800 * 1024;
+#else
+  constexpr long kLimitKib = 100 * 1024;
+#endif
+  REQUIRE(r.max_rss_kib < kLimitKib);
 }
