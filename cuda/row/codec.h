@@ -58,6 +58,42 @@ EMBSTORE_HD double int8_error_bound(float lo, float hi) {
   return (static_cast<double>(hi) - lo) / 510 + (a + b) * 0x1p-22 + 0x1p-149;
 }
 
+// Whether y is what bf16 may give back for x: a NaN for a NaN, the same infinity for an
+// infinity, an infinity only from beyond bf16's largest finite's halfway point, else within
+// bf16_error_bound(x).
+EMBSTORE_HD bool bf16_within_bound(float x, float y) {
+  const uint32_t xb = bit_cast<uint32_t>(x), yb = bit_cast<uint32_t>(y);
+  if ((xb & 0x7fffffffu) > kFloatExponentMask) return (yb & 0x7fffffffu) > kFloatExponentMask;
+  if (!is_finite_bits(xb)) return yb == xb;
+  if (!is_finite_bits(yb))
+    return (yb & 0x7fffffffu) == kFloatExponentMask && (xb & 0x7fffffffu) >= 0x7f7f8000u &&
+           (xb >> 31) == (yb >> 31);
+  const double d = static_cast<double>(y) - static_cast<double>(x);
+  return (d < 0 ? -d : d) <= bf16_error_bound(x);
+}
+
+// Whether y[0..n) is what int8 may give back for the row x[0..n) (n >= 1): all NaN for a row
+// holding a non-finite value, else each within int8_error_bound of the row's range.
+EMBSTORE_HD bool int8_row_within_bound(const float* x, const float* y, uint32_t n) {
+  float lo = x[0], hi = x[0];
+  bool finite = true;
+  for (uint32_t i = 0; i < n; ++i) {
+    finite = finite && is_finite_bits(bit_cast<uint32_t>(x[i]));
+    lo = x[i] < lo ? x[i] : lo;
+    hi = x[i] > hi ? x[i] : hi;
+  }
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint32_t yb = bit_cast<uint32_t>(y[i]);
+    if (!finite) {
+      if ((yb & 0x7fffffffu) <= kFloatExponentMask) return false;
+      continue;
+    }
+    const double d = static_cast<double>(y[i]) - static_cast<double>(x[i]);
+    if (!((d < 0 ? -d : d) <= int8_error_bound(lo, hi))) return false;
+  }
+  return true;
+}
+
 // Nearest integer of a non-negative double, ties away from zero (floor(v + 0.5)): exact for the
 // values int8 meets (below 256).
 EMBSTORE_HD double round_half_up(double v) {

@@ -374,6 +374,8 @@ void HostTable::finish_move_up(const std::vector<uint32_t>& rows,
   cow_rows_.reserve(n);
   handles_.resize(n);
   {
+    // Homes are read again (move_up read them too): a prefetch's rows may have been moved by a
+    // compaction between its read and now.
     std::lock_guard disk_lock(disk_mutex_);
     for (size_t i = 0; i < n; ++i) {
       handles_[i] = home(rows[i]) & ~kOnDisk;

@@ -15,6 +15,17 @@ void set_detail(std::string* detail, std::string text) {
   if (detail != nullptr) *detail = std::move(text);
 }
 
+// The most floats one block holds: 16 GiB of them, so that every byte count below fits size_t
+// (a shape read from a hostile header cannot wrap it around).
+constexpr size_t kMaxBlockFloats = size_t{1} << 32;
+
+bool shape_ok(uint32_t rows, uint32_t width, std::string* detail) {
+  if (size_t{rows} * width <= kMaxBlockFloats) return true;
+  set_detail(detail, "a block of " + std::to_string(rows) + " rows x " + std::to_string(width) +
+                         " floats is over the limit of 2^32 floats");
+  return false;
+}
+
 size_t float_bytes(uint32_t rows, uint32_t width) { return size_t{rows} * width * sizeof(float); }
 
 // in (n floats' bytes) -> out: byte k of every float, for k = 0..3 (little-endian machines: the
@@ -79,6 +90,7 @@ BlockCodec::~BlockCodec() = default;
 
 size_t BlockCodec::bound(Codec codec, uint32_t rows, uint32_t width) {
   const size_t values = size_t{rows} * width;
+  if (values > kMaxBlockFloats) return 0;
   switch (codec) {
     case Codec::kNone:
       return values * sizeof(float);
@@ -98,6 +110,7 @@ int BlockCodec::encode(Codec codec, const float* in, uint32_t rows, uint32_t wid
     set_detail(detail, "unknown codec " + std::to_string(static_cast<unsigned>(codec)));
     return -EINVAL;
   }
+  if (!shape_ok(rows, width, detail)) return -EINVAL;
   const size_t values = size_t{rows} * width;
   if (out == nullptr || (values != 0 && in == nullptr)) {
     set_detail(detail, "null block");
@@ -159,6 +172,7 @@ int BlockCodec::decode(Codec codec, const char* data, size_t size, uint32_t rows
     set_detail(detail, "unknown codec " + std::to_string(static_cast<unsigned>(codec)));
     return -EINVAL;
   }
+  if (!shape_ok(rows, width, detail)) return -EINVAL;
   const size_t values = size_t{rows} * width;
   if ((size != 0 && data == nullptr) || (values != 0 && out == nullptr)) {
     set_detail(detail, "null block");

@@ -55,15 +55,17 @@ class BlockCodec {
   BlockCodec(const BlockCodec&) = delete;
   BlockCodec& operator=(const BlockCodec&) = delete;
 
-  // The most bytes encode() writes for rows x width floats.
+  // A block holds at most 2^32 floats (rows x width): encode() and decode() refuse larger
+  // shapes with -EINVAL, so no byte count can wrap around.
+  // The most bytes encode() writes for rows x width floats; 0 for a shape over the limit.
   static size_t bound(Codec codec, uint32_t rows, uint32_t width);
-  // Appends the encoding of in[0..rows x width) to *out. -EINVAL for an unknown codec or a null
-  // pointer with floats to encode; -ENOMEM; -EIO when zstd fails (with its message).
+  // Appends the encoding of in[0..rows x width) to *out. -EINVAL for an unknown codec, a shape
+  // over the limit or a null pointer with floats to encode; -ENOMEM; -EIO when zstd fails.
   int encode(Codec codec, const float* in, uint32_t rows, uint32_t width, std::vector<char>* out,
              std::string* detail);
   // Decodes data[0..size) as rows x width floats into out. -EBADMSG for bytes that are not such
-  // an encoding (see the top of this file); -EINVAL for an unknown codec or a null pointer;
-  // -ENOMEM.
+  // an encoding (see the top of this file); -EINVAL for an unknown codec, a shape over the
+  // limit or a null pointer; -ENOMEM.
   int decode(Codec codec, const char* data, size_t size, uint32_t rows, uint32_t width, float* out,
              std::string* detail);
 

@@ -112,6 +112,16 @@ TEST_CASE("names and codes of codecs", "[codec]") {
   REQUIRE(c.encode(static_cast<Codec>(9), &f, 1, 1, &bytes, nullptr) == -EINVAL);
   REQUIRE(c.decode(static_cast<Codec>(9), "", 0, 0, 0, nullptr, nullptr) == -EINVAL);
   REQUIRE(c.encode(Codec::kNone, nullptr, 1, 1, &bytes, nullptr) == -EINVAL);
+  // A shape whose byte count would wrap size_t (as a forged header could give) is refused
+  // before anything is read or written.
+  const uint32_t huge = UINT32_MAX;
+  std::string detail;
+  for (const Codec codec : kAll) {
+    REQUIRE(BlockCodec::bound(codec, huge, huge) == 0);
+    REQUIRE(c.decode(codec, "x", 1, huge, huge, &f, &detail) == -EINVAL);
+    REQUIRE(detail.find("over the limit") != std::string::npos);
+    REQUIRE(c.encode(codec, &f, huge, huge, &bytes, nullptr) == -EINVAL);
+  }
 }
 
 TEST_CASE("decoding refuses bytes that are not the block's encoding", "[codec]") {

@@ -133,5 +133,27 @@ TEST_CASE("an int8 row holding a NaN or an infinity comes back as all NaN", "[co
   }
 }
 
+TEST_CASE("the bound checks the tests, the fuzzer and the benchmark share can fail", "[codec]") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  REQUIRE(bf16_within_bound(1.0f, 1.0f + 0x1p-9f));
+  REQUIRE_FALSE(bf16_within_bound(1.0f, 1.0f + 0x1p-7f));
+  REQUIRE(bf16_within_bound(inf, inf));
+  REQUIRE_FALSE(bf16_within_bound(inf, -inf));
+  REQUIRE(bf16_within_bound(FLT_MAX, inf));
+  REQUIRE_FALSE(bf16_within_bound(3e38f, inf));
+  REQUIRE_FALSE(bf16_within_bound(-FLT_MAX, inf));
+  REQUIRE(bf16_within_bound(nan, nan));
+  REQUIRE_FALSE(bf16_within_bound(nan, 1.0f));
+  REQUIRE_FALSE(bf16_within_bound(1.0f, nan));
+  const float x[3] = {0.0f, 0.5f, 1.0f};
+  const float near[3] = {0.001f, 0.499f, 1.0f}, far[3] = {0.0f, 0.51f, 1.0f};
+  REQUIRE(int8_row_within_bound(x, near, 3));
+  REQUIRE_FALSE(int8_row_within_bound(x, far, 3));
+  const float bad_row[3] = {0.0f, nan, 1.0f}, nans[3] = {nan, nan, nan};
+  REQUIRE(int8_row_within_bound(bad_row, nans, 3));
+  REQUIRE_FALSE(int8_row_within_bound(bad_row, x, 3));
+}
+
 }  // namespace
 }  // namespace embstore::row
