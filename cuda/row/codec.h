@@ -31,6 +31,19 @@ EMBSTORE_HD bool is_finite_bits(uint32_t bits) {
   return (bits & kFloatExponentMask) != kFloatExponentMask;
 }
 
+// The minimum and maximum of x[0..n) (n >= 1); whether every value is finite.
+EMBSTORE_HD bool row_extent(const float* x, uint32_t n, float* lo, float* hi) {
+  *lo = x[0];
+  *hi = x[0];
+  bool finite = true;
+  for (uint32_t i = 0; i < n; ++i) {
+    finite = finite && is_finite_bits(bit_cast<uint32_t>(x[i]));
+    *lo = x[i] < *lo ? x[i] : *lo;
+    *hi = x[i] > *hi ? x[i] : *hi;
+  }
+  return finite;
+}
+
 EMBSTORE_HD uint16_t bf16_from_float(float x) {
   const uint32_t bits = bit_cast<uint32_t>(x);
   if ((bits & 0x7fffffffu) > kFloatExponentMask) {
@@ -75,13 +88,8 @@ EMBSTORE_HD bool bf16_within_bound(float x, float y) {
 // Whether y[0..n) is what int8 may give back for the row x[0..n) (n >= 1): all NaN for a row
 // holding a non-finite value, else each within int8_error_bound of the row's range.
 EMBSTORE_HD bool int8_row_within_bound(const float* x, const float* y, uint32_t n) {
-  float lo = x[0], hi = x[0];
-  bool finite = true;
-  for (uint32_t i = 0; i < n; ++i) {
-    finite = finite && is_finite_bits(bit_cast<uint32_t>(x[i]));
-    lo = x[i] < lo ? x[i] : lo;
-    hi = x[i] > hi ? x[i] : hi;
-  }
+  float lo = 0, hi = 0;
+  const bool finite = row_extent(x, n, &lo, &hi);
   for (uint32_t i = 0; i < n; ++i) {
     const uint32_t yb = bit_cast<uint32_t>(y[i]);
     if (!finite) {
@@ -106,13 +114,8 @@ EMBSTORE_HD double round_half_up(double v) {
 
 // The scale and offset of a row of n values (n >= 1) under int8. Non-finite values: both NaN.
 EMBSTORE_HD void int8_row_range(const float* x, uint32_t n, float* scale, float* offset) {
-  float lo = x[0], hi = x[0];
-  bool finite = true;
-  for (uint32_t i = 0; i < n; ++i) {
-    finite = finite && is_finite_bits(bit_cast<uint32_t>(x[i]));
-    lo = x[i] < lo ? x[i] : lo;
-    hi = x[i] > hi ? x[i] : hi;
-  }
+  float lo = 0, hi = 0;
+  const bool finite = row_extent(x, n, &lo, &hi);
   if (!finite) {
     *scale = bit_cast<float>(0x7fc00000u);
     *offset = *scale;
