@@ -51,11 +51,24 @@ void detail::HashDeleter::operator()(XXH3_state_s* s) const { XXH3_freeState(s);
 RowFileWriter::~RowFileWriter() = default;
 
 int RowFileWriter::open(const std::string& path, uint32_t dim, uint32_t state_dim,
-                        const WriterOptions& options, std::unique_ptr<RowFileWriter>* out) {
+                        const WriterOptions& options, std::unique_ptr<RowFileWriter>* out,
+                        RowCodecs codecs) {
   if (out == nullptr || dim == 0) return -EINVAL;
+  if (!codec_is_known(static_cast<uint32_t>(codecs.values)) ||
+      !codec_is_known(static_cast<uint32_t>(codecs.state))) {
+    return -EINVAL;
+  }
   std::unique_ptr<RowFileWriter> w(new RowFileWriter());
   w->dim_ = dim;
   w->state_dim_ = state_dim;
+  w->codecs_ = codecs;
+  if (codecs.any()) {
+    try {
+      w->coder_ = std::make_unique<BlockCodec>();
+    } catch (const std::bad_alloc&) {
+      return -ENOMEM;
+    }
+  }
   w->hash_.reset(XXH3_createState());
   if (!w->hash_ || XXH3_64bits_reset(w->hash_.get()) != XXH_OK) return -ENOMEM;
   if (const int r = FileWriter::open(path, options, &w->writer_); r < 0) return r;
@@ -85,8 +98,60 @@ int RowFileWriter::start_block(RowBlockKind kind) {
   return 0;
 }
 
+int RowFileWriter::encode_block(char* h, char* payload, uint64_t* payload_bytes) {
+  const uint64_t key_bytes = uint64_t{count_} * sizeof(int64_t);
+  const struct Column {
+    Codec codec;
+    uint32_t width;
+    const char* floats;
+  } columns[2] = {
+      {codecs_.values, dim_, payload + key_bytes},
+      {codecs_.state, state_dim_, payload + key_bytes + uint64_t{count_} * dim_ * sizeof(float)},
+  };
+  Codec stored[2] = {Codec::kNone, Codec::kNone};
+  uint64_t sizes[2] = {0, 0};
+  for (int c = 0; c < 2; ++c) {
+    const Column& col = columns[c];
+    const uint64_t raw = uint64_t{count_} * col.width * sizeof(float);
+    sizes[c] = raw;
+    if (col.codec == Codec::kNone || col.width == 0) continue;
+    std::vector<char>& out = encoded_[c];
+    out.clear();
+    if (const int r = coder_->encode(col.codec, reinterpret_cast<const float*>(col.floats), count_,
+                                     col.width, &out, &error_detail_);
+        r < 0) {
+      return r;
+    }
+    // Floats are the fallback: a stored column is never larger than they are.
+    if (out.size() < raw) {
+      stored[c] = col.codec;
+      sizes[c] = out.size();
+    }
+  }
+  if (stored[0] == Codec::kNone && stored[1] == Codec::kNone) return 0;
+  // Encoded columns come from scratch; a column kept as floats moves down (values stay), and
+  // nothing lands on floats still to be read: encoded values are smaller than the raw ones.
+  char* dst = payload + key_bytes;
+  for (int c = 0; c < 2; ++c) {
+    if (stored[c] != Codec::kNone) {
+      std::memcpy(dst, encoded_[c].data(), sizes[c]);
+    } else if (dst != columns[c].floats) {
+      std::memmove(dst, columns[c].floats, sizes[c]);
+    }
+    dst += sizes[c];
+  }
+  h[28] = static_cast<char>(stored[0]);
+  h[29] = static_cast<char>(stored[1]);
+  put_u32(h + 32, static_cast<uint32_t>(sizes[0]));
+  put_u32(h + 36, static_cast<uint32_t>(sizes[1]));
+  *payload_bytes = key_bytes + sizes[0] + sizes[1];
+  return 0;
+}
+
 int RowFileWriter::flush_block() {
+  char* const h = buf_;
   char* const payload = buf_ + kRowBlockHeaderBytes;
+  std::memset(h, 0, kRowBlockHeaderBytes);
   uint64_t payload_bytes = uint64_t{count_} * sizeof(int64_t);
   if (kind_ == RowBlockKind::kUpserts) {
     // Values and state were placed for a full block; a short block moves them down to follow
@@ -100,14 +165,19 @@ int RowFileWriter::flush_block() {
     dst += count_ * value_bytes;
     if (count_ < capacity_ && state_bytes > 0) std::memmove(dst, state_at, count_ * state_bytes);
     payload_bytes += count_ * (value_bytes + state_bytes);
+    if (coder_ != nullptr) {
+      if (const int r = encode_block(h, payload, &payload_bytes); r < 0) {
+        fail(r);  // the buffer stays with us; finish() closes the file without it
+        return r;
+      }
+    }
   }
   const size_t block_bytes = detail::align_up(kRowBlockHeaderBytes + payload_bytes);
   std::memset(payload + payload_bytes, 0, block_bytes - kRowBlockHeaderBytes - payload_bytes);
 
-  char* h = buf_;
-  std::memset(h, 0, kRowBlockHeaderBytes);
+  const bool encoded = h[28] != 0 || h[29] != 0;
   std::memcpy(h, kRowFileMagic, sizeof kRowFileMagic);
-  put_u32(h + 8, kRowFileVersion);
+  put_u32(h + 8, encoded ? kRowFileEncodedVersion : kRowFileVersion);
   put_u32(h + 12, static_cast<uint32_t>(kind_));
   put_u32(h + 16, count_);
   put_u32(h + 20, dim_);
@@ -313,6 +383,34 @@ int RowFileReader::take(size_t n, const char** data, bool hash) {
 
 uint64_t RowFileReader::checksum() const { return XXH3_64bits_digest(hash_.get()); }
 
+int RowFileReader::decode_block(uint64_t at, const char* p, uint32_t rows, const RowCodecs& codecs,
+                                uint32_t value_bytes, uint32_t state_bytes, RowBlock* out) {
+  try {
+    if (!decoder_) decoder_ = std::make_unique<BlockCodec>();
+    decoded_.resize(size_t{rows} * (dim_ + state_dim_));
+  } catch (const std::bad_alloc&) {
+    return error_ = -ENOMEM;
+  }
+  const char* stored = p + size_t{rows} * sizeof(int64_t);
+  float* values = decoded_.data();
+  float* state = values + size_t{rows} * dim_;
+  std::string why;
+  if (const int e = decoder_->decode(codecs.values, stored, value_bytes, rows, dim_, values, &why);
+      e < 0) {
+    return e == -EBADMSG ? corrupt(at, "values: " + why) : (error_ = e);
+  }
+  if (state_dim_ > 0 || state_bytes > 0) {
+    if (const int e = decoder_->decode(codecs.state, stored + value_bytes, state_bytes, rows,
+                                       state_dim_, state, &why);
+        e < 0) {
+      return e == -EBADMSG ? corrupt(at, "state: " + why) : (error_ = e);
+    }
+  }
+  out->values = values;
+  out->state = state_dim_ > 0 ? state : nullptr;
+  return 1;
+}
+
 int RowFileReader::next_block(RowBlock* out) {
   if (error_ != 0) return error_;
   if (out == nullptr) return -EINVAL;
@@ -331,7 +429,8 @@ int RowFileReader::next_block(RowBlock* out) {
   if (get_u64(h + 56) != XXH3_64bits(h, kHeaderHashedBytes)) {
     return corrupt(at, "header checksum mismatch");
   }
-  if (const uint32_t version = get_u32(h + 8); version != kRowFileVersion) {
+  const uint32_t version = get_u32(h + 8);
+  if (version != kRowFileVersion && version != kRowFileEncodedVersion) {
     return corrupt(at, "unsupported format version " + std::to_string(version));
   }
   const uint32_t kind = get_u32(h + 12);
@@ -348,9 +447,39 @@ int RowFileReader::next_block(RowBlock* out) {
                            std::to_string(state_dim_));
   }
   // Cannot overflow: rows < 2^32 and row_bytes < 2^36.
-  const unsigned __int128 expect = static_cast<unsigned __int128>(rows) *
-                                   (kind == 0 ? upsert_row_bytes(dim, state_dim) : sizeof(int64_t));
-  if (expect != payload_bytes) return corrupt(at, "payload size does not match the row count");
+  const unsigned __int128 raw_payload =
+      static_cast<unsigned __int128>(rows) *
+      (kind == 0 ? upsert_row_bytes(dim, state_dim) : sizeof(int64_t));
+  const bool encoded = version == kRowFileEncodedVersion;
+  RowCodecs stored;
+  uint32_t value_bytes = 0, state_bytes = 0;
+  if (!encoded) {
+    if (raw_payload != payload_bytes) {
+      return corrupt(at, "payload size does not match the row count");
+    }
+  } else {
+    if (kind != static_cast<uint32_t>(RowBlockKind::kUpserts)) {
+      return corrupt(at, "a tombstone block of format version 2");
+    }
+    if (!codec_is_known(static_cast<uint8_t>(h[28])) ||
+        !codec_is_known(static_cast<uint8_t>(h[29])) || h[30] != 0 || h[31] != 0) {
+      return corrupt(at, "unknown codec " + std::to_string(static_cast<uint8_t>(h[28])) + "/" +
+                             std::to_string(static_cast<uint8_t>(h[29])));
+    }
+    stored.values = static_cast<Codec>(h[28]);
+    stored.state = static_cast<Codec>(h[29]);
+    value_bytes = get_u32(h + 32);
+    state_bytes = get_u32(h + 36);
+    if (uint64_t{rows} * sizeof(int64_t) + value_bytes + state_bytes != payload_bytes) {
+      return corrupt(at, "payload size does not match its keys' and columns' sizes");
+    }
+    // What the block decodes into is bounded like a block of floats, so a block that claims
+    // many rows in few stored bytes cannot make the reader allocate more than a writer's block.
+    if (raw_payload + kRowBlockHeaderBytes > kMaxRowBlockBytes) {
+      return corrupt(at, "an encoded block of " + std::to_string(rows) +
+                             " rows, more than a writer's block holds");
+    }
+  }
   const uint64_t rest = size - at - kRowBlockHeaderBytes;
   const uint64_t padded = detail::align_up(kRowBlockHeaderBytes + payload_bytes);
   if (payload_bytes > rest || padded - kRowBlockHeaderBytes > rest) {
@@ -363,7 +492,8 @@ int RowFileReader::next_block(RowBlock* out) {
                            std::to_string(kMaxRowBlockBytes));
   }
 
-  const bool behind = behind_ != nullptr;
+  // Encoded blocks are checked before they are decoded, never behind.
+  const bool behind = behind_ != nullptr && !encoded;
   if (const int e = take(padded - kRowBlockHeaderBytes, &p, /*hash=*/!behind); e < 0) {
     return error_ = e;
   }
@@ -382,9 +512,12 @@ int RowFileReader::next_block(RowBlock* out) {
   out->dim = dim;
   out->state_dim = state_dim;
   out->offset = at;
+  out->stored = stored;
+  out->stored_bytes = padded;
   out->keys = reinterpret_cast<const int64_t*>(p);
   out->values = nullptr;
   out->state = nullptr;
+  if (encoded) return decode_block(at, p, rows, stored, value_bytes, state_bytes, out);
   if (out->kind == RowBlockKind::kUpserts) {
     const char* values = p + uint64_t{rows} * sizeof(int64_t);
     out->values = reinterpret_cast<const float*>(values);

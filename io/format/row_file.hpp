@@ -6,18 +6,35 @@
 //
 //   offset  size  field
 //        0     8  magic "EMBROWS1"
-//        8     4  format version, u32 = 1
+//        8     4  format version, u32: 1, or 2 for a block whose values or state are encoded
 //       12     4  kind, u32: 0 = upserts (keys, values, state), 1 = tombstones (keys only)
 //       16     4  rows, u32
 //       20     4  dim, u32 (the file's; tombstone blocks carry it too)
 //       24     4  state_dim, u32 (the file's)
-//       28    12  reserved, written as zeros
+//       28    12  version 1: reserved, written as zeros. Version 2 (upserts only):
+//                   28  1  values' codec, u8 (io/codec/block_codec.hpp: 0 none, 1 lossless,
+//                          2 bf16, 3 int8)
+//                   29  1  state's codec, u8
+//                   30  2  zeros
+//                   32  4  values' stored bytes, u32
+//                   36  4  state's stored bytes, u32
 //       40     8  payload bytes, u64
-//       48     8  payload checksum, u64: XXH3_64bits of the payload
+//       48     8  payload checksum, u64: XXH3_64bits of the payload (the stored bytes)
 //       56     8  header checksum, u64: XXH3_64bits of bytes [0, 56) of the header
 //       64        payload: keys (int64 x rows), then for upserts values (float x rows x dim),
-//                 then state (float x rows x state_dim)
+//                 then state (float x rows x state_dim); in version 2 values and state are
+//                 each stored in their codec's encoding (BlockCodec), keys as in version 1
 //                 zero padding up to the next multiple of 4096
+//
+// Codecs (issue 35): a writer opened with RowCodecs encodes each upsert block's values and
+// state; a column whose encoding would not be smaller than its floats (lossless on noise, int8
+// at dim < 3) is stored as floats (codec 0) in that block. Blocks where both columns end up as
+// floats, and tombstone blocks, are version 1, so a file written without codecs is byte for
+// byte what earlier versions wrote, and readers of version 1 only refuse just the encoded
+// blocks. A reader checks an encoded block's payload checksum before decoding it (with
+// check_behind too), so corrupt stored bytes are reported as corrupt, never decoded; a block
+// that checks but does not decode (a size that lies, a bomb) is corrupt too. The decoded block
+// is bounded like a version 1 block: rows x row_bytes within kMaxRowBlockBytes.
 //
 // Every block, the last included, is padded to 4096 bytes, so each block is one FileWriter
 // submit that keeps FileWriter's alignment rule, and the file size is a multiple of 4096. An
@@ -49,6 +66,7 @@
 #include <thread>
 #include <vector>
 
+#include "io/codec/block_codec.hpp"
 #include "io/engine/file_reader.hpp"
 #include "io/engine/file_writer.hpp"
 
@@ -64,6 +82,8 @@ struct HashDeleter {
 
 inline constexpr char kRowFileMagic[8] = {'E', 'M', 'B', 'R', 'O', 'W', 'S', '1'};
 inline constexpr uint32_t kRowFileVersion = 1;
+// The block version of encoded upserts (the header's codec fields are read).
+inline constexpr uint32_t kRowFileEncodedVersion = 2;
 inline constexpr size_t kRowBlockHeaderBytes = 64;
 // The largest block a reader takes: writers' blocks fit their staging buffer (1 MiB, or the
 // widest row's record, 48 KiB, and a header), so this leaves a wide margin and still bounds
@@ -72,6 +92,13 @@ inline constexpr size_t kMaxRowBlockBytes = size_t{64} << 20;
 
 enum class RowBlockKind : uint32_t { kUpserts = 0, kTombstones = 1 };
 
+// The codecs a writer encodes each upsert block's columns with.
+struct RowCodecs {
+  Codec values = Codec::kNone;
+  Codec state = Codec::kNone;
+  bool any() const { return values != Codec::kNone || state != Codec::kNone; }
+};
+
 // One block as the reader hands it out; the pointers stay valid until the next call to
 // next_block(). values and state are null for tombstones (and state when state_dim is 0).
 struct RowBlock {
@@ -79,7 +106,9 @@ struct RowBlock {
   uint32_t rows = 0;
   uint32_t dim = 0;
   uint32_t state_dim = 0;
-  uint64_t offset = 0;  // the block's byte offset in the file
+  uint64_t offset = 0;        // the block's byte offset in the file
+  RowCodecs stored;           // how the block stored its columns (decoded for the caller)
+  uint64_t stored_bytes = 0;  // the block's bytes in the file: header, payload and padding
   const int64_t* keys = nullptr;
   const float* values = nullptr;  // rows x dim, row-major
   const float* state = nullptr;   // rows x state_dim, row-major
@@ -87,10 +116,12 @@ struct RowBlock {
 
 class RowFileWriter {
  public:
-  // Creates (or truncates) path. -EINVAL when dim is 0 or one row does not fit a staging
-  // buffer; FileWriter::open's errors otherwise.
+  // Creates (or truncates) path. -EINVAL when dim is 0, one row does not fit a staging buffer
+  // or a codec is unknown; FileWriter::open's errors otherwise. codecs: how upsert blocks store
+  // values and state (none: version 1 blocks, as before codecs).
   static int open(const std::string& path, uint32_t dim, uint32_t state_dim,
-                  const WriterOptions& options, std::unique_ptr<RowFileWriter>* out);
+                  const WriterOptions& options, std::unique_ptr<RowFileWriter>* out,
+                  RowCodecs codecs = {});
   // Without finish(): the file is left incomplete (FileWriter's destructor, no fsync).
   ~RowFileWriter();
   RowFileWriter(const RowFileWriter&) = delete;
@@ -117,6 +148,9 @@ class RowFileWriter {
   uint32_t rows_per_block(RowBlockKind kind) const {
     return kind == RowBlockKind::kUpserts ? upsert_capacity_ : tombstone_capacity_;
   }
+  const RowCodecs& codecs() const { return codecs_; }
+  // The first encoding error's words (a codec that failed), for the caller's message.
+  const std::string& error_detail() const { return error_detail_; }
 
  private:
   RowFileWriter() = default;
@@ -127,9 +161,17 @@ class RowFileWriter {
   int start_block(RowBlockKind kind);
   // Compacts, checksums and submits the block being filled.
   int flush_block();
+  // With codecs: encodes the compacted upsert block's values and state (at payload, after its
+  // keys) in place, writing the codec fields of header h; *payload_bytes becomes the stored
+  // size. Falls back to floats for a column whose encoding is not smaller.
+  int encode_block(char* h, char* payload, uint64_t* payload_bytes);
 
   std::unique_ptr<FileWriter> writer_;
   std::unique_ptr<XXH3_state_s, detail::HashDeleter> hash_;
+  RowCodecs codecs_;
+  std::unique_ptr<BlockCodec> coder_;  // with codecs only
+  std::vector<char> encoded_[2];       // values', state's encoding of the block
+  std::string error_detail_;
   uint32_t dim_ = 0;
   uint32_t state_dim_ = 0;
   uint32_t upsert_capacity_ = 0;
@@ -196,6 +238,10 @@ class RowFileReader {
   const char* check_payload(const Payload& p, bool hash);
   // With check_behind, waits for the check of the block handed out last: 0 or its error.
   int wait_behind();
+  // Decodes a checked version 2 upsert block's columns (stored after rows keys at p) into
+  // decoded_; fills out's values and state.
+  int decode_block(uint64_t at, const char* p, uint32_t rows, const RowCodecs& codecs,
+                   uint32_t value_bytes, uint32_t state_bytes, RowBlock* out);
 
   std::unique_ptr<FileReader> reader_;
   std::unique_ptr<XXH3_state_s, detail::HashDeleter> hash_;
@@ -209,6 +255,8 @@ class RowFileReader {
   uint32_t state_dim_ = 0;
   int error_ = 0;
   std::string error_detail_;
+  std::unique_ptr<BlockCodec> decoder_;  // made by the first encoded block
+  std::vector<float> decoded_;           // its values, then its state
   std::unique_ptr<BehindChecker> behind_;
 };
 
