@@ -233,6 +233,8 @@ void embstore_table_config_init(embstore_table_config_t* c) {
   c->admit_bloom_bytes = 0;
   c->device_rows = 0;
   c->memory_rows = 0;
+  c->value_codec = EMBSTORE_CODEC_NONE;
+  c->state_codec = EMBSTORE_CODEC_NONE;
 }
 
 embstore_status_t embstore_table_create(embstore_store_t* store,

@@ -92,9 +92,12 @@ void check_same_table(const io::TableEntry& a, const io::TableEntry& b, size_t r
   }
   if (a.config.dim != b.config.dim || a.config.optimizer != b.config.optimizer ||
       a.state_dim != b.state_dim || a.config.admit_after != b.config.admit_after ||
-      a.config.admit_bloom_bytes != b.config.admit_bloom_bytes) {
+      a.config.admit_bloom_bytes != b.config.admit_bloom_bytes ||
+      a.config.value_codec != b.config.value_codec ||
+      a.config.state_codec != b.config.state_codec) {
     fail(EMBSTORE_INVALID_ARGUMENT,
-         "table '{}' of rank {} differs from rank 0's (dim, optimizer or admission): every rank "
+         "table '{}' of rank {} differs from rank 0's (dim, optimizer, admission or codecs): every "
+         "rank "
          "must create its tables with the same configuration",
          a.name, rank);
   }

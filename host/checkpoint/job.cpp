@@ -83,8 +83,10 @@ void open_files(Job& job) {
       t.tombstones.insert(evicted.begin(), evicted.end());
     }
     std::string detail;
-    if (int r = job.out->open_rows(t.spec.name, t.spec.dim, t.spec.state_dim(), t.captured,
-                                   t.tombstones.size(), job.writer_options, &t.writer, &detail);
+    const io::RowCodecs codecs{t.spec.value_codec, t.spec.state_codec};
+    if (int r =
+            job.out->open_rows(t.spec.name, t.spec.dim, t.spec.state_dim(), t.captured,
+                               t.tombstones.size(), job.writer_options, &t.writer, &detail, codecs);
         r < 0) {
       fail(EMBSTORE_IO_ERROR, "{}", detail);
     }

@@ -14,6 +14,7 @@
 #include "cuda/row/optimizer.h"
 #include "host/table/snapshot_sink.hpp"
 #include "host/table/spill_file.hpp"
+#include "io/codec/block_codec.hpp"
 #include "io/format/admission_file.hpp"
 
 namespace embstore {
@@ -36,6 +37,9 @@ struct TableSpec {
   uint64_t device_rows = 0;  // CUDA: rows in device memory; 0: every row
   uint64_t memory_rows = 0;  // host: rows in memory; 0: every row (no SSD tier)
   std::string tier_dir;      // the store's, for a table with memory_rows
+  // How checkpoint files store the rows (issue 35): part of a checkpoint.
+  io::Codec value_codec = io::Codec::kNone;
+  io::Codec state_codec = io::Codec::kNone;
 
   uint32_t state_dim() const { return row::state_dim(opt.kind, dim); }
   bool idle_rules() const { return evict_idle_steps != 0 || evict_idle_seconds != 0; }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <utility>
 
 #include "cuda/row/admission.h"
 #include "cuda/row/index.h"
@@ -178,6 +179,21 @@ TableSpec make_table_spec(const embstore_table_config_t& config) {
     fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': memory_rows {} exceeds {} rows", s.name,
          s.memory_rows, row::kMaxRows);
   }
+  for (const auto& [field, value] : {std::pair{"value_codec", enum_value(c.value_codec)},
+                                     std::pair{"state_codec", enum_value(c.state_codec)}}) {
+    if (value < 0 || !io::codec_is_known(static_cast<uint32_t>(value))) {
+      fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': unknown {} {} (NONE, LOSSLESS, BF16 or INT8)",
+           s.name, field, value);
+    }
+  }
+  s.value_codec = static_cast<io::Codec>(c.value_codec);
+  s.state_codec = static_cast<io::Codec>(c.state_codec);
+  if (s.state_codec == io::Codec::kInt8) {
+    fail(EMBSTORE_INVALID_ARGUMENT,
+         "table '{}': state_codec INT8 is refused: optimizer state spans orders of magnitude "
+         "within a row, which one scale per row cannot keep (use LOSSLESS or BF16)",
+         s.name);
+  }
   return s;
 }
 
@@ -206,6 +222,8 @@ embstore_table_config_t to_config(const TableSpec& s) {
   c.admit_bloom_bytes = s.admit_bloom_bytes;
   c.device_rows = s.device_rows;
   c.memory_rows = s.memory_rows;
+  c.value_codec = static_cast<embstore_codec_t>(s.value_codec);
+  c.state_codec = static_cast<embstore_codec_t>(s.state_codec);
   return c;
 }
 

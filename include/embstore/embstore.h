@@ -246,6 +246,20 @@ typedef enum {
                                   must be finite in float (no value is then infinite) */
 } embstore_init_t;
 
+/** How a table's rows are stored in its checkpoint files (value_codec, state_codec). Each
+    block of a row file is encoded on its own, so files still stream and checksum by block;
+    every reader (restore, warm start, followers, embstore-ckpt) decodes. See
+    docs/checkpoints.md, "Codecs". */
+typedef enum {
+  EMBSTORE_CODEC_NONE = 0,     /**< floats as they are (the format before codecs) */
+  EMBSTORE_CODEC_LOSSLESS = 1, /**< the floats' bytes shuffled, then zstd: bit-exact */
+  EMBSTORE_CODEC_BF16 = 2,     /**< bfloat16, rounded to nearest even: each value within a
+                                   relative 2^-8 of the float */
+  EMBSTORE_CODEC_INT8 = 3      /**< a scale and offset per row and a byte per value (FBGEMM's
+                                   fused 8-bit rows): each value within half a step of its
+                                   row's range, (max - min) / 510 */
+} embstore_codec_t;
+
 /** A table's configuration (embstore_table_create): fill it with embstore_table_config_init,
     then set name, dim and the fields wanted. */
 typedef struct embstore_table_config {
@@ -297,6 +311,14 @@ typedef struct embstore_table_config {
                             live in the store's tier_dir. 0 (default): every row in memory. A
                             call on more distinct rows than this holds them all in memory while
                             it runs */
+  /* Fields below came after 0.5: codecs of checkpointed rows (see embstore_codec_t). Part of a
+     checkpoint: its manifest records them, and a table a restore creates gets them. A lossy
+     codec is never a default: a checkpoint of a table that asks for one restores rows within
+     the codec's bound, not bit for bit. */
+  embstore_codec_t value_codec; /**< values in this table's checkpoint files; default NONE */
+  embstore_codec_t state_codec; /**< optimizer state; default NONE; INT8 is refused (Adagrad's
+                                    accumulators and Adam's moments span orders of magnitude
+                                    within a row) */
 } embstore_table_config_t;
 
 #define EMBSTORE_MAX_ADMIT_BLOOM_BYTES (16ull << 30) /**< 16 GiB: 16 bytes a key for 2^30 keys */
@@ -316,7 +338,8 @@ EMBSTORE_API void embstore_table_config_init(embstore_table_config_t* config);
     with negative deviation, UNIFORM with init_b < init_a, an initializer whose values would
     overflow a float (see embstore_init_t), negative or non-finite evict_idle_seconds,
     evict_when_full not 0 or 1, admit_bloom_bytes set while admit_after <= 1, below 64, above
-    EMBSTORE_MAX_ADMIT_BLOOM_BYTES or with admit_after above 255; memory_rows without the
+    EMBSTORE_MAX_ADMIT_BLOOM_BYTES or with admit_after above 255; an unknown value_codec or
+    state_codec, or state_codec INT8; memory_rows without the
     store's tier_dir, or a tier_dir that is missing, not a directory or on tmpfs: see "Tiers");
     ALREADY_EXISTS; OUT_OF_MEMORY (also at once for a Bloom filter larger than the memory
     available); IO_ERROR (no file can be created in tier_dir); UNSUPPORTED (device_rows or

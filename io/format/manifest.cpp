@@ -29,6 +29,8 @@ using nlohmann::json;
 constexpr const char* kFormat = "embstore-checkpoint";
 constexpr const char* kOptimizers[] = {"sgd", "adagrad", "rowwise_adagrad", "adam"};
 constexpr const char* kInits[] = {"zeros", "constant", "uniform", "normal"};
+// By io::Codec's value, as codec_name() spells them.
+constexpr const char* kCodecs[] = {"none", "lossless", "bf16", "int8"};
 
 std::string hex64(uint64_t v) {
   char buf[17];
@@ -121,16 +123,30 @@ std::string get_path(const json& j, const char* key) {
   return p;
 }
 
+// A row file's codecs are members only when they are not none, so manifests without codecs
+// stay what format 2 wrote.
 json file_json(const FileEntry& f) {
-  return json{{"path", f.path}, {"bytes", f.bytes}, {"rows", f.rows}, {"xxh3", hex64(f.xxh3)}};
+  json j{{"path", f.path}, {"bytes", f.bytes}, {"rows", f.rows}, {"xxh3", hex64(f.xxh3)}};
+  if (f.value_codec != Codec::kNone) j["value_codec"] = codec_name(f.value_codec);
+  if (f.state_codec != Codec::kNone) j["state_codec"] = codec_name(f.state_codec);
+  return j;
 }
 
-FileEntry file_from(const json& j) {
+Codec get_codec(const json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key)) return Codec::kNone;
+  return static_cast<Codec>(get_enum(j, key, kCodecs));
+}
+
+FileEntry file_from(const json& j, uint32_t format) {
   FileEntry f;
   f.path = get_path(j, "path");
   f.bytes = get_u64(j, "bytes");
   f.rows = get_u64(j, "rows");
   f.xxh3 = get_hex64(j, "xxh3");
+  if (format >= 3) {
+    f.value_codec = get_codec(j, "value_codec");
+    f.state_codec = get_codec(j, "state_codec");
+  }
   return f;
 }
 
@@ -166,6 +182,11 @@ json manifest_json(const Manifest& m) {
                           {"rows", t.rows},
                           {"table_rows", t.table_rows},
                           {"files", files}});
+    if (m.format_version >= 3) {
+      json& config = tables.back()["config"];
+      config["value_codec"] = codec_name(static_cast<Codec>(c.value_codec));
+      config["state_codec"] = codec_name(static_cast<Codec>(c.state_codec));
+    }
     if (m.world_size > 1) {
       json counts = json::array();
       for (const FileEntry& f : t.admission) counts.push_back(file_json(f));
@@ -211,6 +232,21 @@ struct FdCloser {
 };
 
 }  // namespace
+
+uint32_t manifest_format_for(const Manifest& m) {
+  for (const TableEntry& t : m.tables) {
+    if (t.config.value_codec != EMBSTORE_CODEC_NONE ||
+        t.config.state_codec != EMBSTORE_CODEC_NONE) {
+      return kManifestFormatVersion;
+    }
+    for (const FileEntry& f : t.files) {
+      if (f.value_codec != Codec::kNone || f.state_codec != Codec::kNone) {
+        return kManifestFormatVersion;
+      }
+    }
+  }
+  return kPlainManifestFormatVersion;
+}
 
 uint64_t new_lineage() {
   uint64_t id = 0;
@@ -323,6 +359,13 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
       e.config.evict_idle_seconds = get_or(c, "evict_idle_seconds", 0.0, get_double);
       e.config.evict_when_full = get_or(c, "evict_when_full", uint32_t{0}, get_u32);
       e.config.admit_bloom_bytes = get_or(c, "admit_bloom_bytes", uint64_t{0}, get_u64);
+      if (m.format_version >= 3) {
+        e.config.value_codec = static_cast<embstore_codec_t>(get_codec(c, "value_codec"));
+        e.config.state_codec = static_cast<embstore_codec_t>(get_codec(c, "state_codec"));
+        if (e.config.state_codec == EMBSTORE_CODEC_INT8) {
+          throw Bad("table '" + e.name + "': state_codec 'int8', which no table may have");
+        }
+      }
       e.state_dim = get_u32(t, "state_dim");
       e.state_layout = get_string(t, "state_layout");
       e.rows = get_u64(t, "rows");
@@ -331,7 +374,12 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
       if (!files.is_array()) throw Bad("'files' of table '" + e.name + "' is not an array");
       uint64_t rows = 0;
       for (const json& f : files) {
-        e.files.push_back(file_from(f));
+        e.files.push_back(file_from(f, m.format_version));
+        if (e.files.back().state_codec == Codec::kInt8) {
+          throw Bad("table '" + e.name +
+                    "': a row file of optimizer state in int8, which no "
+                    "writer writes");
+        }
         if (rows > UINT64_MAX - e.files.back().rows) {
           throw Bad("table '" + e.name + "': file rows overflow");
         }
@@ -341,13 +389,13 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
       if (t.contains("admission")) {
         const json& counts = member(t, "admission");
         if (m.world_size == 1) {
-          e.admission.push_back(file_from(counts));
+          e.admission.push_back(file_from(counts, m.format_version));
         } else {
           if (!counts.is_array()) {
             throw Bad("'admission' of table '" + e.name + "' is not an array (world size " +
                       std::to_string(m.world_size) + ")");
           }
-          for (const json& f : counts) e.admission.push_back(file_from(f));
+          for (const json& f : counts) e.admission.push_back(file_from(f, m.format_version));
         }
       }
       // A Bloom filter's counts file is its header and the whole filter: a manifest asking for
@@ -370,7 +418,7 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
     const json& attachments = member(j, "attachments");
     if (!attachments.is_array()) throw Bad("'attachments' is not an array");
     for (const json& a : attachments) {
-      AttachmentEntry e{get_string(a, "name"), file_from(a)};
+      AttachmentEntry e{get_string(a, "name"), file_from(a, m.format_version)};
       if (std::string why = name_problem("attachment", e.name); !why.empty()) throw Bad(why);
       if (m.world_size > 1) {
         e.rank = get_u32(a, "rank");

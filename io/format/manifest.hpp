@@ -11,6 +11,8 @@
 
 #include <embstore/embstore.h>
 
+#include "io/codec/block_codec.hpp"
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -19,9 +21,14 @@
 namespace embstore::io {
 
 inline constexpr const char* kManifestName = "MANIFEST.json";
-// The format written (io/format/layout.hpp): 2 since 0.4 (tables/ namespace, lineage, parent
-// checksum). Versions 1 and 2 are read.
-inline constexpr uint32_t kManifestFormatVersion = 2;
+// The newest format (io/format/layout.hpp): 2 since 0.4 (tables/ namespace, lineage, parent
+// checksum); 3 adds codecs (issue 35: each table's value_codec and state_codec, each row file's
+// codecs when not none), with format 2's layout. A writer writes 3 only for a checkpoint that
+// uses a codec (manifest_format_for), so that versions before codecs still read every
+// checkpoint without one, and refuse by its format number one they could not decode.
+// Versions 1 to 3 are read.
+inline constexpr uint32_t kManifestFormatVersion = 3;
+inline constexpr uint32_t kPlainManifestFormatVersion = 2;
 inline constexpr uint32_t kOldestManifestFormatVersion = 1;
 // The most ranks a checkpoint (and a sharded store) may have: more is a corrupt manifest.
 inline constexpr uint32_t kMaxWorldSize = 65535;
@@ -31,6 +38,10 @@ struct FileEntry {
   uint64_t bytes = 0;
   uint64_t rows = 0;  // row files only
   uint64_t xxh3 = 0;  // XXH3_64bits of the whole file
+  // Row files, format 3: how the writer encoded the blocks' columns (a block may still keep
+  // floats where the encoding would not be smaller: row_file.hpp).
+  Codec value_codec = Codec::kNone;
+  Codec state_codec = Codec::kNone;
 };
 
 struct TableEntry {
@@ -75,6 +86,10 @@ struct Manifest {
   // This manifest's own manifest_xxh3: set by parse_manifest and format_manifest, not stored.
   uint64_t xxh3 = 0;
 };
+
+// The format a writer gives m: kManifestFormatVersion when a table or file of m uses a codec,
+// else kPlainManifestFormatVersion.
+uint32_t manifest_format_for(const Manifest& m);
 
 // A new chain's lineage: random, never 0 (0 means "unknown", as in format 1).
 uint64_t new_lineage();

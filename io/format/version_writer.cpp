@@ -85,7 +85,8 @@ uint64_t VersionWriter::row_file_size_hint(uint64_t rows, uint64_t tombstones, u
 
 int VersionWriter::open_rows(const std::string& table, uint32_t dim, uint32_t state_dim,
                              uint64_t rows, uint64_t tombstones, WriterOptions options,
-                             std::unique_ptr<RowFileWriter>* out, std::string* detail) {
+                             std::unique_ptr<RowFileWriter>* out, std::string* detail,
+                             RowCodecs codecs) {
   const std::string dir = staging_ + "/" + table_dir(kFormat, table);
   // Not fsynced here: the commit fsyncs every directory of the version once.
   if (int r = create_directories(dir, /*durable=*/false); r < 0) {
@@ -93,15 +94,19 @@ int VersionWriter::open_rows(const std::string& table, uint32_t dim, uint32_t st
   }
   const std::string path = staging_ + "/" + row_file_path(kFormat, table, rank_, world_size_);
   options.size_hint = row_file_size_hint(rows, tombstones, dim, state_dim, options.buffer_bytes);
-  if (int r = RowFileWriter::open(path, dim, state_dim, options, out); r < 0) {
+  if (int r = RowFileWriter::open(path, dim, state_dim, options, out, codecs); r < 0) {
     return failed(detail, r, fmt::format("cannot open '{}'", path));
   }
   return 0;
 }
 
 FileEntry VersionWriter::rows_entry(const std::string& table, const RowFileWriter& rows) const {
-  return {row_file_path(kFormat, table, rank_, world_size_), rows.bytes(), rows.rows(),
-          rows.checksum()};
+  return {row_file_path(kFormat, table, rank_, world_size_),
+          rows.bytes(),
+          rows.rows(),
+          rows.checksum(),
+          rows.codecs().values,
+          rows.codecs().state};
 }
 
 namespace {
@@ -141,7 +146,7 @@ int VersionWriter::write_attachment(const std::string& name, const void* data, s
 }
 
 int VersionWriter::write_manifest(Manifest* m, std::string* detail) {
-  m->format_version = kFormat;
+  m->format_version = manifest_format_for(*m);
   if (int r = io::write_manifest(staging_, *m, &m->xxh3); r < 0) {
     return failed(detail, r,
                   r == -EFBIG ? fmt::format("writing {}: larger than the {} bytes readers take "

@@ -58,10 +58,10 @@ class VersionWriter {
   static uint64_t row_file_size_hint(uint64_t rows, uint64_t tombstones, uint32_t dim,
                                      uint32_t state_dim, size_t buffer_bytes);
   // Opens the row file of table (this writer's rank's shard), preallocated for rows and
-  // tombstones.
+  // tombstones, its blocks encoded with codecs.
   int open_rows(const std::string& table, uint32_t dim, uint32_t state_dim, uint64_t rows,
                 uint64_t tombstones, WriterOptions options, std::unique_ptr<RowFileWriter>* out,
-                std::string* detail);
+                std::string* detail, RowCodecs codecs = {});
   // The manifest's entry of table's row file once rows->finish() returned 0.
   FileEntry rows_entry(const std::string& table, const RowFileWriter& rows) const;
   uint32_t rank() const { return rank_; }
@@ -72,7 +72,8 @@ class VersionWriter {
   // Writes attachment name and fills *entry.
   int write_attachment(const std::string& name, const void* data, size_t bytes, FileEntry* entry,
                        std::string* detail);
-  // Writes the manifest in the current format: sets m's format_version and xxh3. Rank 0's.
+  // Writes the manifest in the current format (3 with codecs, else 2: manifest_format_for):
+  // sets m's format_version and xxh3. Rank 0's.
   int write_manifest(Manifest* m, std::string* detail);
   // Makes everything durable and renames the version into place (commit_staging_dir). On
   // failure the version is not there for readers once the writer rolls back.

@@ -61,7 +61,8 @@ class TableConfig(ctypes.Structure):
                 ("init_b", c_float), ("seed", c_uint64), ("admit_after", c_uint32),
                 ("evict_idle_steps", c_uint64), ("evict_idle_seconds", c_double),
                 ("evict_when_full", c_uint32), ("admit_bloom_bytes", c_uint64),
-                ("device_rows", c_uint64), ("memory_rows", c_uint64)]
+                ("device_rows", c_uint64), ("memory_rows", c_uint64),
+                ("value_codec", c_enum), ("state_codec", c_enum)]
 
 
 class TableStats(ctypes.Structure):

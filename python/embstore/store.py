@@ -17,6 +17,7 @@ _BACKEND_NAMES = {v: k for k, v in _BACKENDS.items()}
 _SPILL = {"auto": 0, "never": 1, "always": 2}
 _OPTIMIZERS = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 2, "adam": 3}
 _INITS = {"zeros": 0, "constant": 1, "uniform": 2, "normal": 3}
+_CODECS = {"none": 0, "lossless": 1, "bf16": 2, "int8": 3}
 _KINDS = {"full": 1, "incremental": 2}
 _KIND_NAMES = {v: k for k, v in _KINDS.items()}
 LOOKUP_INSERT = 1
@@ -238,9 +239,12 @@ class Store(Owner):
                      beta1=0.9, beta2=0.999, weight_decay=0.0, initial_accumulator=0.0,
                      init="uniform", init_a=-0.01, init_b=0.01, seed=0, initial_capacity=1024,
                      max_capacity=0, admit_after=0, evict_idle_steps=0, evict_idle_seconds=0.0,
-                     evict_when_full=False, admit_bloom_bytes=0, device_rows=0, memory_rows=0):
+                     evict_when_full=False, admit_bloom_bytes=0, device_rows=0, memory_rows=0,
+                     value_codec="none", state_codec="none"):
         """Creates a table (embstore_table_create); the defaults are the C API's. memory_rows:
-        rows kept in host memory, the rest in the store's tier_dir (0: every row in memory)."""
+        rows kept in host memory, the rest in the store's tier_dir (0: every row in memory).
+        value_codec, state_codec: how checkpoints store the values and the optimizer state,
+        "none", "lossless", "bf16" or "int8" (values only): docs/checkpoints.md, "Codecs"."""
         cfg = _lib.TableConfig()
         _lib.table_config_init(ctypes.byref(cfg))
         name_b = _name_bytes(name)
@@ -266,6 +270,8 @@ class Store(Owner):
         cfg.admit_bloom_bytes = _int_arg(admit_bloom_bytes, "admit_bloom_bytes", minimum=0)
         cfg.device_rows = _int_arg(device_rows, "device_rows", minimum=0)
         cfg.memory_rows = _int_arg(memory_rows, "memory_rows", minimum=0)
+        cfg.value_codec = _choice(_CODECS, value_codec, "value_codec")
+        cfg.state_codec = _choice(_CODECS, state_codec, "state_codec")
         handle = ctypes.c_void_p()
         check(self._call(_lib.table_create, ctypes.byref(cfg), ctypes.byref(handle)),
               "embstore_table_create")

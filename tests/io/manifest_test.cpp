@@ -185,7 +185,7 @@ TEST_CASE("manifest: a changed byte, a torn file or a bad field is refused", "[i
   SECTION("torn") { parse_error(text.substr(0, text.size() / 2)); }
   SECTION("empty") { parse_error(""); }
   SECTION("a future format version") {
-    REQUIRE(parse_error(edit(m, "\"format_version\": 2", "\"format_version\": 3"))
+    REQUIRE(parse_error(edit(m, "\"format_version\": 3", "\"format_version\": 4"))
                 .find("not supported") != std::string::npos);
   }
   SECTION("a path out of the version directory") {
@@ -296,6 +296,52 @@ TEST_CASE("manifest: a Bloom filter its counts file cannot hold is refused", "[i
   REQUIRE(detail.find("no counts file") != std::string::npos);
   m.tables[0].config.admit_bloom_bytes = 1024;
   REQUIRE(parse_manifest(format_manifest(m), &back, &detail) == 0);
+}
+
+TEST_CASE("manifest: codecs round-trip in format 3 and are left out of format 2",
+          "[io][manifest]") {
+  Manifest m = sample();
+  m.format_version = manifest_format_for(m);
+  CHECK(m.format_version == kPlainManifestFormatVersion);
+  CHECK(format_manifest(m).find("codec") == std::string::npos);
+
+  m.tables[0].config.value_codec = EMBSTORE_CODEC_INT8;
+  m.tables[0].config.state_codec = EMBSTORE_CODEC_BF16;
+  m.tables[0].files[0].value_codec = Codec::kInt8;
+  m.tables[0].files[0].state_codec = Codec::kBf16;
+  CHECK(manifest_format_for(m) == kManifestFormatVersion);
+  m.format_version = manifest_format_for(m);
+  Manifest back;
+  std::string detail;
+  REQUIRE(parse_manifest(format_manifest(m), &back, &detail) == 0);
+  CHECK(back.format_version == 3);
+  CHECK(back.tables[0].config.value_codec == EMBSTORE_CODEC_INT8);
+  CHECK(back.tables[0].config.state_codec == EMBSTORE_CODEC_BF16);
+  CHECK(back.tables[0].files[0].value_codec == Codec::kInt8);
+  CHECK(back.tables[0].files[0].state_codec == Codec::kBf16);
+  // Admission counts and attachments have no codecs.
+  CHECK(back.tables[0].admission[0].value_codec == Codec::kNone);
+  CHECK(back.attachments[0].file.value_codec == Codec::kNone);
+  CHECK(format_manifest(back) == format_manifest(m));
+
+  // A file alone with a codec makes it format 3 too (compaction of a table without codecs
+  // never writes one, but a reader must not depend on that).
+  Manifest file_only = sample();
+  file_only.tables[0].files[0].value_codec = Codec::kLossless;
+  CHECK(manifest_format_for(file_only) == kManifestFormatVersion);
+
+  SECTION("an unknown codec is refused") {
+    CHECK(parse_error(edit(m, "\"value_codec\": \"int8\"", "\"value_codec\": \"int4\""))
+              .find("'value_codec' has unknown value 'int4'") != std::string::npos);
+  }
+  SECTION("optimizer state in int8 is refused, in the config and in a file") {
+    CHECK(parse_error(edit(m, "\"state_codec\": \"bf16\"", "\"state_codec\": \"int8\""))
+              .find("state_codec 'int8'") != std::string::npos);
+    Manifest file_int8 = m;
+    file_int8.tables[0].files[0].state_codec = Codec::kInt8;
+    CHECK(parse_error(format_manifest(file_int8)).find("optimizer state in int8") !=
+          std::string::npos);
+  }
 }
 
 TEST_CASE("manifest: JSON nested deeper than the limit is refused, not a crash", "[io][manifest]") {

@@ -363,7 +363,9 @@ nlohmann::json config_json(const io::TableEntry& table) {
           {"admit_after", c.admit_after},
           {"evict_idle_steps", c.evict_idle_steps},
           {"evict_idle_seconds", c.evict_idle_seconds},
-          {"evict_when_full", c.evict_when_full != 0}};
+          {"evict_when_full", c.evict_when_full != 0},
+          {"value_codec", io::codec_name(static_cast<io::Codec>(c.value_codec))},
+          {"state_codec", io::codec_name(static_cast<io::Codec>(c.state_codec))}};
 }
 
 // With json, one JSON object on stdout: the version, the table's configuration and its first
@@ -509,6 +511,11 @@ void print_table(const io::VersionDir& chosen, const io::Manifest& m, const io::
   fmt::print("initializer  {}, seed {}\n", init, c.seed);
   fmt::print("capacity     initial {}, max {}\n", c.initial_capacity,
              c.max_capacity == 0 ? std::string("unbounded") : std::to_string(c.max_capacity));
+  if (c.value_codec != EMBSTORE_CODEC_NONE || c.state_codec != EMBSTORE_CODEC_NONE) {
+    fmt::print("codecs       values {}, state {}\n",
+               io::codec_name(static_cast<io::Codec>(c.value_codec)),
+               io::codec_name(static_cast<io::Codec>(c.state_codec)));
+  }
   if (c.admit_after > 1) fmt::print("admission    after {} occurrences\n", c.admit_after);
   if (c.evict_idle_steps > 0 || c.evict_idle_seconds > 0 || c.evict_when_full != 0) {
     fmt::print("eviction     after {} idle steps, {} idle seconds (0: never); when full: {}\n",

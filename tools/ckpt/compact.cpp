@@ -74,9 +74,13 @@ io::TableEntry write_table(const RestorePlan& plan, const TablePlan& t,
   const uint64_t rows_per_rank = source.table_rows / world + 1;
   const io::WriterOptions options =
       rank_writer_options(world, rows_per_rank, source.config.dim, source.state_dim);
+  // The table's codecs: rows a lossy codec rounded are encoded again (bf16 gives them back
+  // unchanged; int8 may move a value by up to another half step of its row's range).
+  const io::RowCodecs codecs{static_cast<io::Codec>(source.config.value_codec),
+                             static_cast<io::Codec>(source.config.state_codec)};
   for (uint32_t r = 0; r < world; ++r) {
     if (ranks[r]->open_rows(source.name, source.config.dim, source.state_dim, rows_per_rank, 0,
-                            options, &files[r], &detail) < 0) {
+                            options, &files[r], &detail, codecs) < 0) {
       throw Problem(detail);
     }
   }

@@ -1,0 +1,58 @@
+"""Codecs through Python: create_table's value_codec and state_codec reach the checkpoint files, a
+restore gives lossless rows back bit for bit and int8 rows within half a step of each row's
+range, and codecs that are unknown, or int8 for the optimizer state, raise."""
+
+import shutil
+import tempfile
+import unittest
+
+import numpy as np
+
+import embstore
+
+
+class CodecsTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="embstore-py-codec-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+
+    def _train(self, store, codec):
+        t = store.create_table("emb", 16, seed=9, init="normal", init_a=0, init_b=0.1,
+                               value_codec=codec, state_codec="lossless")
+        rng = np.random.default_rng(3)
+        keys = np.arange(300, dtype=np.int64)
+        for step in range(1, 4):
+            t.lookup(keys, insert=True)
+            t.apply_gradients(keys, rng.standard_normal((300, 16)).astype(np.float32))
+            store.step(step)
+        return keys, t.lookup(keys)
+
+    def test_restore_is_exact_for_lossless_and_within_the_bound_for_int8(self):
+        for codec in ("lossless", "int8"):
+            with self.subTest(codec=codec):
+                out = f"{self.dir}/{codec}"
+                with embstore.Store("host") as store:
+                    keys, before = self._train(store, codec)
+                    store.checkpoint(out, wait=True)
+                with embstore.Store("host") as back:
+                    back.restore(out)
+                    after = back.table("emb").lookup(keys)
+                if codec == "lossless":
+                    np.testing.assert_array_equal(after, before)
+                    continue
+                lo, hi = before.min(axis=1), before.max(axis=1)
+                bound = (hi - lo) / 510 + 2.0**-22 * (np.abs(lo) + np.abs(hi)) + 2.0**-149
+                err = np.abs(after.astype(np.float64) - before).max(axis=1)
+                self.assertTrue((err <= bound).all(), f"int8 error {err.max()} over its bound")
+                self.assertGreater(err.max(), 0)  # int8 is lossy: the rows did go through it
+
+    def test_bad_codecs_raise(self):
+        with embstore.Store("host") as store:
+            with self.assertRaises(embstore.InvalidArgumentError):
+                store.create_table("a", 8, value_codec="zip")
+            with self.assertRaisesRegex(embstore.InvalidArgumentError, "state_codec INT8"):
+                store.create_table("b", 8, state_codec="int8")
+
+
+if __name__ == "__main__":
+    unittest.main()

