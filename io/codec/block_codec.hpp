@@ -1,18 +1,16 @@
 // Codecs of a block of rows' floats in checkpoint files (issue 35): a block's values, or its
 // optimizer state, are rows x width floats, row-major, stored in one of four encodings.
 //
-//   codec     stored bytes                                           error
-//   none      the floats, little-endian (4 x rows x width)           none
-//   lossless  zstd frame of the floats byte-shuffled (all first       none
+//   codec     stored bytes                                          error
+//   none      the floats, little-endian (4 x rows x width)          none
+//   lossless  zstd frame of the floats byte-shuffled (all first      none
 //             bytes, then all second bytes, ...: exponents together)
-//   bf16      rows x width bf16, little-endian (2 bytes a value)      cuda/row/codec.h: relative
-//   2^-8 int8      rows scales, rows offsets (floats), then rows x width   cuda/row/codec.h: half a
-//   step
-//             bytes (row-wise, FBGEMM's fused 8-bit rows)             of the row's range
+//   bf16      rows x width bf16, little-endian (2 bytes a value)     relative 2^-8 (codec.h)
+//   int8      rows scales, rows offsets (floats), then rows x width  half a step of the row's
+//             bytes (row-wise, FBGEMM's fused 8-bit rows)            range (cuda/row/codec.h)
 //
 // Blocks are independent, so a file of them still streams, checksums and decodes in parallel.
-// This is the codec layer only: in this version no checkpoint file uses it yet (the row file
-// format, the manifest and the readers come with the rest of issue 35).
+// Row files (io/format/row_file.hpp) encode each block's values and state with it.
 //
 // Decoding treats the bytes as hostile: the caller says how many rows and floats a row the
 // block holds (from its checksummed header, itself bounded), and decode() checks that the

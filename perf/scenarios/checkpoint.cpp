@@ -10,6 +10,12 @@
 // the commit; the JSON adds delta_seconds and delta_bytes against full_idle_seconds and
 // full_idle_bytes.
 //
+// --codecs V[/S],...: the whole scenario once per codec pair (values' codec V, the optimizer
+// state's S, default none), each on a fresh store and table that see the same fill and the same
+// batches, so every pair writes the same rows. With more than one pair, every JSON key gets the
+// pair's name as a prefix ("int8/bf16.full_bytes") and the ratios of each pair's bytes and
+// seconds to the first pair's are reported (the first is the baseline: list none first).
+//
 // The checkpoints are written into a fresh directory under --dir, removed afterwards unless
 // --keep.
 #include <unistd.h>
@@ -17,6 +23,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -55,10 +62,86 @@ class CheckpointScenario final : public Scenario {
                    "incremental checkpoint (0: skip)")
         ->check(CLI::Range(0.0, 1.0))
         ->capture_default_str();
+    app.add_option("--codecs", codecs_,
+                   "codec pairs VALUES[/STATE] (none, lossless, bf16, int8; state default none), "
+                   "each run in turn; ratios against the first")
+        ->delimiter(',')
+        ->capture_default_str();
     app.add_flag("--keep", keep_, "keep the checkpoint directory");
   }
 
   int run(const CommonOptions& o, Report& report) override {
+    std::vector<CodecPair> pairs;
+    for (const std::string& name : codecs_) pairs.push_back(parse_codec_pair(name));
+    const bool several = pairs.size() > 1;
+    std::vector<std::map<std::string, double>> results;
+    int status = 0;
+    for (const CodecPair& pair : pairs) {
+      if (several) report.say("codecs {}:", pair.name);
+      results.emplace_back();
+      status = std::max(status,
+                        run_one(o, report, pair, several ? pair.name + "." : "", &results.back()));
+    }
+    if (several) {
+      const std::map<std::string, double>& base = results.front();
+      for (size_t i = 1; i < pairs.size(); ++i) {
+        const std::map<std::string, double>& r = results[i];
+        const std::string prefix = pairs[i].name + ".";
+        for (const char* k : {"full_bytes", "full_seconds", "full_idle_bytes", "full_idle_seconds",
+                              "delta_bytes", "delta_seconds"}) {
+          if (r.count(k) != 0 && base.count(k) != 0 && base.at(k) > 0) {
+            report.set(prefix + k + "_ratio", r.at(k) / base.at(k));
+          }
+        }
+        if (r.count("delta_bytes") != 0) {
+          report.set(prefix + "delta_to_baseline_full_bytes",
+                     r.at("delta_bytes") / base.at("full_idle_bytes"));
+        }
+        report.say(
+            "{} against {}: full {:.3f} of the bytes in {:.2f}x the time while training{}",
+            pairs[i].name, pairs[0].name, r.at("full_bytes") / base.at("full_bytes"),
+            r.at("full_seconds") / base.at("full_seconds"),
+            r.count("delta_bytes") == 0
+                ? std::string()
+                : fmt::format("; idle full {:.3f} of the bytes in {:.2f}x the time; delta {:.3f} "
+                              "of the bytes in {:.2f}x the time, {:.3f}% of {}'s full",
+                              r.at("full_idle_bytes") / base.at("full_idle_bytes"),
+                              r.at("full_idle_seconds") / base.at("full_idle_seconds"),
+                              r.at("delta_bytes") / base.at("delta_bytes"),
+                              r.at("delta_seconds") / base.at("delta_seconds"),
+                              100.0 * r.at("delta_bytes") / base.at("full_idle_bytes"),
+                              pairs[0].name));
+      }
+    }
+    return status;
+  }
+
+ private:
+  struct CodecPair {
+    std::string name;  // "int8/bf16"
+    embstore_codec_t values = EMBSTORE_CODEC_NONE, state = EMBSTORE_CODEC_NONE;
+  };
+
+  static CodecPair parse_codec_pair(const std::string& text) {
+    static const std::map<std::string, embstore_codec_t> kNames = {
+        {"none", EMBSTORE_CODEC_NONE},
+        {"lossless", EMBSTORE_CODEC_LOSSLESS},
+        {"bf16", EMBSTORE_CODEC_BF16},
+        {"int8", EMBSTORE_CODEC_INT8}};
+    const size_t slash = text.find('/');
+    const std::string v = text.substr(0, slash);
+    const std::string s = slash == std::string::npos ? "none" : text.substr(slash + 1);
+    if (kNames.count(v) == 0 || kNames.count(s) == 0) {
+      throw CLI::ValidationError("--codecs", "unknown codec pair '" + text + "'");
+    }
+    return {v + "/" + s, kNames.at(v), kNames.at(s)};
+  }
+
+  // The scenario with one codec pair; JSON keys start with prefix; *out gets the figures the
+  // comparison needs.
+  int run_one(const CommonOptions& o, Report& report, const CodecPair& pair,
+              const std::string& prefix, std::map<std::string, double>* out) {
+    const auto key = [&](const char* k) { return prefix + k; };
     const ScenarioDir scenario_dir(dir_, "checkpoint", keep_);
     const std::string& dir = scenario_dir.path();
 
@@ -67,7 +150,11 @@ class CheckpointScenario final : public Scenario {
     Store store(o, config);
     const embstore_backend_t backend = store.backend();
     embstore_table_t* table =
-        create_table(store, "perf_checkpoint", o.dim, optimizer_from_name(optimizer_));
+        create_table(store, "perf_checkpoint", o.dim, optimizer_from_name(optimizer_),
+                     [&](embstore_table_config_t& c) {
+                       c.value_codec = pair.values;
+                       c.state_codec = pair.state;
+                     });
 
     // Fill: every rank of the stream gets its row.
     const Stopwatch fill_watch;
@@ -136,26 +223,29 @@ class CheckpointScenario final : public Scenario {
     const double base_max = *std::max_element(base_steps.begin(), base_steps.end());
 
     report_common(report, o, backend);
-    report.set("optimizer", optimizer_);
-    report.set("rows", rows);
-    report.set("staging_bytes", config.staging_bytes);
-    report.set("fill_seconds", fill_seconds);
-    report.set("version", version);
-    report.set("full_seconds", full_seconds);
-    report.set("full_bytes", full_bytes);
-    report.set("full_bytes_per_second", full_bytes / full_seconds);
-    report.set("rows_written", rows_written);
-    report.set("checkpoint_call_seconds", checkpoint_call_seconds);
-    report.set("capture_seconds", after.capture_seconds_last);
-    report.set("stall_seconds_max", after.stall_seconds_max);
-    report.set("stall_seconds_total", after.stall_seconds_total - before.stall_seconds_total);
-    report.set("copy_on_write_rows", after.copy_on_write_rows - before.copy_on_write_rows);
-    report.set("steps_while_writing", steps_during);
-    report.set("step_seconds_median_baseline", base_median);
-    report.set("step_seconds_median_checkpointing", ckpt_median);
-    report.set("step_seconds_max_baseline", base_max);
-    report.set("step_seconds_max_checkpointing", ckpt_max);
-    report.set("step_time_ratio_median", ckpt_median / base_median);
+    report.set(key("optimizer"), optimizer_);
+    report.set(key("rows"), rows);
+    report.set(key("staging_bytes"), config.staging_bytes);
+    report.set(key("fill_seconds"), fill_seconds);
+    report.set(key("version"), version);
+    report.set(key("full_seconds"), full_seconds);
+    report.set(key("codecs"), pair.name);
+    (*out)["full_seconds"] = full_seconds;
+    (*out)["full_bytes"] = static_cast<double>(full_bytes);
+    report.set(key("full_bytes"), full_bytes);
+    report.set(key("full_bytes_per_second"), full_bytes / full_seconds);
+    report.set(key("rows_written"), rows_written);
+    report.set(key("checkpoint_call_seconds"), checkpoint_call_seconds);
+    report.set(key("capture_seconds"), after.capture_seconds_last);
+    report.set(key("stall_seconds_max"), after.stall_seconds_max);
+    report.set(key("stall_seconds_total"), after.stall_seconds_total - before.stall_seconds_total);
+    report.set(key("copy_on_write_rows"), after.copy_on_write_rows - before.copy_on_write_rows);
+    report.set(key("steps_while_writing"), steps_during);
+    report.set(key("step_seconds_median_baseline"), base_median);
+    report.set(key("step_seconds_median_checkpointing"), ckpt_median);
+    report.set(key("step_seconds_max_baseline"), base_max);
+    report.set(key("step_seconds_max_checkpointing"), ckpt_max);
+    report.set(key("step_time_ratio_median"), ckpt_median / base_median);
 
     report.say("table: {} rows x dim {} ({}), {} steps of {} keys, {} backend", rows, o.dim,
                optimizer_, o.steps, o.batch, backend_name(backend));
@@ -204,15 +294,19 @@ class CheckpointScenario final : public Scenario {
       const uint64_t dirty_rows = table_stats(table).dirty_rows;
       const double delta_seconds =
           timed_checkpoint(EMBSTORE_CKPT_INCREMENTAL, &delta_bytes, &delta_rows);
-      report.set("dirty_fraction", dirty_fraction_);
-      report.set("dirty_rows", dirty_rows);
-      report.set("full_idle_seconds", idle_full_seconds);
-      report.set("full_idle_bytes", idle_full_bytes);
-      report.set("delta_seconds", delta_seconds);
-      report.set("delta_bytes", delta_bytes);
-      report.set("delta_rows", delta_rows);
-      report.set("delta_to_full_bytes", static_cast<double>(delta_bytes) / idle_full_bytes);
-      report.set("delta_to_full_seconds", delta_seconds / idle_full_seconds);
+      report.set(key("dirty_fraction"), dirty_fraction_);
+      report.set(key("dirty_rows"), dirty_rows);
+      report.set(key("full_idle_seconds"), idle_full_seconds);
+      report.set(key("full_idle_bytes"), idle_full_bytes);
+      report.set(key("delta_seconds"), delta_seconds);
+      (*out)["full_idle_seconds"] = idle_full_seconds;
+      (*out)["full_idle_bytes"] = static_cast<double>(idle_full_bytes);
+      (*out)["delta_seconds"] = delta_seconds;
+      (*out)["delta_bytes"] = static_cast<double>(delta_bytes);
+      report.set(key("delta_bytes"), delta_bytes);
+      report.set(key("delta_rows"), delta_rows);
+      report.set(key("delta_to_full_bytes"), static_cast<double>(delta_bytes) / idle_full_bytes);
+      report.set(key("delta_to_full_seconds"), delta_seconds / idle_full_seconds);
       report.say(
           "idle: full {:.3f} s, {}B; incremental with {} dirty rows ({:.2f}%): {:.3f} s, "
           "{}B: {:.2f}% of the bytes, 1/{:.1f} of the time",
@@ -233,8 +327,8 @@ class CheckpointScenario final : public Scenario {
     return 0;
   }
 
- private:
   std::string dir_;
+  std::vector<std::string> codecs_ = {"none"};
   uint64_t rows_ = 1'000'000;
   std::string optimizer_ = "adagrad";
   unsigned staging_mib_ = 256;
