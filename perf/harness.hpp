@@ -135,6 +135,31 @@ inline const std::vector<std::string>& optimizer_names() {
   return names;
 }
 
+// A table's codec pair (--codecs of the checkpoint and restore scenarios): "VALUES[/STATE]",
+// each of none, lossless, bf16, int8; the state's default is none.
+struct CodecPair {
+  std::string name;  // "int8/bf16", the state's spelled out
+  embstore_codec_t values = EMBSTORE_CODEC_NONE, state = EMBSTORE_CODEC_NONE;
+  bool lossless() const {
+    return values <= EMBSTORE_CODEC_LOSSLESS && state <= EMBSTORE_CODEC_LOSSLESS;
+  }
+};
+
+// Throws std::invalid_argument for an unknown name.
+inline CodecPair parse_codec_pair(const std::string& text) {
+  static const char* const kNames[] = {"none", "lossless", "bf16", "int8"};
+  const auto codec = [&](const std::string& name) {
+    for (int i = 0; i < 4; ++i) {
+      if (name == kNames[i]) return static_cast<embstore_codec_t>(i);
+    }
+    throw std::invalid_argument("unknown codec pair '" + text + "'");
+  };
+  const size_t slash = text.find('/');
+  const std::string v = text.substr(0, slash);
+  const std::string s = slash == std::string::npos ? "none" : text.substr(slash + 1);
+  return {v + "/" + s, codec(v), codec(s)};
+}
+
 class Store {
  public:
   explicit Store(const CommonOptions& options) : Store(options, default_config()) {}

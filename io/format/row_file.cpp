@@ -4,6 +4,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <limits>
 
@@ -48,7 +49,84 @@ uint32_t block_capacity(size_t buffer_bytes, uint64_t row_bytes) {
 
 void detail::HashDeleter::operator()(XXH3_state_s* s) const { XXH3_freeState(s); }
 
-RowFileWriter::~RowFileWriter() = default;
+// The encoder threads of a writer with codecs: lay blocks out (RowFileWriter::lay_out_block)
+// in the order they are handed over; the writer waits for the oldest before submitting it, and
+// lays it out itself when no thread has taken it yet.
+class RowFileWriter::Encoders {
+ public:
+  Encoders(const RowFileWriter& writer, unsigned threads) : writer_(writer) {
+    try {
+      for (unsigned i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+    } catch (...) {
+      stop();
+      throw;
+    }
+  }
+  ~Encoders() { stop(); }
+
+  void add(Block* b) {
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(b);
+    }
+    work_.notify_one();
+  }
+  bool done(const Block* b) {
+    std::lock_guard lock(mutex_);
+    return b->done;
+  }
+  // Until b is laid out; by the caller with coder when no thread has started it.
+  void wait(Block* b, Coder* coder) {
+    std::unique_lock lock(mutex_);
+    if (const auto it = std::find(queue_.begin(), queue_.end(), b); it != queue_.end()) {
+      queue_.erase(it);
+      lock.unlock();
+      writer_.lay_out_block(*b, coder);
+      lock.lock();
+      b->done = true;
+      return;
+    }
+    finished_.wait(lock, [&] { return b->done; });
+  }
+
+ private:
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    work_.notify_all();
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+  }
+  void run() {
+    Coder coder;
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      Block* b = queue_.front();
+      queue_.pop_front();
+      lock.unlock();
+      writer_.lay_out_block(*b, &coder);
+      lock.lock();
+      b->done = true;
+      finished_.notify_all();
+    }
+  }
+
+  const RowFileWriter& writer_;
+  std::mutex mutex_;
+  std::condition_variable work_, finished_;
+  std::deque<Block*> queue_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+RowFileWriter::~RowFileWriter() {
+  // Blocks still being laid out write into the file writer's buffers: the threads end first.
+  encoders_.reset();
+}
 
 int RowFileWriter::open(const std::string& path, uint32_t dim, uint32_t state_dim,
                         const WriterOptions& options, std::unique_ptr<RowFileWriter>* out,
@@ -62,13 +140,6 @@ int RowFileWriter::open(const std::string& path, uint32_t dim, uint32_t state_di
   w->dim_ = dim;
   w->state_dim_ = state_dim;
   w->codecs_ = codecs;
-  if (codecs.any()) {
-    try {
-      w->coder_ = std::make_unique<BlockCodec>();
-    } catch (const std::bad_alloc&) {
-      return -ENOMEM;
-    }
-  }
   w->hash_.reset(XXH3_createState());
   if (!w->hash_ || XXH3_64bits_reset(w->hash_.get()) != XXH_OK) return -ENOMEM;
   if (const int r = FileWriter::open(path, options, &w->writer_); r < 0) return r;
@@ -78,6 +149,21 @@ int RowFileWriter::open(const std::string& path, uint32_t dim, uint32_t state_di
   if (w->upsert_capacity_ == 0) {
     w->writer_->finish();
     return -EINVAL;
+  }
+  // Blocks being encoded hold a staging buffer each; one more is the block being filled.
+  const unsigned buffers = options.buffers != 0 ? options.buffers : options.queue_depth;
+  const unsigned threads = codecs.threads != 0
+                               ? codecs.threads
+                               : std::min(4u, std::max(1u, std::thread::hardware_concurrency()));
+  try {
+    w->coder_ = std::make_unique<Coder>();
+    if (codecs.any() && buffers > 1) {
+      w->encoders_ = std::make_unique<Encoders>(*w, threads);
+      w->max_pending_ = buffers - 1;
+    }
+  } catch (const std::exception&) {  // bad_alloc, or system_error from a thread
+    w->writer_->finish();
+    return -ENOMEM;
   }
   *out = std::move(w);
   return 0;
@@ -98,27 +184,28 @@ int RowFileWriter::start_block(RowBlockKind kind) {
   return 0;
 }
 
-int RowFileWriter::encode_block(char* h, char* payload, uint64_t* payload_bytes) {
-  const uint64_t key_bytes = uint64_t{count_} * sizeof(int64_t);
+int RowFileWriter::encode_block(Block& b, Coder* coder, char* h, uint64_t* payload_bytes) const {
+  char* const payload = b.buf + kRowBlockHeaderBytes;
+  const uint64_t key_bytes = uint64_t{b.count} * sizeof(int64_t);
   const struct Column {
     Codec codec;
     uint32_t width;
     const char* floats;
   } columns[2] = {
       {codecs_.values, dim_, payload + key_bytes},
-      {codecs_.state, state_dim_, payload + key_bytes + uint64_t{count_} * dim_ * sizeof(float)},
+      {codecs_.state, state_dim_, payload + key_bytes + uint64_t{b.count} * dim_ * sizeof(float)},
   };
   Codec stored[2] = {Codec::kNone, Codec::kNone};
   uint64_t sizes[2] = {0, 0};
   for (int c = 0; c < 2; ++c) {
     const Column& col = columns[c];
-    const uint64_t raw = uint64_t{count_} * col.width * sizeof(float);
+    const uint64_t raw = uint64_t{b.count} * col.width * sizeof(float);
     sizes[c] = raw;
     if (col.codec == Codec::kNone || col.width == 0) continue;
-    std::vector<char>& out = encoded_[c];
+    std::vector<char>& out = coder->encoded[c];
     out.clear();
-    if (const int r = coder_->encode(col.codec, reinterpret_cast<const float*>(col.floats), count_,
-                                     col.width, &out, &error_detail_);
+    if (const int r = coder->codec.encode(col.codec, reinterpret_cast<const float*>(col.floats),
+                                          b.count, col.width, &out, &b.detail);
         r < 0) {
       return r;
     }
@@ -134,7 +221,7 @@ int RowFileWriter::encode_block(char* h, char* payload, uint64_t* payload_bytes)
   char* dst = payload + key_bytes;
   for (int c = 0; c < 2; ++c) {
     if (stored[c] != Codec::kNone) {
-      std::memcpy(dst, encoded_[c].data(), sizes[c]);
+      std::memcpy(dst, coder->encoded[c].data(), sizes[c]);
     } else if (dst != columns[c].floats) {
       std::memmove(dst, columns[c].floats, sizes[c]);
     }
@@ -148,53 +235,95 @@ int RowFileWriter::encode_block(char* h, char* payload, uint64_t* payload_bytes)
   return 0;
 }
 
-int RowFileWriter::flush_block() {
-  char* const h = buf_;
-  char* const payload = buf_ + kRowBlockHeaderBytes;
+void RowFileWriter::lay_out_block(Block& b, Coder* coder) const {
+  char* const h = b.buf;
+  char* const payload = b.buf + kRowBlockHeaderBytes;
   std::memset(h, 0, kRowBlockHeaderBytes);
-  uint64_t payload_bytes = uint64_t{count_} * sizeof(int64_t);
-  if (kind_ == RowBlockKind::kUpserts) {
+  uint64_t payload_bytes = uint64_t{b.count} * sizeof(int64_t);
+  if (b.kind == RowBlockKind::kUpserts) {
     // Values and state were placed for a full block; a short block moves them down to follow
     // its keys. Only the last block of a run pays this.
     const size_t value_bytes = size_t{dim_} * sizeof(float);
     const size_t state_bytes = size_t{state_dim_} * sizeof(float);
-    const char* values_at = payload + size_t{capacity_} * sizeof(int64_t);
-    const char* state_at = values_at + size_t{capacity_} * value_bytes;
+    const char* values_at = payload + size_t{b.capacity} * sizeof(int64_t);
+    const char* state_at = values_at + size_t{b.capacity} * value_bytes;
     char* dst = payload + payload_bytes;
-    if (count_ < capacity_) std::memmove(dst, values_at, count_ * value_bytes);
-    dst += count_ * value_bytes;
-    if (count_ < capacity_ && state_bytes > 0) std::memmove(dst, state_at, count_ * state_bytes);
-    payload_bytes += count_ * (value_bytes + state_bytes);
-    if (coder_ != nullptr) {
-      if (const int r = encode_block(h, payload, &payload_bytes); r < 0) {
-        fail(r);  // the buffer stays with us; finish() closes the file without it
-        return r;
+    if (b.count < b.capacity) std::memmove(dst, values_at, b.count * value_bytes);
+    dst += b.count * value_bytes;
+    if (b.count < b.capacity && state_bytes > 0) {
+      std::memmove(dst, state_at, b.count * state_bytes);
+    }
+    payload_bytes += b.count * (value_bytes + state_bytes);
+    if (codecs_.any()) {
+      if (const int r = encode_block(b, coder, h, &payload_bytes); r < 0) {
+        b.error = r;
+        return;
       }
     }
   }
-  const size_t block_bytes = detail::align_up(kRowBlockHeaderBytes + payload_bytes);
-  std::memset(payload + payload_bytes, 0, block_bytes - kRowBlockHeaderBytes - payload_bytes);
+  b.bytes = detail::align_up(kRowBlockHeaderBytes + payload_bytes);
+  std::memset(payload + payload_bytes, 0, b.bytes - kRowBlockHeaderBytes - payload_bytes);
 
   const bool encoded = h[28] != 0 || h[29] != 0;
   std::memcpy(h, kRowFileMagic, sizeof kRowFileMagic);
   put_u32(h + 8, encoded ? kRowFileEncodedVersion : kRowFileVersion);
-  put_u32(h + 12, static_cast<uint32_t>(kind_));
-  put_u32(h + 16, count_);
+  put_u32(h + 12, static_cast<uint32_t>(b.kind));
+  put_u32(h + 16, b.count);
   put_u32(h + 20, dim_);
   put_u32(h + 24, state_dim_);
   put_u64(h + 40, payload_bytes);
   put_u64(h + 48, XXH3_64bits(payload, payload_bytes));
   put_u64(h + 56, XXH3_64bits(h, kHeaderHashedBytes));
-  // Hash before submit: the buffer goes back to the writer with it.
-  XXH3_64bits_update(hash_.get(), buf_, block_bytes);
+}
 
+int RowFileWriter::flush_block() {
+  Block* b = nullptr;
+  try {
+    pending_.push_back(std::make_unique<Block>());
+    b = pending_.back().get();
+  } catch (const std::bad_alloc&) {
+    fail(-ENOMEM);  // the buffer stays with us; finish() closes the file without it
+    return -ENOMEM;
+  }
+  b->buf = buf_;
+  b->kind = kind_;
+  b->count = count_;
+  b->capacity = capacity_;
   buf_ = nullptr;
   count_ = 0;
-  if (const int r = writer_->submit(h, block_bytes); r < 0) {
-    fail(r);
-    return r;
+  if (encoders_) {
+    encoders_->add(b);
+  } else {
+    lay_out_block(*b, coder_.get());
+    b->done = true;
   }
-  return 0;
+  return submit_pending(max_pending_);
+}
+
+int RowFileWriter::submit_pending(size_t keep) {
+  while (!pending_.empty()) {
+    Block& b = *pending_.front();
+    if (encoders_) {
+      if (pending_.size() > keep) {
+        encoders_->wait(&b, coder_.get());
+      } else if (!encoders_->done(&b)) {
+        return 0;
+      }
+    }
+    // After an error nothing more is submitted, but every block is still waited for: none may
+    // be written into once the file writer finishes.
+    if (error_ == 0 && b.error != 0) {
+      error_detail_ = b.detail;
+      fail(b.error);
+    }
+    if (error_ == 0) {
+      // Hash before submit: the buffer goes back to the writer with it.
+      XXH3_64bits_update(hash_.get(), b.buf, b.bytes);
+      if (const int r = writer_->submit(b.buf, b.bytes); r < 0) fail(r);
+    }
+    pending_.pop_front();
+  }
+  return error_;
 }
 
 int RowFileWriter::add(int64_t key, const float* value, const float* state) {
@@ -240,6 +369,7 @@ int RowFileWriter::finish() {
   if (finished_) return -EINVAL;
   finished_ = true;
   if (buf_ != nullptr && error_ == 0) flush_block();
+  submit_pending(0);
   const int r = writer_->finish();
   return error_ != 0 ? error_ : r;
 }

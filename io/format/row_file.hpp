@@ -60,6 +60,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -96,6 +97,9 @@ enum class RowBlockKind : uint32_t { kUpserts = 0, kTombstones = 1 };
 struct RowCodecs {
   Codec values = Codec::kNone;
   Codec state = Codec::kNone;
+  // Threads that encode blocks while the caller fills the next ones (blocks are still written
+  // in order); 0: one per core, at most 4. Unused without a codec.
+  unsigned threads = 0;
   bool any() const { return values != Codec::kNone || state != Codec::kNone; }
 };
 
@@ -157,20 +161,45 @@ class RowFileWriter {
   void fail(int err) {
     if (error_ == 0) error_ = err;
   }
+  // A filled block on its way to the file: laid out in its buffer (compacted, encoded, padded,
+  // its header written) by lay_out_block, on an encoder thread or the caller's, then hashed into
+  // the file's checksum and submitted, in order, by submit_pending.
+  struct Block {
+    char* buf = nullptr;
+    RowBlockKind kind = RowBlockKind::kUpserts;
+    uint32_t count = 0, capacity = 0;
+    size_t bytes = 0;  // laid out: header, payload and padding
+    int error = 0;     // an encoding error, with detail
+    std::string detail;
+    bool done = false;  // laid out (under the encoders' mutex when there are encoders)
+  };
+  // One thread's codec and scratch.
+  struct Coder {
+    BlockCodec codec;
+    std::vector<char> encoded[2];  // values', state's encoding of a block
+  };
+  class Encoders;
+
   // Acquires a staging buffer and lays out a new block of kind there.
   int start_block(RowBlockKind kind);
-  // Compacts, checksums and submits the block being filled.
+  // Hands the block being filled over to be laid out and written.
   int flush_block();
-  // With codecs: encodes the compacted upsert block's values and state (at payload, after its
-  // keys) in place, writing the codec fields of header h; *payload_bytes becomes the stored
-  // size. Falls back to floats for a column whose encoding is not smaller.
-  int encode_block(char* h, char* payload, uint64_t* payload_bytes);
+  // Lays b out in its buffer: everything but the file's checksum. Reads only what open() set.
+  void lay_out_block(Block& b, Coder* coder) const;
+  // With codecs: encodes the compacted upsert block's values and state (after its keys) in
+  // place, writing the codec fields of header h; *payload_bytes becomes the stored size. Falls
+  // back to floats for a column whose encoding is not smaller.
+  int encode_block(Block& b, Coder* coder, char* h, uint64_t* payload_bytes) const;
+  // Submits the oldest blocks in order: waits for them until at most keep are pending, then
+  // takes those already laid out. The first error, or 0.
+  int submit_pending(size_t keep);
 
   std::unique_ptr<FileWriter> writer_;
   std::unique_ptr<XXH3_state_s, detail::HashDeleter> hash_;
   RowCodecs codecs_;
-  std::unique_ptr<BlockCodec> coder_;  // with codecs only
-  std::vector<char> encoded_[2];       // values', state's encoding of the block
+  std::unique_ptr<Coder> coder_;  // the caller's
+  std::deque<std::unique_ptr<Block>> pending_;
+  size_t max_pending_ = 0;  // blocks laid out by encoders at once (staging buffers - 1)
   std::string error_detail_;
   uint32_t dim_ = 0;
   uint32_t state_dim_ = 0;
@@ -185,6 +214,7 @@ class RowFileWriter {
   uint64_t rows_ = 0;
   bool finished_ = false;
   int error_ = 0;
+  std::unique_ptr<Encoders> encoders_;  // with codecs; last, so its threads end first
 };
 
 class RowFileReader {

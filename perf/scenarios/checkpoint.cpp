@@ -72,7 +72,13 @@ class CheckpointScenario final : public Scenario {
 
   int run(const CommonOptions& o, Report& report) override {
     std::vector<CodecPair> pairs;
-    for (const std::string& name : codecs_) pairs.push_back(parse_codec_pair(name));
+    for (const std::string& name : codecs_) {
+      try {
+        pairs.push_back(parse_codec_pair(name));
+      } catch (const std::invalid_argument& e) {
+        throw CLI::ValidationError("--codecs", e.what());
+      }
+    }
     const bool several = pairs.size() > 1;
     std::vector<std::map<std::string, double>> results;
     int status = 0;
@@ -117,26 +123,6 @@ class CheckpointScenario final : public Scenario {
   }
 
  private:
-  struct CodecPair {
-    std::string name;  // "int8/bf16"
-    embstore_codec_t values = EMBSTORE_CODEC_NONE, state = EMBSTORE_CODEC_NONE;
-  };
-
-  static CodecPair parse_codec_pair(const std::string& text) {
-    static const std::map<std::string, embstore_codec_t> kNames = {
-        {"none", EMBSTORE_CODEC_NONE},
-        {"lossless", EMBSTORE_CODEC_LOSSLESS},
-        {"bf16", EMBSTORE_CODEC_BF16},
-        {"int8", EMBSTORE_CODEC_INT8}};
-    const size_t slash = text.find('/');
-    const std::string v = text.substr(0, slash);
-    const std::string s = slash == std::string::npos ? "none" : text.substr(slash + 1);
-    if (kNames.count(v) == 0 || kNames.count(s) == 0) {
-      throw CLI::ValidationError("--codecs", "unknown codec pair '" + text + "'");
-    }
-    return {v + "/" + s, kNames.at(v), kNames.at(s)};
-  }
-
   // The scenario with one codec pair; JSON keys start with prefix; *out gets the figures the
   // comparison needs.
   int run_one(const CommonOptions& o, Report& report, const CodecPair& pair,

@@ -26,6 +26,13 @@
 // (never, always, auto): the peak memory then shows what the restore needs beside the store.
 // Spill files go to --spill-dir (default: the checkpoint directory's parent).
 //
+// --codecs V[/S],...: the chain is built once per codec pair (values' codec V, the state's S,
+// default none) in its own directory, from the same rows, and each restore of K is timed for
+// every pair in turn, so the disk's drift falls on all; with more than one pair every JSON key
+// gets the pair's name as a prefix ("int8/bf16.deltas_0_seconds") and each pair's seconds and
+// bytes are reported against the first pair's (list none first). A lossy pair's sampled rows
+// are checked against its codec's bound instead of bit for bit.
+//
 // --quick: 200,000 rows and K in {0, 1, 4}, for a smoke run.
 #include <fcntl.h>
 #include <sys/wait.h>
@@ -40,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/row/codec.h"
 #include "perf/harness.hpp"
 #include "perf/report.hpp"
 #include "perf/zipf.hpp"
@@ -220,6 +228,11 @@ class RestoreScenario final : public Scenario {
         ->check(CLI::IsMember({"never", "always", "auto"}))
         ->capture_default_str();
     app.add_option("--spill-dir", spill_dir_, "spill_dir (default: --dir)");
+    app.add_option("--codecs", codecs_,
+                   "codec pairs VALUES[/STATE] (none, lossless, bf16, int8), each restored in "
+                   "turn; ratios against the first")
+        ->delimiter(',')
+        ->capture_default_str();
     app.add_flag("--quick", quick_, "200,000 rows and chain lengths 0, 1, 4");
     app.add_flag("--keep", keep_, "keep the checkpoint directory");
   }
@@ -233,7 +246,24 @@ class RestoreScenario final : public Scenario {
     deltas_.erase(std::unique(deltas_.begin(), deltas_.end()), deltas_.end());
     const size_t max_deltas = deltas_.empty() ? 0 : deltas_.back();
     const ScenarioDir scenario_dir(dir_, "restore", keep_);
-    const std::string& dir = scenario_dir.path();
+    std::vector<CodecPair> pairs;
+    for (const std::string& name : codecs_) {
+      try {
+        pairs.push_back(parse_codec_pair(name));
+      } catch (const std::invalid_argument& e) {
+        throw CLI::ValidationError("--codecs", e.what());
+      }
+    }
+    const bool several = pairs.size() > 1;
+    // Each pair's chain in its own directory: "none-none", "int8-bf16".
+    std::vector<std::string> dirs;
+    for (const CodecPair& pair : pairs) {
+      std::string slug = pair.name;
+      std::replace(slug.begin(), slug.end(), '/', '-');
+      dirs.push_back(scenario_dir.path() + "/" + slug);
+      fs::create_directories(dirs.back());
+    }
+    const std::string& dir = dirs.front();
 
     // Build: the full checkpoint and max_deltas deltas, with a sample of rows at each version.
     const size_t sample = std::min<uint64_t>(rows_, 1024);
@@ -241,13 +271,21 @@ class RestoreScenario final : public Scenario {
     for (size_t i = 0; i < sample; ++i) sample_keys[i] = key_of_rank(1 + i * (rows_ / sample));
     std::vector<uint64_t> versions;               // versions[k]: the full (k = 0) or delta k
     std::vector<std::vector<float>> sample_rows;  // at each version
-    embstore_backend_t backend;
+    embstore_backend_t backend = EMBSTORE_BACKEND_HOST;
     const Stopwatch build_watch;
-    {
+    // Every pair's chain holds the same rows: the same fill and updates, from the same seed.
+    for (size_t p = 0; p < pairs.size(); ++p) {
+      const std::string& dir = dirs[p];
+      versions.clear();
+      sample_rows.clear();
       Store store(o);
       backend = store.backend();
       embstore_table_t* table =
-          create_table(store, "perf_restore", o.dim, optimizer_from_name(optimizer_));
+          create_table(store, "perf_restore", o.dim, optimizer_from_name(optimizer_),
+                       [&](embstore_table_config_t& c) {
+                         c.value_codec = pairs[p].values;
+                         c.state_codec = pairs[p].state;
+                       });
       const size_t chunk = 1 << 16;
       std::vector<int64_t> keys(chunk);
       std::vector<float> grads(chunk * o.dim);
@@ -351,53 +389,56 @@ class RestoreScenario final : public Scenario {
                                : fio_how);
 
     int code = 0;
-    double seconds_k0 = 0;
+    std::vector<double> seconds_k0(pairs.size(), 0.0);
     std::vector<double> numpy_seconds;
     for (size_t k : deltas_) {
-      std::vector<double> seconds;
-      uint64_t peak = 0;
+      std::vector<std::vector<double>> seconds(pairs.size());
+      std::vector<uint64_t> peak(pairs.size(), 0);
       bool peak_known = true;
       for (int rep = 0; rep < repeat_; ++rep) {
         if (k == 0 && !npy_paths.empty()) {
           numpy_seconds.push_back(numpy_load_seconds(numpy_python_, npy_paths, dir));
         }
-        embstore_store_config_t config = Store::default_config();
-        config.restore_spill = spill_ == "always"  ? EMBSTORE_SPILL_ALWAYS
-                               : spill_ == "never" ? EMBSTORE_SPILL_NEVER
-                                                   : EMBSTORE_SPILL_AUTO;
-        const std::string spill_dir = spill_dir_.empty() ? dir_ : spill_dir_;
-        config.spill_dir = spill_dir.c_str();
-        Store store(o, config);
-        if (replace_) {
-          uint64_t v = 0;
-          check(embstore_restore(store.get(), dir.c_str(), versions[k], &v), "embstore_restore");
-        }
-        drop_from_page_cache(dir);
-        const uint64_t rss_before = proc_status_bytes("VmRSS");
-        peak_known = reset_peak_rss() && peak_known;
-        const Stopwatch w;
-        uint64_t restored = 0;
-        check(embstore_restore(store.get(), dir.c_str(), versions[k], &restored),
-              "embstore_restore");
-        seconds.push_back(w.seconds());
-        const uint64_t hwm = proc_status_bytes("VmHWM");
-        peak = std::max(peak, hwm > rss_before ? hwm - rss_before : 0);
-        embstore_table_t* table = nullptr;
-        check(embstore_table_get(store.get(), "perf_restore", &table), "embstore_table_get");
-        const uint64_t rows = table_stats(table).rows;
-        if (restored != versions[k] || rows != rows_ ||
-            read_rows(table, backend, sample_keys, o.dim) != sample_rows[k]) {
-          report.say(
-              "MISMATCH: restore of version {} gave version {}, {} rows (of {}), or "
-              "sampled rows that differ from the source's",
-              versions[k], restored, rows, rows_);
-          code = kExitMismatch;
+        for (size_t p = 0; p < pairs.size(); ++p) {
+          embstore_store_config_t config = Store::default_config();
+          config.restore_spill = spill_ == "always"  ? EMBSTORE_SPILL_ALWAYS
+                                 : spill_ == "never" ? EMBSTORE_SPILL_NEVER
+                                                     : EMBSTORE_SPILL_AUTO;
+          const std::string spill_dir = spill_dir_.empty() ? dir_ : spill_dir_;
+          config.spill_dir = spill_dir.c_str();
+          Store store(o, config);
+          if (replace_) {
+            uint64_t v = 0;
+            check(embstore_restore(store.get(), dirs[p].c_str(), versions[k], &v),
+                  "embstore_restore");
+          }
+          drop_from_page_cache(scenario_dir.path());
+          const uint64_t rss_before = proc_status_bytes("VmRSS");
+          peak_known = reset_peak_rss() && peak_known;
+          const Stopwatch w;
+          uint64_t restored = 0;
+          check(embstore_restore(store.get(), dirs[p].c_str(), versions[k], &restored),
+                "embstore_restore");
+          seconds[p].push_back(w.seconds());
+          const uint64_t hwm = proc_status_bytes("VmHWM");
+          peak[p] = std::max(peak[p], hwm > rss_before ? hwm - rss_before : 0);
+          embstore_table_t* table = nullptr;
+          check(embstore_table_get(store.get(), "perf_restore", &table), "embstore_table_get");
+          const uint64_t rows = table_stats(table).rows;
+          if (restored != versions[k] || rows != rows_ ||
+              !sample_matches(pairs[p], read_rows(table, backend, sample_keys, o.dim),
+                              sample_rows[k], o.dim)) {
+            report.say(
+                "MISMATCH: {} restore of version {} gave version {}, {} rows (of {}), or "
+                "sampled rows that differ from the source's (beyond the codec's bound)",
+                pairs[p].name, versions[k], restored, rows, rows_);
+            code = kExitMismatch;
+          }
         }
       }
-      const double s = median(seconds);
-      if (k == 0) seconds_k0 = s;
       if (k == 0 && !numpy_seconds.empty()) {
         const double np_s = median(numpy_seconds);
+        const double s = median(seconds[0]);
         report.set("numpy_load_seconds", np_s);
         report.set("deltas_0_speed_to_numpy", np_s / s);
         std::string runs;
@@ -407,28 +448,65 @@ class RestoreScenario final : public Scenario {
             "the full alone restores at x{:.2f} numpy's speed",
             npy_paths.size(), np_s, runs, np_s / s);
       }
-      const uint64_t bytes = chain_row_bytes(dir, versions, k);
-      const std::string key = fmt::format("deltas_{}", k);
-      report.set(key + "_seconds", s);
-      report.set(key + "_row_file_bytes", bytes);
-      report.set(key + "_bytes_per_second", bytes / s);
-      if (fio_bps > 0) report.set(key + "_to_fio", bytes / s / fio_bps);
-      if (seconds_k0 > 0) report.set(key + "_to_full_seconds", s / seconds_k0);
-      if (peak_known) report.set(key + "_peak_rss_to_table_bytes", double(peak) / table_bytes);
-      report.say(
-          "full + {:2} deltas: {:.3f} s, {}B of row files, {}B/s{}; x{:.2f} the full alone; "
-          "peak memory {}",
-          k, s, si(static_cast<double>(bytes)), si(bytes / s),
-          fio_bps > 0 ? fmt::format(" ({:.2f} of fio)", bytes / s / fio_bps) : "",
-          seconds_k0 > 0 ? s / seconds_k0 : 0.0,
-          peak_known ? fmt::format("+{}B, {:.2f}x the rows' bytes", si(double(peak)),
-                                   double(peak) / table_bytes)
-                     : "unknown (no /proc/self/clear_refs)");
+      for (size_t p = 0; p < pairs.size(); ++p) {
+        const double s = median(seconds[p]);
+        if (k == 0) seconds_k0[p] = s;
+        const uint64_t bytes = chain_row_bytes(dirs[p], versions, k);
+        const std::string key =
+            fmt::format("{}deltas_{}", several ? pairs[p].name + "." : std::string(), k);
+        report.set(key + "_seconds", s);
+        report.set(key + "_row_file_bytes", bytes);
+        report.set(key + "_bytes_per_second", bytes / s);
+        if (fio_bps > 0) report.set(key + "_to_fio", bytes / s / fio_bps);
+        if (seconds_k0[p] > 0) report.set(key + "_to_full_seconds", s / seconds_k0[p]);
+        if (peak_known) {
+          report.set(key + "_peak_rss_to_table_bytes", double(peak[p]) / table_bytes);
+        }
+        std::string against;
+        if (p > 0) {
+          const double s0 = median(seconds[0]);
+          const uint64_t bytes0 = chain_row_bytes(dirs[0], versions, k);
+          report.set(key + "_seconds_ratio", s / s0);
+          report.set(key + "_bytes_ratio", static_cast<double>(bytes) / bytes0);
+          against = fmt::format(
+              "; against {}: {:.3f} of the bytes, {:.2f}x the time ({:.2f}x "
+              "as fast)",
+              pairs[0].name, static_cast<double>(bytes) / bytes0, s / s0, s0 / s);
+        }
+        report.say(
+            "{}full + {:2} deltas: {:.3f} s, {}B of row files, {}B/s{}; x{:.2f} the full alone; "
+            "peak memory {}{}",
+            several ? pairs[p].name + ": " : std::string(), k, s, si(static_cast<double>(bytes)),
+            si(bytes / s), fio_bps > 0 ? fmt::format(" ({:.2f} of fio)", bytes / s / fio_bps) : "",
+            seconds_k0[p] > 0 ? s / seconds_k0[p] : 0.0,
+            peak_known ? fmt::format("+{}B, {:.2f}x the rows' bytes", si(double(peak[p])),
+                                     double(peak[p]) / table_bytes)
+                       : "unknown (no /proc/self/clear_refs)",
+            against);
+      }
     }
     return code;
   }
 
  private:
+  // Whether a restore's sampled values are the source's: bit for bit where the values' codec
+  // is lossless, else within its bound (cuda/row/codec.h).
+  static bool sample_matches(const CodecPair& pair, const std::vector<float>& got,
+                             const std::vector<float>& want, uint32_t dim) {
+    if (pair.values <= EMBSTORE_CODEC_LOSSLESS) return got == want;
+    if (got.size() != want.size()) return false;
+    for (size_t r = 0; r < want.size(); r += dim) {
+      if (pair.values == EMBSTORE_CODEC_INT8) {
+        if (!row::int8_row_within_bound(&want[r], &got[r], dim)) return false;
+        continue;
+      }
+      for (uint32_t j = 0; j < dim; ++j) {
+        if (!row::bf16_within_bound(want[r + j], got[r + j])) return false;
+      }
+    }
+    return true;
+  }
+
   // The values of `keys` (find, no insert), on the host.
   static std::vector<float> read_rows(embstore_table_t* table, embstore_backend_t backend,
                                       const std::vector<int64_t>& keys, uint32_t dim) {
@@ -451,6 +529,7 @@ class RestoreScenario final : public Scenario {
   uint64_t rows_ = 10'000'000;
   std::string optimizer_ = "adagrad";
   std::vector<size_t> deltas_ = {0, 1, 4, 16};
+  std::vector<std::string> codecs_ = {"none"};
   double delta_fraction_ = 0.01;
   int repeat_ = 1;
   bool quick_ = false;

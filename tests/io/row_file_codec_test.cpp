@@ -5,6 +5,7 @@
 // forged headers whose checksums hold are refused without decoding past their bounds.
 #include <xxhash.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstdint>
@@ -386,6 +387,58 @@ TEST_CASE("row file codecs: a block that would decode past the reader's bound is
   CHECK(back.result == -EBADMSG);
   CHECK(back.detail ==
         "block at offset 0: an encoded block of 1048576 rows, more than a writer's block holds");
+}
+
+TEST_CASE("row file codecs: encoder threads write the same bytes as one thread",
+          "[rowfile][codec]") {
+  TempDir dir;
+  const Rows rows = trained_rows(20000, 16, 16, 6);  // about 40 blocks of 64 KiB
+  write_rows(dir.file("one.rows"), rows, 16, 16, {Codec::kLossless, Codec::kBf16, 1});
+  const std::vector<char> one = read_file(dir.file("one.rows"));
+  for (const unsigned threads : {0u, 2u, 3u, 8u}) {
+    for (const unsigned buffers : {2u, 4u, 16u}) {
+      INFO(threads << " threads, " << buffers << " buffers");
+      WriterOptions wo = small_writer();
+      wo.buffers = buffers;
+      wo.queue_depth = std::min(buffers, 4u);
+      write_rows(dir.file("many.rows"), rows, 16, 16, {Codec::kLossless, Codec::kBf16, threads},
+                 wo);
+      CHECK(read_file(dir.file("many.rows")) == one);
+    }
+  }
+  const ReadBack back = read_rows(dir.file("one.rows"), {}, true);
+  REQUIRE(back.result == 0);
+  CHECK(same_bits(back.rows.values, rows.values));
+}
+
+TEST_CASE("row file codecs: a write fault with blocks still encoding is returned by finish()",
+          "[rowfile][codec]") {
+  TempDir dir;
+  const Rows rows = trained_rows(20000, 16, 16, 7);
+  for (const int fault : {-ENOSPC, -EIO}) {
+    for (const uint64_t at : {uint64_t{0}, uint64_t{65536}, uint64_t{400000}}) {
+      INFO("fault " << fault << " at " << at);
+      embstore_test::FaultGuard guard(
+          [fault, at](uint64_t offset, size_t) { return offset >= at ? fault : 0; });
+      std::unique_ptr<RowFileWriter> w;
+      REQUIRE(RowFileWriter::open(dir.file("x.rows"), 16, 16, small_writer(), &w,
+                                  {Codec::kLossless, Codec::kLossless, 3}) == 0);
+      int first_error = 0;
+      for (size_t i = 0; i < rows.keys.size() && first_error == 0; ++i) {
+        first_error = w->add(rows.keys[i], &rows.values[i * 16], &rows.state[i * 16]);
+      }
+      CHECK((first_error == 0 || first_error == fault));
+      CHECK(w->finish() == fault);
+    }
+  }
+  // Dropped without finish() while blocks are being encoded: the threads end first.
+  std::unique_ptr<RowFileWriter> w;
+  REQUIRE(RowFileWriter::open(dir.file("y.rows"), 16, 16, small_writer(), &w,
+                              {Codec::kLossless, Codec::kLossless, 3}) == 0);
+  for (size_t i = 0; i < 5000; ++i) {
+    REQUIRE(w->add(rows.keys[i], &rows.values[i * 16], &rows.state[i * 16]) == 0);
+  }
+  w.reset();
 }
 
 TEST_CASE("row file codecs: a writer refuses an unknown codec", "[rowfile][codec]") {
