@@ -449,7 +449,9 @@ int RowFileReader::open(const std::string& path, const ReaderOptions& options,
   return 0;
 }
 
-RowFileReader::~RowFileReader() = default;  // behind_ joins its thread first
+RowFileReader::~RowFileReader() {
+  decoders_.reset();  // before the blocks its threads decode
+}
 
 const char* RowFileReader::check_payload(const Payload& p, bool hash) {
   if (hash) XXH3_64bits_update(hash_.get(), p.data, p.span);
@@ -513,39 +515,7 @@ int RowFileReader::take(size_t n, const char** data, bool hash) {
 
 uint64_t RowFileReader::checksum() const { return XXH3_64bits_digest(hash_.get()); }
 
-int RowFileReader::decode_block(uint64_t at, const char* p, uint32_t rows, const RowCodecs& codecs,
-                                uint32_t value_bytes, uint32_t state_bytes, RowBlock* out) {
-  try {
-    if (!decoder_) decoder_ = std::make_unique<BlockCodec>();
-    decoded_.resize(size_t{rows} * (dim_ + state_dim_));
-  } catch (const std::bad_alloc&) {
-    return error_ = -ENOMEM;
-  }
-  const char* stored = p + size_t{rows} * sizeof(int64_t);
-  float* values = decoded_.data();
-  float* state = values + size_t{rows} * dim_;
-  std::string why;
-  if (const int e = decoder_->decode(codecs.values, stored, value_bytes, rows, dim_, values, &why);
-      e < 0) {
-    return e == -EBADMSG ? corrupt(at, "values: " + why) : (error_ = e);
-  }
-  if (state_dim_ > 0 || state_bytes > 0) {
-    if (const int e = decoder_->decode(codecs.state, stored + value_bytes, state_bytes, rows,
-                                       state_dim_, state, &why);
-        e < 0) {
-      return e == -EBADMSG ? corrupt(at, "state: " + why) : (error_ = e);
-    }
-  }
-  out->values = values;
-  out->state = state_dim_ > 0 ? state : nullptr;
-  return 1;
-}
-
-int RowFileReader::next_block(RowBlock* out) {
-  if (error_ != 0) return error_;
-  if (out == nullptr) return -EINVAL;
-  // The previous block's check ends before its buffer can be reused below.
-  if (const int e = wait_behind(); e < 0) return e;
+int RowFileReader::read_block(Ahead* a) {
   const uint64_t size = reader_->size();
   const uint64_t at = offset_;
   if (at == size) return 0;
@@ -622,13 +592,26 @@ int RowFileReader::next_block(RowBlock* out) {
                            std::to_string(kMaxRowBlockBytes));
   }
 
-  // Encoded blocks are checked before they are decoded, never behind.
+  // Encoded blocks are checked before they are decoded (on a decoder thread), never behind.
   const bool behind = behind_ != nullptr && !encoded;
   if (const int e = take(padded - kRowBlockHeaderBytes, &p, /*hash=*/!behind); e < 0) {
     return error_ = e;
   }
-  const Payload payload{p, payload_bytes, padded - kRowBlockHeaderBytes, get_u64(h + 48), at};
-  if (behind) {
+  Payload payload{p, payload_bytes, padded - kRowBlockHeaderBytes, get_u64(h + 48), at};
+  if (encoded) {
+    // Out of the chunk, which the next blocks' reads may replace before this one is decoded.
+    try {
+      a->stored.resize((payload.span + sizeof(uint64_t) - 1) / sizeof(uint64_t));
+    } catch (const std::bad_alloc&) {
+      return error_ = -ENOMEM;
+    }
+    std::memcpy(a->stored.data(), p, payload.span);
+    p = reinterpret_cast<const char*>(a->stored.data());
+    payload.data = p;
+    a->payload = payload;
+    a->value_bytes = value_bytes;
+    a->state_bytes = state_bytes;
+  } else if (behind) {
     behind_->start(payload);
   } else if (const char* problem = check_payload(payload, /*hash=*/false)) {
     return corrupt(at, problem);
@@ -637,6 +620,8 @@ int RowFileReader::next_block(RowBlock* out) {
   have_shape_ = true;
   dim_ = dim;
   state_dim_ = state_dim;
+  a->encoded = encoded;
+  RowBlock* const out = &a->block;
   out->kind = static_cast<RowBlockKind>(kind);
   out->rows = rows;
   out->dim = dim;
@@ -647,7 +632,7 @@ int RowFileReader::next_block(RowBlock* out) {
   out->keys = reinterpret_cast<const int64_t*>(p);
   out->values = nullptr;
   out->state = nullptr;
-  if (encoded) return decode_block(at, p, rows, stored, value_bytes, state_bytes, out);
+  if (encoded) return 1;  // values and state once decoded
   if (out->kind == RowBlockKind::kUpserts) {
     const char* values = p + uint64_t{rows} * sizeof(int64_t);
     out->values = reinterpret_cast<const float*>(values);
@@ -655,6 +640,181 @@ int RowFileReader::next_block(RowBlock* out) {
       out->state = reinterpret_cast<const float*>(values + uint64_t{rows} * dim * sizeof(float));
     }
   }
+  return 1;
+}
+
+// The decoder threads of a reader that met encoded blocks: check and decode blocks read ahead,
+// in the order handed over; the reader waits for the oldest before handing it out, and decodes
+// it itself when no thread has taken it yet.
+class RowFileReader::Decoders {
+ public:
+  Decoders(RowFileReader& reader, unsigned threads) : reader_(reader) {
+    try {
+      for (unsigned i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+    } catch (...) {
+      stop();
+      throw;
+    }
+  }
+  ~Decoders() { stop(); }
+
+  void add(Ahead* a) {
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(a);
+    }
+    work_.notify_one();
+  }
+  void wait(Ahead* a, BlockCodec* codec) {
+    std::unique_lock lock(mutex_);
+    if (const auto it = std::find(queue_.begin(), queue_.end(), a); it != queue_.end()) {
+      queue_.erase(it);
+      lock.unlock();
+      reader_.decode(*a, codec);
+      lock.lock();
+      a->done = true;
+      return;
+    }
+    finished_.wait(lock, [&] { return a->done; });
+  }
+
+ private:
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    work_.notify_all();
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+  }
+  void run() {
+    BlockCodec codec;
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      Ahead* a = queue_.front();
+      queue_.pop_front();
+      lock.unlock();
+      reader_.decode(*a, &codec);
+      lock.lock();
+      a->done = true;
+      finished_.notify_all();
+    }
+  }
+
+  RowFileReader& reader_;
+  std::mutex mutex_;
+  std::condition_variable work_, finished_;
+  std::deque<Ahead*> queue_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+void RowFileReader::decode(Ahead& a, BlockCodec* codec) {
+  RowBlock& b = a.block;
+  const auto bad = [&](const std::string& what) {
+    a.error = -EBADMSG;
+    a.detail = "block at offset " + std::to_string(b.offset) + ": " + what;
+  };
+  if (const char* problem = check_payload(a.payload, /*hash=*/false)) return bad(problem);
+  try {
+    a.decoded.resize(size_t{b.rows} * (b.dim + b.state_dim));
+  } catch (const std::bad_alloc&) {
+    a.error = -ENOMEM;
+    return;
+  }
+  const char* stored = a.payload.data + size_t{b.rows} * sizeof(int64_t);
+  float* values = a.decoded.data();
+  float* state = values + size_t{b.rows} * b.dim;
+  std::string why;
+  if (const int e =
+          codec->decode(b.stored.values, stored, a.value_bytes, b.rows, b.dim, values, &why);
+      e < 0) {
+    if (e == -EBADMSG) return bad("values: " + why);
+    a.error = e;
+    return;
+  }
+  if (b.state_dim > 0 || a.state_bytes > 0) {
+    if (const int e = codec->decode(b.stored.state, stored + a.value_bytes, a.state_bytes, b.rows,
+                                    b.state_dim, state, &why);
+        e < 0) {
+      if (e == -EBADMSG) return bad("state: " + why);
+      a.error = e;
+      return;
+    }
+  }
+  b.keys = reinterpret_cast<const int64_t*>(a.payload.data);
+  b.values = values;
+  b.state = b.state_dim > 0 ? state : nullptr;
+}
+
+int RowFileReader::fill_ahead() {
+  for (;;) {
+    std::unique_ptr<Ahead> a;
+    try {
+      a = std::make_unique<Ahead>();
+    } catch (const std::bad_alloc&) {
+      return error_ = -ENOMEM;
+    }
+    const int r = read_block(a.get());
+    if (r < 0) {
+      // Reported once the blocks before it have been handed out.
+      a->error = error_;
+      a->detail = error_detail_;
+      error_ = 0;
+      error_detail_.clear();
+    } else if (r == 0) {
+      return 0;  // the end: next_block says so once the queue is empty
+    }
+    Ahead* const raw = a.get();
+    const bool last = r < 0 || !raw->encoded;
+    try {
+      ahead_.push_back(std::move(a));
+      if (raw->encoded) {
+        if (!decoders_) {
+          decoders_ = std::make_unique<Decoders>(
+              *this, std::min(4u, std::max(1u, std::thread::hardware_concurrency())));
+          decoder_ = std::make_unique<BlockCodec>();
+        }
+        decoders_->add(raw);
+      } else {
+        raw->done = true;
+      }
+    } catch (const std::exception&) {  // bad_alloc, or system_error from a thread
+      if (ahead_.empty() || ahead_.back().get() != raw) return error_ = -ENOMEM;
+      raw->error = -ENOMEM;
+      raw->encoded = false;
+      raw->done = true;
+      return 0;
+    }
+    // A version 1 block points into the current chunk, which the next read may replace: it
+    // ends the batch, as does an error. Encoded blocks own their bytes.
+    if (last || ahead_.size() >= kReadAhead) return 0;
+  }
+}
+
+int RowFileReader::next_block(RowBlock* out) {
+  if (error_ != 0) return error_;
+  if (out == nullptr) return -EINVAL;
+  current_.reset();
+  if (ahead_.empty()) {
+    // The previous block's check ends before its buffer can be reused below.
+    if (const int e = wait_behind(); e < 0) return e;
+    if (const int e = fill_ahead(); e < 0) return e;
+    if (ahead_.empty()) return 0;
+  }
+  current_ = std::move(ahead_.front());
+  ahead_.pop_front();
+  Ahead& a = *current_;
+  if (a.encoded) decoders_->wait(&a, decoder_.get());
+  if (a.error != 0) {
+    error_ = a.error;
+    error_detail_ = a.detail;
+    return error_;
+  }
+  *out = a.block;
   return 1;
 }
 

@@ -36,6 +36,12 @@
 // that checks but does not decode (a size that lies, a bomb) is corrupt too. The decoded block
 // is bounded like a version 1 block: rows x row_bytes within kMaxRowBlockBytes.
 //
+// Threads: a writer with codecs encodes full blocks on encoder threads while the caller fills
+// the next (RowCodecs::threads), and writes them in order; a reader that meets encoded blocks
+// reads up to 8 of them ahead of the caller and checks and decodes them on decoder threads (one
+// per core, at most 4), handing them out in order. A problem in a block read ahead is reported
+// when the caller reaches that block, after the blocks before it.
+//
 // Every block, the last included, is padded to 4096 bytes, so each block is one FileWriter
 // submit that keeps FileWriter's alignment rule, and the file size is a multiple of 4096. An
 // empty file (0 bytes) holds no rows.
@@ -268,11 +274,32 @@ class RowFileReader {
   const char* check_payload(const Payload& p, bool hash);
   // With check_behind, waits for the check of the block handed out last: 0 or its error.
   int wait_behind();
-  // Decodes a checked version 2 upsert block's columns (stored after rows keys at p) into
-  // decoded_; fills out's values and state.
-  int decode_block(uint64_t at, const char* p, uint32_t rows, const RowCodecs& codecs,
-                   uint32_t value_bytes, uint32_t state_bytes, RowBlock* out);
+  // A block read ahead of the caller. A version 1 block points into the reader's chunk (and is
+  // always the last one read ahead); an encoded block owns its stored bytes and is checked and
+  // decoded on a decoder thread (or the caller's) before it is handed out.
+  struct Ahead {
+    RowBlock block;
+    bool encoded = false;
+    Payload payload;               // encoded: in stored
+    std::vector<uint64_t> stored;  // uint64_t keeps the keys aligned
+    uint32_t value_bytes = 0, state_bytes = 0;
+    std::vector<float> decoded;  // values, then state
+    int error = 0;               // this block's, or (read ahead) the reading's
+    std::string detail;
+    bool done = false;  // under the decoders' mutex
+  };
+  class Decoders;
+  // Blocks read ahead at most (decoded by one thread per core, at most 4).
+  static constexpr size_t kReadAhead = 8;
 
+  // Reads the next block's header and payload into *a: 1, 0 at the end, or an error (in
+  // error_ and error_detail_).
+  int read_block(Ahead* a);
+  // Reads blocks ahead into ahead_ (up to kReadAhead, up to and including a version 1 block or
+  // an error), handing encoded ones to the decoders.
+  int fill_ahead();
+  // Checks a's payload and decodes it into a.decoded; a.error on failure. Reads only a.
+  void decode(Ahead& a, BlockCodec* codec);
   std::unique_ptr<FileReader> reader_;
   std::unique_ptr<XXH3_state_s, detail::HashDeleter> hash_;
   const char* chunk_ = nullptr;  // the current chunk of FileReader
@@ -285,9 +312,11 @@ class RowFileReader {
   uint32_t state_dim_ = 0;
   int error_ = 0;
   std::string error_detail_;
-  std::unique_ptr<BlockCodec> decoder_;  // made by the first encoded block
-  std::vector<float> decoded_;           // its values, then its state
   std::unique_ptr<BehindChecker> behind_;
+  std::deque<std::unique_ptr<Ahead>> ahead_;  // read, not yet handed out
+  std::unique_ptr<Ahead> current_;            // handed out by the last next_block
+  std::unique_ptr<BlockCodec> decoder_;       // the caller's, with decoders_
+  std::unique_ptr<Decoders> decoders_;        // made by the first encoded block; last
 };
 
 }  // namespace embstore::io
