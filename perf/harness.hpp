@@ -160,6 +160,9 @@ inline CodecPair parse_codec_pair(const std::string& text) {
   return {v + "/" + s, codec(v), codec(s)};
 }
 
+// --codecs of a scenario: each name parsed; CLI::ValidationError for an unknown one.
+std::vector<CodecPair> parse_codecs_option(const std::vector<std::string>& names);
+
 class Store {
  public:
   explicit Store(const CommonOptions& options) : Store(options, default_config()) {}

@@ -19,6 +19,18 @@ namespace embstore::perf {
 // helpers there).
 std::unique_ptr<Scenario> make_io_scenario();
 
+std::vector<CodecPair> parse_codecs_option(const std::vector<std::string>& names) {
+  std::vector<CodecPair> pairs;
+  for (const std::string& name : names) {
+    try {
+      pairs.push_back(parse_codec_pair(name));
+    } catch (const std::invalid_argument& e) {
+      throw CLI::ValidationError("--codecs", e.what());
+    }
+  }
+  return pairs;
+}
+
 namespace {
 
 struct Entry {

@@ -49,80 +49,6 @@ uint32_t block_capacity(size_t buffer_bytes, uint64_t row_bytes) {
 
 void detail::HashDeleter::operator()(XXH3_state_s* s) const { XXH3_freeState(s); }
 
-// The encoder threads of a writer with codecs: lay blocks out (RowFileWriter::lay_out_block)
-// in the order they are handed over; the writer waits for the oldest before submitting it, and
-// lays it out itself when no thread has taken it yet.
-class RowFileWriter::Encoders {
- public:
-  Encoders(const RowFileWriter& writer, unsigned threads) : writer_(writer) {
-    try {
-      for (unsigned i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
-    } catch (...) {
-      stop();
-      throw;
-    }
-  }
-  ~Encoders() { stop(); }
-
-  void add(Block* b) {
-    {
-      std::lock_guard lock(mutex_);
-      queue_.push_back(b);
-    }
-    work_.notify_one();
-  }
-  bool done(const Block* b) {
-    std::lock_guard lock(mutex_);
-    return b->done;
-  }
-  // Until b is laid out; by the caller with coder when no thread has started it.
-  void wait(Block* b, Coder* coder) {
-    std::unique_lock lock(mutex_);
-    if (const auto it = std::find(queue_.begin(), queue_.end(), b); it != queue_.end()) {
-      queue_.erase(it);
-      lock.unlock();
-      writer_.lay_out_block(*b, coder);
-      lock.lock();
-      b->done = true;
-      return;
-    }
-    finished_.wait(lock, [&] { return b->done; });
-  }
-
- private:
-  void stop() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    work_.notify_all();
-    for (std::thread& t : threads_) t.join();
-    threads_.clear();
-  }
-  void run() {
-    Coder coder;
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (stop_) return;
-      Block* b = queue_.front();
-      queue_.pop_front();
-      lock.unlock();
-      writer_.lay_out_block(*b, &coder);
-      lock.lock();
-      b->done = true;
-      finished_.notify_all();
-    }
-  }
-
-  const RowFileWriter& writer_;
-  std::mutex mutex_;
-  std::condition_variable work_, finished_;
-  std::deque<Block*> queue_;
-  bool stop_ = false;
-  std::vector<std::thread> threads_;
-};
-
 RowFileWriter::~RowFileWriter() {
   // Blocks still being laid out write into the file writer's buffers: the threads end first.
   encoders_.reset();
@@ -158,7 +84,9 @@ int RowFileWriter::open(const std::string& path, uint32_t dim, uint32_t state_di
   try {
     w->coder_ = std::make_unique<Coder>();
     if (codecs.any() && buffers > 1) {
-      w->encoders_ = std::make_unique<Encoders>(*w, threads);
+      RowFileWriter* const writer = w.get();
+      w->encoders_ = std::make_unique<Encoders>(
+          threads, [writer](Block& b, Coder& coder) { writer->lay_out_block(b, &coder); });
       w->max_pending_ = buffers - 1;
     }
   } catch (const std::exception&) {  // bad_alloc, or system_error from a thread
@@ -305,7 +233,7 @@ int RowFileWriter::submit_pending(size_t keep) {
     Block& b = *pending_.front();
     if (encoders_) {
       if (pending_.size() > keep) {
-        encoders_->wait(&b, coder_.get());
+        encoders_->wait(&b, *coder_);
       } else if (!encoders_->done(&b)) {
         return 0;
       }
@@ -643,75 +571,6 @@ int RowFileReader::read_block(Ahead* a) {
   return 1;
 }
 
-// The decoder threads of a reader that met encoded blocks: check and decode blocks read ahead,
-// in the order handed over; the reader waits for the oldest before handing it out, and decodes
-// it itself when no thread has taken it yet.
-class RowFileReader::Decoders {
- public:
-  Decoders(RowFileReader& reader, unsigned threads) : reader_(reader) {
-    try {
-      for (unsigned i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
-    } catch (...) {
-      stop();
-      throw;
-    }
-  }
-  ~Decoders() { stop(); }
-
-  void add(Ahead* a) {
-    {
-      std::lock_guard lock(mutex_);
-      queue_.push_back(a);
-    }
-    work_.notify_one();
-  }
-  void wait(Ahead* a, BlockCodec* codec) {
-    std::unique_lock lock(mutex_);
-    if (const auto it = std::find(queue_.begin(), queue_.end(), a); it != queue_.end()) {
-      queue_.erase(it);
-      lock.unlock();
-      reader_.decode(*a, codec);
-      lock.lock();
-      a->done = true;
-      return;
-    }
-    finished_.wait(lock, [&] { return a->done; });
-  }
-
- private:
-  void stop() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    work_.notify_all();
-    for (std::thread& t : threads_) t.join();
-    threads_.clear();
-  }
-  void run() {
-    BlockCodec codec;
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (stop_) return;
-      Ahead* a = queue_.front();
-      queue_.pop_front();
-      lock.unlock();
-      reader_.decode(*a, &codec);
-      lock.lock();
-      a->done = true;
-      finished_.notify_all();
-    }
-  }
-
-  RowFileReader& reader_;
-  std::mutex mutex_;
-  std::condition_variable work_, finished_;
-  std::deque<Ahead*> queue_;
-  bool stop_ = false;
-  std::vector<std::thread> threads_;
-};
-
 void RowFileReader::decode(Ahead& a, BlockCodec* codec) {
   RowBlock& b = a.block;
   const auto bad = [&](const std::string& what) {
@@ -775,7 +634,8 @@ int RowFileReader::fill_ahead() {
       if (raw->encoded) {
         if (!decoders_) {
           decoders_ = std::make_unique<Decoders>(
-              *this, std::min(4u, std::max(1u, std::thread::hardware_concurrency())));
+              std::min(4u, std::max(1u, std::thread::hardware_concurrency())),
+              [this](Ahead& ahead, BlockCodec& codec) { decode(ahead, &codec); });
           decoder_ = std::make_unique<BlockCodec>();
         }
         decoders_->add(raw);
@@ -808,7 +668,7 @@ int RowFileReader::next_block(RowBlock* out) {
   current_ = std::move(ahead_.front());
   ahead_.pop_front();
   Ahead& a = *current_;
-  if (a.encoded) decoders_->wait(&a, decoder_.get());
+  if (a.encoded) decoders_->wait(&a, *decoder_);
   if (a.error != 0) {
     error_ = a.error;
     error_detail_ = a.detail;

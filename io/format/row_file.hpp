@@ -76,6 +76,7 @@
 #include "io/codec/block_codec.hpp"
 #include "io/engine/file_reader.hpp"
 #include "io/engine/file_writer.hpp"
+#include "io/format/block_workers.hpp"
 
 struct XXH3_state_s;
 
@@ -184,7 +185,7 @@ class RowFileWriter {
     BlockCodec codec;
     std::vector<char> encoded[2];  // values', state's encoding of a block
   };
-  class Encoders;
+  using Encoders = detail::BlockWorkers<Block, Coder>;
 
   // Acquires a staging buffer and lays out a new block of kind there.
   int start_block(RowBlockKind kind);
@@ -288,7 +289,7 @@ class RowFileReader {
     std::string detail;
     bool done = false;  // under the decoders' mutex
   };
-  class Decoders;
+  using Decoders = detail::BlockWorkers<Ahead, BlockCodec>;
   // Blocks read ahead at most (decoded by one thread per core, at most 4).
   static constexpr size_t kReadAhead = 8;
 

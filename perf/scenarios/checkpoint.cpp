@@ -71,14 +71,7 @@ class CheckpointScenario final : public Scenario {
   }
 
   int run(const CommonOptions& o, Report& report) override {
-    std::vector<CodecPair> pairs;
-    for (const std::string& name : codecs_) {
-      try {
-        pairs.push_back(parse_codec_pair(name));
-      } catch (const std::invalid_argument& e) {
-        throw CLI::ValidationError("--codecs", e.what());
-      }
-    }
+    const std::vector<CodecPair> pairs = parse_codecs_option(codecs_);
     const bool several = pairs.size() > 1;
     std::vector<std::map<std::string, double>> results;
     int status = 0;

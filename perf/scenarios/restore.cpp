@@ -246,14 +246,7 @@ class RestoreScenario final : public Scenario {
     deltas_.erase(std::unique(deltas_.begin(), deltas_.end()), deltas_.end());
     const size_t max_deltas = deltas_.empty() ? 0 : deltas_.back();
     const ScenarioDir scenario_dir(dir_, "restore", keep_);
-    std::vector<CodecPair> pairs;
-    for (const std::string& name : codecs_) {
-      try {
-        pairs.push_back(parse_codec_pair(name));
-      } catch (const std::invalid_argument& e) {
-        throw CLI::ValidationError("--codecs", e.what());
-      }
-    }
+    const std::vector<CodecPair> pairs = parse_codecs_option(codecs_);
     const bool several = pairs.size() > 1;
     // Each pair's chain in its own directory: "none-none", "int8-bf16".
     std::vector<std::string> dirs;
