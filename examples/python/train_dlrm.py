@@ -23,6 +23,11 @@ shard and its own copy of the trainer state, rank 0 commits). A run resumes on a
 processes that divides --batch: the tables restore at any world size, and the trainer state is
 rank 0's. On the same number of processes, a resumed run's digest equals an uninterrupted
 one's; at the end the ranks check that their dense replicas are identical.
+
+--value-codec and --state-codec set the tables' checkpoint codecs (docs/checkpoints.md,
+"Codecs"): with bf16 or int8 a resumed run goes on from rows within the codec's bound of the
+trained ones, no longer bit-identical; --loss-log FILE writes each step's loss, and
+perf/codec_resume.py compares such runs (docs/codec-resume.png).
 """
 
 import argparse
@@ -54,6 +59,12 @@ def parse_args(argv):
     p.add_argument("--kill-at-step", type=int, default=0,
                    help="SIGKILL this process after that step (a crash, for the resume demo)")
     p.add_argument("--threads", type=int, default=0, help="torch and embstore threads (0: all)")
+    codecs = ["none", "lossless", "bf16", "int8"]
+    p.add_argument("--value-codec", default="none", choices=codecs,
+                   help="how checkpoints store the tables' values")
+    p.add_argument("--state-codec", default="none", choices=codecs[:3],
+                   help="how checkpoints store the tables' Adagrad state")
+    p.add_argument("--loss-log", help="append 'step loss' lines to this file (rank 0)")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
 
@@ -71,7 +82,8 @@ class DLRM(nn.Module):
         self.bags = nn.ModuleList([
             et.EmbeddingBag(store, f"feature_{i}", d, mode="sum", optimizer="adagrad",
                             learning_rate=0.05, epsilon=1e-8, init="uniform", init_a=-0.05,
-                            init_b=0.05, seed=100 + i, initial_capacity=args.ids)
+                            init_b=0.05, seed=100 + i, initial_capacity=args.ids,
+                            value_codec=args.value_codec, state_codec=args.state_codec)
             for i in range(args.features)])
         self.bottom = nn.Sequential(nn.Linear(DENSE, 64), nn.ReLU(), nn.Linear(64, d), nn.ReLU())
         n = args.features + 1
@@ -158,6 +170,7 @@ def main(argv=None):
             print(f"resumed from version {version} (step {state['step']})", flush=True)
 
     last = None
+    loss_log = open(args.loss_log, "a") if args.loss_log and rank == 0 else None
     for step in range(first, args.steps + 1):
         dense, sparse, labels = batch(args, step)
         dense, sparse, labels = dense[mine], [s[mine] for s in sparse], labels[mine]
@@ -168,6 +181,8 @@ def main(argv=None):
             sum_dense_gradients(model)
         optimizer.step()
         store.step(step)
+        if loss_log is not None:
+            loss_log.write(f"{step} {loss.item() * world:.9g}\n")
         if step % args.checkpoint_every == 0 or step == args.steps:
             last = et.checkpoint(store, args.dir, "incremental", model=model,
                                  optimizer=optimizer, step=step)
@@ -178,6 +193,8 @@ def main(argv=None):
         if step == args.kill_at_step and rank == world - 1:
             print(f"killing myself after step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+    if loss_log is not None:
+        loss_log.close()
     if last is not None:
         store.wait(last)
     if last is not None and rank == 0:

@@ -219,11 +219,17 @@ int RowFileWriter::flush_block() {
   b->capacity = capacity_;
   buf_ = nullptr;
   count_ = 0;
+  bool queued = false;
   if (encoders_) {
-    encoders_->add(b);
-  } else {
+    try {
+      encoders_->add(b);
+      queued = true;
+    } catch (const std::bad_alloc&) {  // laid out here instead
+    }
+  }
+  if (!queued) {
     lay_out_block(*b, coder_.get());
-    b->done = true;
+    b->done = true;  // no thread knows of it: no lock needed
   }
   return submit_pending(max_pending_);
 }

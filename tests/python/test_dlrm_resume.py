@@ -101,6 +101,36 @@ class ResumeTest(TempDirTest):
         self.assertIn("resumed from version 20 (step 20)", grown.stdout)
         self.assertIsNotNone(digest_of(grown), grown.stdout)
 
+    def test_resume_from_codecs_lossless_exact_and_lossy_close(self):
+        # Stopped at step 20 and resumed to 40: with lossless tables the digest is an
+        # uninterrupted run's; with int8 values and bf16 state the run resumes from rounded rows
+        # (another digest) and its loss stays within a small distance of the exact run's.
+        def stop_and_resume(name, *codecs):
+            first = run(self.path(name), "--steps", "20", *codecs, "--loss-log",
+                        self.path(name + ".loss"))
+            self.assertEqual(first.returncode, 0, first.stderr)
+            second = run(self.path(name), "--steps", "40", *codecs, "--loss-log",
+                         self.path(name + ".loss"))
+            self.assertEqual(second.returncode, 0, second.stderr)
+            self.assertIn("resumed from version 20 (step 20)", second.stdout)
+            with open(self.path(name + ".loss")) as f:
+                losses = dict(line.split() for line in f)
+            return digest_of(second), {int(k): float(v) for k, v in losses.items()}
+
+        whole = run(self.path("whole"), "--steps", "40")
+        self.assertEqual(whole.returncode, 0, whole.stderr)
+        lossless, exact = stop_and_resume("lossless", "--value-codec", "lossless",
+                                          "--state-codec", "lossless")
+        self.assertEqual(lossless, digest_of(whole))
+        lossy, close = stop_and_resume("lossy", "--value-codec", "int8", "--state-codec", "bf16")
+        self.assertNotEqual(lossy, digest_of(whole))
+        self.assertEqual(sorted(close), list(range(1, 41)))
+        for step in range(1, 21):  # before the resume: the same training
+            self.assertEqual(close[step], exact[step])
+        worst = max(abs(close[s] - exact[s]) for s in range(21, 41))
+        self.assertGreater(worst, 0)
+        self.assertLess(worst, 0.01)
+
     def test_a_different_run_differs(self):
         # The digest can tell runs apart: another seed gives another digest.
         a = run(self.path("a"), "--steps", "5")
