@@ -5,6 +5,7 @@
 //
 // Item: has `bool done`, written under the workers' mutex (read it through done()). State: one
 // per thread (a codec and its scratch), default-constructible; the owner passes its own to wait.
+// Work must not throw. With 0 threads the owner does every item in wait().
 // The destructor stops the threads after the blocks they have started; blocks still queued are
 // left undone.
 #pragma once
@@ -14,6 +15,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -74,8 +76,16 @@ class BlockWorkers {
     for (std::thread& t : threads_) t.join();
     threads_.clear();
   }
+  // work_ never throws (the items carry their errors); a thread whose state cannot be made
+  // ends, and the owner does what it would have (wait() takes queued items itself).
   void run() {
-    State state;
+    std::optional<State> made;
+    try {
+      made.emplace();
+    } catch (...) {
+      return;
+    }
+    State& state = *made;
     std::unique_lock lock(mutex_);
     for (;;) {
       work_ready_.wait(lock, [&] { return stop_ || !queue_.empty(); });

@@ -7,6 +7,7 @@
 #include <deque>
 #include <exception>
 #include <limits>
+#include <system_error>
 
 #include "io/format/xxh3.hpp"
 
@@ -76,25 +77,39 @@ int RowFileWriter::open(const std::string& path, uint32_t dim, uint32_t state_di
     w->writer_->finish();
     return -EINVAL;
   }
-  // Blocks being encoded hold a staging buffer each; one more is the block being filled.
+  // Blocks being encoded hold a staging buffer each; one more is the block being filled. The
+  // encoder threads start with the first full block (a writer of a few rows never starts them).
   const unsigned buffers = options.buffers != 0 ? options.buffers : options.queue_depth;
-  const unsigned threads = codecs.threads != 0
-                               ? codecs.threads
-                               : std::min(4u, std::max(1u, std::thread::hardware_concurrency()));
+  if (codecs.any() && buffers > 1) {
+    w->encoder_threads_ = codecs.threads != 0
+                              ? codecs.threads
+                              : std::min(4u, std::max(1u, std::thread::hardware_concurrency()));
+    w->max_pending_ = buffers - 1;
+  }
   try {
     w->coder_ = std::make_unique<Coder>();
-    if (codecs.any() && buffers > 1) {
-      RowFileWriter* const writer = w.get();
-      w->encoders_ = std::make_unique<Encoders>(
-          threads, [writer](Block& b, Coder& coder) { writer->lay_out_block(b, &coder); });
-      w->max_pending_ = buffers - 1;
-    }
-  } catch (const std::exception&) {  // bad_alloc, or system_error from a thread
+  } catch (const std::bad_alloc&) {
     w->writer_->finish();
     return -ENOMEM;
   }
   *out = std::move(w);
   return 0;
+}
+
+bool RowFileWriter::start_encoders() {
+  if (encoders_) return true;
+  if (encoder_threads_ == 0) return false;
+  try {
+    encoders_ = std::make_unique<Encoders>(
+        encoder_threads_, [this](Block& b, Coder& coder) { lay_out_block(b, &coder); });
+  } catch (const std::exception&) {
+    // No thread (a pids limit, no memory): the caller lays every block out itself, as without
+    // codecs; slower, never a failure.
+    encoder_threads_ = 0;
+    max_pending_ = 0;
+    return false;
+  }
+  return true;
 }
 
 uint64_t RowFileWriter::checksum() const { return XXH3_64bits_digest(hash_.get()); }
@@ -183,7 +198,13 @@ void RowFileWriter::lay_out_block(Block& b, Coder* coder) const {
     }
     payload_bytes += b.count * (value_bytes + state_bytes);
     if (codecs_.any()) {
-      if (const int r = encode_block(b, coder, h, &payload_bytes); r < 0) {
+      int r = 0;
+      try {
+        r = encode_block(b, coder, h, &payload_bytes);
+      } catch (const std::bad_alloc&) {  // an error's words; nothing else here allocates
+        r = -ENOMEM;
+      }
+      if (r < 0) {
         b.error = r;
         return;
       }
@@ -220,6 +241,7 @@ int RowFileWriter::flush_block() {
   buf_ = nullptr;
   count_ = 0;
   bool queued = false;
+  if (b->kind == RowBlockKind::kUpserts && b->count == b->capacity) start_encoders();
   if (encoders_) {
     try {
       encoders_->add(b);
@@ -241,7 +263,7 @@ int RowFileWriter::submit_pending(size_t keep) {
       if (pending_.size() > keep) {
         encoders_->wait(&b, *coder_);
       } else if (!encoders_->done(&b)) {
-        return 0;
+        return error_;
       }
     }
     // After an error nothing more is submitted, but every block is still waited for: none may
@@ -578,6 +600,14 @@ int RowFileReader::read_block(Ahead* a) {
 }
 
 void RowFileReader::decode(Ahead& a, BlockCodec* codec) {
+  try {
+    decode_checked(a, codec);
+  } catch (const std::bad_alloc&) {  // the words of an error
+    a.error = -ENOMEM;
+  }
+}
+
+void RowFileReader::decode_checked(Ahead& a, BlockCodec* codec) {
   RowBlock& b = a.block;
   const auto bad = [&](const std::string& what) {
     a.error = -EBADMSG;
@@ -616,6 +646,7 @@ void RowFileReader::decode(Ahead& a, BlockCodec* codec) {
 }
 
 int RowFileReader::fill_ahead() {
+  uint64_t ahead_bytes = 0;
   for (;;) {
     std::unique_ptr<Ahead> a;
     try {
@@ -639,10 +670,15 @@ int RowFileReader::fill_ahead() {
       ahead_.push_back(std::move(a));
       if (raw->encoded) {
         if (!decoders_) {
-          decoders_ = std::make_unique<Decoders>(
-              std::min(4u, std::max(1u, std::thread::hardware_concurrency())),
-              [this](Ahead& ahead, BlockCodec& codec) { decode(ahead, &codec); });
           decoder_ = std::make_unique<BlockCodec>();
+          const auto work = [this](Ahead& ahead, BlockCodec& codec) { decode(ahead, &codec); };
+          try {
+            decoders_ = std::make_unique<Decoders>(
+                std::min(4u, std::max(1u, std::thread::hardware_concurrency())), work);
+          } catch (const std::system_error&) {
+            // No thread: the caller decodes each block as it reaches it.
+            decoders_ = std::make_unique<Decoders>(0, work);
+          }
         }
         decoders_->add(raw);
       } else {
@@ -656,8 +692,11 @@ int RowFileReader::fill_ahead() {
       return 0;
     }
     // A version 1 block points into the current chunk, which the next read may replace: it
-    // ends the batch, as does an error. Encoded blocks own their bytes.
-    if (last || ahead_.size() >= kReadAhead) return 0;
+    // ends the batch, as does an error. Encoded blocks own their bytes, stored and decoded:
+    // at most kReadAheadBytes of them (always one block), whatever a forged file's blocks hold.
+    ahead_bytes += raw->payload.span + uint64_t{raw->block.rows} *
+                                           (raw->block.dim + raw->block.state_dim) * sizeof(float);
+    if (last || ahead_.size() >= kReadAhead || ahead_bytes >= kReadAheadBytes) return 0;
   }
 }
 
@@ -676,6 +715,12 @@ int RowFileReader::next_block(RowBlock* out) {
   Ahead& a = *current_;
   if (a.encoded) decoders_->wait(&a, *decoder_);
   if (a.error != 0) {
+    // A version 1 block behind it in the batch may still be checked behind: that ends first,
+    // so that nothing touches the file's checksum once an error is returned.
+    if (behind_) {
+      uint64_t offset = 0;
+      behind_->wait(&offset);
+    }
     error_ = a.error;
     error_detail_ = a.detail;
     return error_;

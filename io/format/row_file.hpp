@@ -37,10 +37,12 @@
 // is bounded like a version 1 block: rows x row_bytes within kMaxRowBlockBytes.
 //
 // Threads: a writer with codecs encodes full blocks on encoder threads while the caller fills
-// the next (RowCodecs::threads), and writes them in order; a reader that meets encoded blocks
-// reads up to 8 of them ahead of the caller and checks and decodes them on decoder threads (one
-// per core, at most 4), handing them out in order. A problem in a block read ahead is reported
-// when the caller reaches that block, after the blocks before it.
+// the next (RowCodecs::threads; started with the first full block, and without threads when
+// none can start), and writes them in order; a reader that meets encoded blocks reads up to 8
+// of them (at most 32 MiB stored and decoded, past the first) ahead of the caller and checks
+// and decodes them on decoder threads (one per core, at most 4), handing them out in order. A
+// problem in a block read ahead is reported when the caller reaches that block, after the blocks
+// before it.
 //
 // Every block, the last included, is padded to 4096 bytes, so each block is one FileWriter
 // submit that keeps FileWriter's alignment rule, and the file size is a multiple of 4096. An
@@ -200,13 +202,17 @@ class RowFileWriter {
   // Submits the oldest blocks in order: waits for them until at most keep are pending, then
   // takes those already laid out. The first error, or 0.
   int submit_pending(size_t keep);
+  // Starts the encoder threads unless they run or cannot: false when blocks are laid out by the
+  // caller (no codec, one staging buffer, or no thread could start).
+  bool start_encoders();
 
   std::unique_ptr<FileWriter> writer_;
   std::unique_ptr<XXH3_state_s, detail::HashDeleter> hash_;
   RowCodecs codecs_;
   std::unique_ptr<Coder> coder_;  // the caller's
   std::deque<std::unique_ptr<Block>> pending_;
-  size_t max_pending_ = 0;  // blocks laid out by encoders at once (staging buffers - 1)
+  size_t max_pending_ = 0;        // blocks laid out by encoders at once (staging buffers - 1)
+  unsigned encoder_threads_ = 0;  // to start with the first full block; 0: none
   std::string error_detail_;
   uint32_t dim_ = 0;
   uint32_t state_dim_ = 0;
@@ -244,8 +250,10 @@ class RowFileReader {
   // truncated block (error_detail() says where and what); other -errno from reading. An error
   // is returned again by every later call.
   int next_block(RowBlock* out);
-  // With check_behind: waits for the check of the block handed out last; 0, or -EBADMSG (and
-  // error_detail()) when it is corrupt. Without, 0.
+  // With check_behind: waits for the check of the last version 1 block read: the block handed
+  // out last, or, after encoded blocks, one read ahead of the caller (then its corruption is
+  // reported early, as the file's). 0, or -EBADMSG (and error_detail()) when it is corrupt.
+  // Without check_behind, 0.
   int wait_checked() { return error_ != 0 ? error_ : wait_behind(); }
   // "block at offset N: what was wrong" after -EBADMSG; empty otherwise.
   const std::string& error_detail() const { return error_detail_; }
@@ -290,8 +298,10 @@ class RowFileReader {
     bool done = false;  // under the decoders' mutex
   };
   using Decoders = detail::BlockWorkers<Ahead, BlockCodec>;
-  // Blocks read ahead at most (decoded by one thread per core, at most 4).
+  // Blocks read ahead at most (decoded by one thread per core, at most 4), and their bytes
+  // (stored and decoded) at most, past the first block.
   static constexpr size_t kReadAhead = 8;
+  static constexpr uint64_t kReadAheadBytes = uint64_t{32} << 20;
 
   // Reads the next block's header and payload into *a: 1, 0 at the end, or an error (in
   // error_ and error_detail_).
@@ -299,8 +309,10 @@ class RowFileReader {
   // Reads blocks ahead into ahead_ (up to kReadAhead, up to and including a version 1 block or
   // an error), handing encoded ones to the decoders.
   int fill_ahead();
-  // Checks a's payload and decodes it into a.decoded; a.error on failure. Reads only a.
+  // Checks a's payload and decodes it into a.decoded; a.error on failure (never throws).
+  // Reads only a.
   void decode(Ahead& a, BlockCodec* codec);
+  void decode_checked(Ahead& a, BlockCodec* codec);
   std::unique_ptr<FileReader> reader_;
   std::unique_ptr<XXH3_state_s, detail::HashDeleter> hash_;
   const char* chunk_ = nullptr;  // the current chunk of FileReader
