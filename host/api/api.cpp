@@ -235,6 +235,7 @@ void embstore_table_config_init(embstore_table_config_t* c) {
   c->memory_rows = 0;
   c->value_codec = EMBSTORE_CODEC_NONE;
   c->state_codec = EMBSTORE_CODEC_NONE;
+  c->serving_codec = EMBSTORE_CODEC_NONE;
 }
 
 embstore_status_t embstore_table_create(embstore_store_t* store,
@@ -513,6 +514,11 @@ embstore_status_t embstore_checkpoint_set_policy(embstore_store_t* store,
     p.keep_full = policy->keep_full;
     p.max_chain_length = policy->max_chain_length;
     p.rebaseline_fraction = policy->rebaseline_fraction;
+    if (policy->serving_deltas > 1) {
+      fail(EMBSTORE_INVALID_ARGUMENT, "policy serving_deltas must be 0 or 1, is {}",
+           policy->serving_deltas);
+    }
+    p.serving_deltas = policy->serving_deltas != 0;
     store->checkpointer->set_policy(std::move(p));
   });
 }
@@ -783,13 +789,17 @@ embstore_status_t embstore_follower_stats(embstore_follower_t* follower,
     out->full_loads = s.full_loads;
     out->lookups = s.lookups;
     out->last_apply_seconds = s.last_apply_seconds;
-    if (out->struct_size < sizeof(embstore_follower_stats_t)) return;
+    if (out->struct_size < offsetof(embstore_follower_stats_t, delta_bytes_read)) return;
     out->polls = s.polls;
     out->chain_lost = s.chain_lost;
     out->last_poll_status = s.last_poll_status;
     out->last_lag_seconds = s.last_lag_seconds;
     out->lag_p50_seconds = s.lag_p50_seconds;
     out->lag_p99_seconds = s.lag_p99_seconds;
+    if (out->struct_size < sizeof(embstore_follower_stats_t)) return;
+    out->delta_bytes_read = s.delta_bytes_read;
+    out->serving_files_read = s.serving_files_read;
+    out->serving_fallbacks = s.serving_fallbacks;
   });
 }
 

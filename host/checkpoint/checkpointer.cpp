@@ -173,6 +173,10 @@ std::unique_ptr<Job> Checkpointer::plan(const std::string& dir, uint64_t version
   }
   job->full = !job->parent.has_value();
   if (job->full) job->lineage = io::new_lineage();
+  {
+    std::lock_guard lock(mutex_);
+    job->serving = !job->full && schedule_.policy().serving_deltas;
+  }
   return job;
 }
 
@@ -314,7 +318,7 @@ void Checkpointer::finish(Job& job, embstore_status_t status, const std::string&
       chain_.version = job.version;
       chain_.full = false;
       chain_.xxh3 = job.xxh3;
-      chain_.delta_bytes += job.bytes;
+      chain_.delta_bytes += job.bytes - job.serving_bytes;  // what a restore reads
       ++chain_.deltas;
     }
   }

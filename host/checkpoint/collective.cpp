@@ -40,6 +40,7 @@ double seconds_since(Clock::time_point t) {
 struct Proposal {
   int32_t status = EMBSTORE_OK;
   uint32_t can_delta = 0;
+  uint32_t serving = 0;  // rank 0's policy decides whether deltas get values-only files
   uint64_t version = 0;
   uint64_t parent = 0, parent_xxh3 = 0;
   uint64_t lineage = 0;      // of the chain a delta continues
@@ -134,6 +135,7 @@ uint64_t Checkpointer::start_collective(const std::string& dir, bool full, bool 
       mine.new_lineage = io::new_lineage();
     }
     mine.can_delta = job->parent.has_value();
+    mine.serving = job->serving ? 1 : 0;
     if (job->parent) {
       mine.parent = *job->parent;
       mine.parent_xxh3 = job->parent_xxh3;
@@ -169,6 +171,7 @@ uint64_t Checkpointer::start_collective(const std::string& dir, bool full, bool 
     job->full = true;
     job->lineage = plans[0].new_lineage;
   }
+  job->serving = !job->full && plans[0].serving != 0;
   job->rank = rank;
   job->world_size = world;
   job->from_policy = from_policy;
@@ -378,6 +381,7 @@ void Checkpointer::commit_collective(Job& job, std::vector<io::Manifest> parts) 
       io::TableEntry& o = p.tables[i];
       check_same_table(t, o, q);
       t.files.insert(t.files.end(), o.files.begin(), o.files.end());
+      t.serving.insert(t.serving.end(), o.serving.begin(), o.serving.end());
       t.admission.insert(t.admission.end(), o.admission.begin(), o.admission.end());
       t.rows += o.rows;
       t.table_rows += o.table_rows;

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <thread>
 
+#include "cuda/row/codec.h"
 #include "cuda/row/snapshot.h"
 #include "host/error.hpp"
 #include "io/engine/engine.hpp"
@@ -90,8 +91,34 @@ void open_files(Job& job) {
         r < 0) {
       fail(EMBSTORE_IO_ERROR, "{}", detail);
     }
+    if (!job.serving || job.full) continue;
+    // BF16 for serving is the fewest bytes within bf16's bound: the values rounded here, then
+    // stored losslessly, so that the zero low halves and the exponents compress away.
+    const bool round = t.spec.serving_codec == io::Codec::kBf16;
+    if (round) t.rounded.resize(t.spec.dim);
+    if (int r = job.out->open_serving_rows(t.spec.name, t.spec.dim, t.captured, t.tombstones.size(),
+                                           job.writer_options, &t.serving, &detail,
+                                           round ? io::Codec::kLossless : t.spec.serving_codec);
+        r < 0) {
+      fail(EMBSTORE_IO_ERROR, "{}", detail);
+    }
   }
 }
+
+namespace {
+
+// Appends a row to t's values-only file, its values rounded first for the serving codec BF16.
+int add_serving_row(TableJob& t, int64_t key, const float* value) {
+  if (!t.rounded.empty()) {
+    for (uint32_t j = 0; j < t.spec.dim; ++j) {
+      t.rounded[j] = row::float_from_bf16(row::bf16_from_float(value[j]));
+    }
+    value = t.rounded.data();
+  }
+  return t.serving->add(key, value, nullptr);
+}
+
+}  // namespace
 
 namespace {
 
@@ -163,6 +190,15 @@ class ChunkWriter {
                               errno_text(r)));
         return;
       }
+      if (t.serving) {
+        if (int r = add_serving_row(t, key, value); r < 0) {
+          fail_with(
+              EMBSTORE_IO_ERROR,
+              fmt::format("writing {}: {}", job_.out->serving_entry(t.spec.name, *t.serving).path,
+                          errno_text(r)));
+          return;
+        }
+      }
     }
   }
 
@@ -230,19 +266,19 @@ void finish_rows(Job& job) {
   for (TableJob& t : job.tables) {
     std::vector<int64_t> tombstones(t.tombstones.begin(), t.tombstones.end());
     std::sort(tombstones.begin(), tombstones.end());  // the same file for the same state
-    int r = 0;
-    for (size_t k = 0; k < tombstones.size() && r == 0; ++k) {
-      r = t.writer->add_tombstone(tombstones[k]);
-    }
-    if (r == 0) r = t.writer->finish();
-    if (r < 0) {
-      fail(EMBSTORE_IO_ERROR, "writing {}: {}", job.out->rows_entry(t.spec.name, *t.writer).path,
-           errno_text(r));
-    }
     const uint64_t expected = t.captured + t.tombstones.size();
-    if (t.writer->rows() != expected) {
-      fail(EMBSTORE_INTERNAL, "table '{}' captured {} rows and {} tombstones but wrote {}",
-           t.spec.name, t.captured, t.tombstones.size(), t.writer->rows());
+    for (io::RowFileWriter* w : {t.writer.get(), t.serving.get()}) {
+      if (w == nullptr) continue;
+      const std::string path = w == t.serving.get() ? job.out->serving_entry(t.spec.name, *w).path
+                                                    : job.out->rows_entry(t.spec.name, *w).path;
+      int r = 0;
+      for (size_t k = 0; k < tombstones.size() && r == 0; ++k) r = w->add_tombstone(tombstones[k]);
+      if (r == 0) r = w->finish();
+      if (r < 0) fail(EMBSTORE_IO_ERROR, "writing {}: {}", path, errno_text(r));
+      if (w->rows() != expected) {
+        fail(EMBSTORE_INTERNAL, "table '{}' captured {} rows and {} tombstones but wrote {} to {}",
+             t.spec.name, t.captured, t.tombstones.size(), w->rows(), path);
+      }
     }
   }
 }
@@ -257,7 +293,7 @@ void finalize_files(Job& job) {
   m.version = job.version;
   m.world_size = job.world_size;
   m.embstore_version = EMBSTORE_VERSION_CODE;
-  uint64_t rows = 0, bytes = 0;
+  uint64_t rows = 0, bytes = 0, serving_bytes = 0;
   std::string detail;
   for (TableJob& t : job.tables) {
     io::TableEntry e;
@@ -271,6 +307,10 @@ void finalize_files(Job& job) {
     e.files.push_back(job.out->rows_entry(t.spec.name, *t.writer));
     rows += e.rows;
     bytes += e.files.back().bytes;
+    if (t.serving) {
+      e.serving.push_back(job.out->serving_entry(t.spec.name, *t.serving));
+      serving_bytes += e.serving.back().bytes;
+    }
     if (const std::optional<io::AdmissionFile> counts = t.impl->admission_at_capture()) {
       e.admission.emplace_back();
       if (int r = job.out->write_admission(t.spec.name, *counts, &e.admission.back(), &detail);
@@ -291,7 +331,8 @@ void finalize_files(Job& job) {
     m.attachments.push_back(std::move(a));
   }
   job.rows = rows;
-  job.bytes = bytes;
+  job.bytes = bytes + serving_bytes;
+  job.serving_bytes = serving_bytes;
 }
 
 void finalize(Job& job) {
@@ -340,6 +381,7 @@ std::string end(Job& job, StagingRing& ring, bool failed) {
       }
     }
     t.writer.reset();  // without finish(): waits for writes in flight, no fsync
+    t.serving.reset();
   }
   ring.reset();
   if ((failed || !trouble.empty()) && job.out) job.out->roll_back();

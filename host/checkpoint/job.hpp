@@ -6,10 +6,12 @@
 //   prepare       staging sinks, writer options, the version directory (calling thread:
 //                 everything that can fail before anything is captured)
 //   capture       every table's rows, without a copy (calling thread)
-//   open_files    each table's tombstones and row file (worker: opening sets up io_uring)
+//   open_files    each table's tombstones and row file (worker: opening sets up io_uring),
+//                 and a delta's values-only file with serving_deltas
 //   drain         captured rows through the staging ring into the row files: this thread
 //                 drains, a writer thread writes
-//   finish_rows   tombstones written, files durable, every captured row written once
+//   finish_rows   tombstones written, files durable, every captured row written once (in
+//                 the values-only file too)
 //   finalize      admission counts, attachments (finalize_files), the manifest
 //   check_parent  a delta's parent is still in place and is the version it names
 //   commit        the rename that makes the version visible
@@ -46,6 +48,9 @@ struct TableJob {
   // Copy-on-write (training calls) and drain fill chunks apart: they may run at once.
   std::unique_ptr<StagingRing::Sink> sink, drain_sink;
   std::unique_ptr<io::RowFileWriter> writer;
+  // Deltas with serving_deltas: the values-only copy (ServingCopy in job.cpp).
+  std::unique_ptr<io::RowFileWriter> serving;
+  std::vector<float> rounded;  // a row's values rounded to bf16 for it (serving codec BF16)
   uint64_t captured = 0;
   uint64_t live_rows = 0;  // the table's rows at capture
   // Deltas: keys evicted since the parent; the writer drops those it meets as rows.
@@ -64,6 +69,8 @@ struct Job {
   uint64_t parent_xxh3 = 0;        // deltas: its manifest's checksum
   uint64_t lineage = 0;
   bool from_policy = false;
+  // Deltas: each table's rows also go to a values-only file in its serving codec.
+  bool serving = false;
   std::string dir;
   uint32_t rank = 0, world_size = 1;  // a collective checkpoint's, else 0 and 1
   std::map<std::string, std::vector<char>> attachments;
@@ -80,8 +87,9 @@ struct Job {
   bool local_done = false;
   embstore_status_t local_status = EMBSTORE_OK;
   std::string local_message;
-  uint64_t xxh3 = 0;   // this version's manifest checksum, once finalized
-  uint64_t bytes = 0;  // in its files, once finalized (the worker's until the job ends)
+  uint64_t xxh3 = 0;           // this version's manifest checksum, once finalized
+  uint64_t bytes = 0;          // in its files, once finalized (the worker's until the job ends)
+  uint64_t serving_bytes = 0;  // of them, in values-only files (no restore reads them)
   uint64_t rows = 0;
 
   // For embstore_checkpoint_info: when capture ended, what it and the wait before it took,

@@ -21,6 +21,8 @@ struct Policy {
   // last full has this many deltas, or its deltas' bytes exceed this fraction of the full's.
   uint32_t max_chain_length = 32;
   double rebaseline_fraction = 0.5;
+  // Every delta also gets values-only files in each table's serving codec, for followers.
+  bool serving_deltas = false;
 };
 
 class Schedule {

@@ -4,7 +4,9 @@
 //   choose    the deltas after the version served, when it is a link of that chain; else (the
 //             chain was rebased or pruned) the newest version whole
 //   read      each delta's rows and tombstones of the served tables, every file checked, before
-//             any of it is served (a corrupt delta is refused: the follower stays where it was)
+//             any of it is served (a corrupt delta is refused: the follower stays where it was);
+//             a delta's values-only files (serving_deltas) where it has them, else, or when one
+//             does not read, its whole files
 //   apply     ServedRows::apply, one version at a time (served_rows.hpp); a whole version goes
 //             into new ServedRows, swapped in for the old ones
 //   lease     the lease file (io/format/lease.hpp) names the version now served, so that the
@@ -65,6 +67,9 @@ struct FollowerStats {
   // read it; the last, and over the last kLagWindow versions that polls made visible (not the
   // version loaded at create, which may be old).
   double last_lag_seconds = 0, lag_p50_seconds = 0, lag_p99_seconds = 0;
+  uint64_t delta_bytes_read = 0;    // bytes of deltas' row files that polls read
+  uint64_t serving_files_read = 0;  // values-only files among them (serving_deltas)
+  uint64_t serving_fallbacks = 0;   // values-only files that did not read: whole files instead
 };
 
 class Follower {
@@ -127,6 +132,8 @@ class Follower {
   std::atomic<uint64_t> versions_applied_{0}, full_loads_{0}, lookups_{0}, polls_{0},
       chain_lost_{0};
   std::atomic<double> last_apply_seconds_{0};
+  // Counted by read_changes (const: it changes nothing that lookups read).
+  mutable std::atomic<uint64_t> delta_bytes_read_{0}, serving_files_read_{0}, serving_fallbacks_{0};
   void throw_if_cancelled() const;     // Error(BUSY) once cancel() or the destructor ran
   std::atomic<bool> stopping_{false};  // set by cancel() and the destructor: polls give up
   mutable std::mutex stats_mutex_;     // what follows

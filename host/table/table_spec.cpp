@@ -180,7 +180,8 @@ TableSpec make_table_spec(const embstore_table_config_t& config) {
          s.memory_rows, row::kMaxRows);
   }
   for (const auto& [field, value] : {std::pair{"value_codec", enum_value(c.value_codec)},
-                                     std::pair{"state_codec", enum_value(c.state_codec)}}) {
+                                     std::pair{"state_codec", enum_value(c.state_codec)},
+                                     std::pair{"serving_codec", enum_value(c.serving_codec)}}) {
     if (value < 0 || !io::codec_is_known(static_cast<uint32_t>(value))) {
       fail(EMBSTORE_INVALID_ARGUMENT, "table '{}': unknown {} {} (NONE, LOSSLESS, BF16 or INT8)",
            s.name, field, value);
@@ -188,6 +189,7 @@ TableSpec make_table_spec(const embstore_table_config_t& config) {
   }
   s.value_codec = static_cast<io::Codec>(c.value_codec);
   s.state_codec = static_cast<io::Codec>(c.state_codec);
+  s.serving_codec = static_cast<io::Codec>(c.serving_codec);
   if (s.state_codec == io::Codec::kInt8) {
     fail(EMBSTORE_INVALID_ARGUMENT,
          "table '{}': state_codec INT8 is refused: optimizer state spans orders of magnitude "
@@ -224,6 +226,7 @@ embstore_table_config_t to_config(const TableSpec& s) {
   c.memory_rows = s.memory_rows;
   c.value_codec = static_cast<embstore_codec_t>(s.value_codec);
   c.state_codec = static_cast<embstore_codec_t>(s.state_codec);
+  c.serving_codec = static_cast<embstore_codec_t>(s.serving_codec);
   return c;
 }
 

@@ -319,6 +319,11 @@ typedef struct embstore_table_config {
   embstore_codec_t state_codec; /**< optimizer state; default NONE; INT8 is refused (Adagrad's
                                     accumulators and Adam's moments span orders of magnitude
                                     within a row) */
+  embstore_codec_t serving_codec; /**< values in the values-only copies of deltas that followers
+                                      read (embstore_checkpoint_policy_t::serving_deltas):
+                                      NONE (default) floats as they are; LOSSLESS; BF16 (rounded
+                                      to nearest even, then shuffled and zstd-compressed: the
+                                      fewest bytes within bf16's bound); INT8 */
 } embstore_table_config_t;
 
 #define EMBSTORE_MAX_ADMIT_BLOOM_BYTES (16ull << 30) /**< 16 GiB: 16 bytes a key for 2^30 keys */
@@ -338,8 +343,8 @@ EMBSTORE_API void embstore_table_config_init(embstore_table_config_t* config);
     with negative deviation, UNIFORM with init_b < init_a, an initializer whose values would
     overflow a float (see embstore_init_t), negative or non-finite evict_idle_seconds,
     evict_when_full not 0 or 1, admit_bloom_bytes set while admit_after <= 1, below 64, above
-    EMBSTORE_MAX_ADMIT_BLOOM_BYTES or with admit_after above 255; an unknown value_codec or
-    state_codec, or state_codec INT8; memory_rows without the
+    EMBSTORE_MAX_ADMIT_BLOOM_BYTES or with admit_after above 255; an unknown value_codec,
+    state_codec or serving_codec, or state_codec INT8; memory_rows without the
     store's tier_dir, or a tier_dir that is missing, not a directory or on tmpfs: see "Tiers");
     ALREADY_EXISTS; OUT_OF_MEMORY (also at once for a Bloom filter larger than the memory
     available); IO_ERROR (no file can be created in tier_dir); UNSUPPORTED (device_rows or
@@ -819,6 +824,12 @@ typedef struct embstore_checkpoint_policy {
       full's. Defaults 32 and 0.5. Apply to every incremental checkpoint of the store. */
   uint32_t max_chain_length;
   double rebaseline_fraction; /**< see max_chain_length */
+  /* Fields below came after 0.5. */
+  /** 1: every delta the store writes (by the policy or by embstore_checkpoint) also gets a
+      values-only copy of each table's rows, in the table's serving_codec, that followers read
+      instead of the whole delta (docs/serving.md, "Values-only deltas"); restore and the tools
+      never need it. 0 (default): none. With several ranks, rank 0's policy decides. */
+  uint32_t serving_deltas;
 } embstore_checkpoint_policy_t;
 
 /** Fills policy with: dir NULL, everything off, keep_full 0 (keep all). NULL is a no-op. */
@@ -1107,6 +1118,11 @@ typedef struct embstore_follower_stats {
   double lag_p50_seconds;  /**< the same over the last 1024 versions polls made visible
                                (median) */
   double lag_p99_seconds;  /**< the same, 99th percentile */
+  /* Fields below came after 0.5; a caller built against an older header gets the others. */
+  uint64_t delta_bytes_read;   /**< bytes of deltas' row files that polls read */
+  uint64_t serving_files_read; /**< values-only files (serving_deltas) among them */
+  uint64_t serving_fallbacks;  /**< values-only files that did not read (missing, corrupt): the
+                                   delta's whole files were read instead */
 } embstore_follower_stats_t;
 
 /** Fills config with the defaults above. NULL is a no-op.

@@ -85,6 +85,26 @@ bool codec_from_name(std::string_view name, Codec* out) {
 
 bool codec_is_known(uint32_t value) { return value <= static_cast<uint32_t>(Codec::kInt8); }
 
+bool within_bound(Codec codec, const float* want, const float* got, size_t rows, uint32_t width) {
+  const size_t n = rows * width;
+  switch (codec) {
+    case Codec::kNone:
+    case Codec::kLossless:
+      return n == 0 || std::memcmp(want, got, n * sizeof(float)) == 0;
+    case Codec::kBf16:
+      for (size_t i = 0; i < n; ++i) {
+        if (!row::bf16_within_bound(want[i], got[i])) return false;
+      }
+      return true;
+    case Codec::kInt8:
+      for (size_t i = 0; i < n; i += width) {
+        if (!row::int8_row_within_bound(want + i, got + i, width)) return false;
+      }
+      return true;
+  }
+  return false;
+}
+
 BlockCodec::BlockCodec(int zstd_level) : level_(zstd_level), zstd_(new Contexts) {}
 BlockCodec::~BlockCodec() = default;
 

@@ -45,6 +45,11 @@ inline bool codec_is_lossless(Codec codec) {
   return codec == Codec::kNone || codec == Codec::kLossless;
 }
 
+// Whether got (rows x width floats, row-major) is what decoding codec's encoding of want may
+// give: bit for bit for the lossless codecs, else each value (bf16) or row (int8) within the
+// bound that cuda/row/codec.h states. For tests and embstore-ckpt verify.
+bool within_bound(Codec codec, const float* want, const float* got, size_t rows, uint32_t width);
+
 class BlockCodec {
  public:
   // zstd_level: lossless's zstd level (zstd's scale; the default favours speed).

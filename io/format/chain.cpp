@@ -228,9 +228,12 @@ int check_file_size(const std::string& path, const FileEntry& f, std::string* de
   return 0;
 }
 
-int read_row_file(const std::string& path, const FileEntry& f, const TableEntry& t, bool full,
-                  const RowSink& on_block, std::string* detail, bool check_behind,
-                  const ReaderOptions& reads) {
+namespace {
+
+// read_row_file with the state_dim its blocks must have: the table's, or 0 in a values-only file.
+int read_checked_rows(const std::string& path, const FileEntry& f, const TableEntry& t,
+                      uint32_t state_dim, bool full, const RowSink& on_block, std::string* detail,
+                      bool check_behind, const ReaderOptions& reads) {
   if (int r = check_file_size(path, f, detail); r < 0) return r;
   std::unique_ptr<RowFileReader> reader;
   if (int r = RowFileReader::open(path, reads, &reader, check_behind); r < 0) {
@@ -248,11 +251,11 @@ int read_row_file(const std::string& path, const FileEntry& f, const TableEntry&
           detail, fmt::format("{}: block at offset {} holds tombstones in a full checkpoint", path,
                               b.offset));
     }
-    if (b.dim != t.config.dim || b.state_dim != t.state_dim) {
+    if (b.dim != t.config.dim || b.state_dim != state_dim) {
       return corrupt(detail,
                      fmt::format("{}: block at offset {} has dim {} and state_dim {}, the "
                                  "manifest says {} and {}",
-                                 path, b.offset, b.dim, b.state_dim, t.config.dim, t.state_dim));
+                                 path, b.offset, b.dim, b.state_dim, t.config.dim, state_dim));
     }
     rows += b.rows;
     if (!on_block) continue;
@@ -288,6 +291,19 @@ int read_row_file(const std::string& path, const FileEntry& f, const TableEntry&
                                        path, reader->checksum(), f.xxh3));
   }
   return 0;
+}
+
+}  // namespace
+
+int read_row_file(const std::string& path, const FileEntry& f, const TableEntry& t, bool full,
+                  const RowSink& on_block, std::string* detail, bool check_behind,
+                  const ReaderOptions& reads) {
+  return read_checked_rows(path, f, t, t.state_dim, full, on_block, detail, check_behind, reads);
+}
+
+int read_serving_file(const std::string& path, const FileEntry& f, const TableEntry& t,
+                      const RowSink& on_block, std::string* detail, const ReaderOptions& reads) {
+  return read_checked_rows(path, f, t, 0, false, on_block, detail, false, reads);
 }
 
 int read_chain_rows(const std::vector<ChainLink>& chain, const TableEntry& table,

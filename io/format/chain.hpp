@@ -147,6 +147,11 @@ inline constexpr ReaderOptions kRowFileReads{16, size_t{4} << 20};
 int read_row_file(const std::string& path, const FileEntry& f, const TableEntry& t, bool full,
                   const RowSink& on_block, std::string* detail, bool check_behind = false,
                   const ReaderOptions& reads = kRowFileReads);
+// The same checks for a delta's values-only file (f an entry of t.serving): blocks of state_dim
+// 0, upserts and tombstones.
+int read_serving_file(const std::string& path, const FileEntry& f, const TableEntry& t,
+                      const RowSink& on_block, std::string* detail,
+                      const ReaderOptions& reads = kRowFileReads);
 
 // Hands sink the rows that chain (newest first, as CheckpointDir::chain gives it) holds for
 // table (an entry of chain.front()'s manifest): every file of the table in every version that

@@ -66,6 +66,11 @@ std::string row_file_path(uint32_t format, std::string_view table, uint32_t shar
   return table_dir(format, table) + "/" + shard_file_name(shard, shards);
 }
 
+std::string serving_file_path(uint32_t format, std::string_view table, uint32_t shard,
+                              uint32_t shards) {
+  return fmt::format("{}/serving-{:05}-of-{:05}.rows", table_dir(format, table), shard, shards);
+}
+
 std::string admission_file_path(uint32_t format, std::string_view table, uint32_t rank,
                                 uint32_t world_size) {
   if (world_size <= 1) return table_dir(format, table) + "/admission.counts";
@@ -106,6 +111,24 @@ int check_layout(const Manifest& m, std::string* why) {
                                     m.world_size, format));
       }
       if (int r = claim(f.path, owner); r < 0) return r;
+    }
+    if (!t.serving.empty() && t.serving.size() != t.files.size()) {
+      return bad(why, fmt::format("{}: {} values-only files for {} row files", owner,
+                                  t.serving.size(), t.files.size()));
+    }
+    for (size_t i = 0; i < t.serving.size(); ++i) {
+      // The row file at i passed above: it is one of the shards' files.
+      std::string path;
+      for (uint32_t s = 0; s < m.world_size && path.empty(); ++s) {
+        if (t.files[i].path == row_file_path(format, t.name, s, m.world_size)) {
+          path = serving_file_path(format, t.name, s, m.world_size);
+        }
+      }
+      if (t.serving[i].path != path) {
+        return bad(why, fmt::format("{}: values-only file '{}' is not the copy of '{}' ('{}')",
+                                    owner, t.serving[i].path, t.files[i].path, path));
+      }
+      if (int r = claim(path, owner); r < 0) return r;
     }
     if (m.world_size == 1 && t.admission.size() > 1) {
       return bad(why, fmt::format("{}: {} admission files in a checkpoint of one rank", owner,

@@ -7,12 +7,15 @@
 //   <version>/MANIFEST.json
 //   <version>/tables/<table>/shard-00000-of-00001.rows    row file(s), one per writing rank
 //   <version>/tables/<table>/admission.counts             admission counts, when the table has
+//   <version>/tables/<table>/serving-00000-of-00001.rows  deltas with serving_deltas (format 3):
+//                                                         the values-only copy of each row file
 //   <version>/attachments/<name>
 //
 // Written by W > 1 ranks (each rank writes only its own files; rank 0 the manifest):
 //
 //   <version>/tables/<table>/shard-<rank>-of-<W>.rows
 //   <version>/tables/<table>/admission-<rank>-of-<W>.counts
+//   <version>/tables/<table>/serving-<rank>-of-<W>.rows
 //   <version>/attachments/rank-<rank>/<name>
 //
 // Format 1 (0.1 to 0.3) put table directories beside the manifest (<version>/<table>/...), where
@@ -51,6 +54,9 @@ std::string shard_file_name(uint32_t shard, uint32_t shards);
 std::string table_dir(uint32_t format, std::string_view table);
 // Paths relative to the version directory, in the given format version.
 std::string row_file_path(uint32_t format, std::string_view table, uint32_t shard, uint32_t shards);
+// The values-only copy of row_file_path(format, table, shard, shards) (format 3 deltas).
+std::string serving_file_path(uint32_t format, std::string_view table, uint32_t shard,
+                              uint32_t shards);
 std::string admission_file_path(uint32_t format, std::string_view table, uint32_t rank = 0,
                                 uint32_t world_size = 1);
 std::string attachment_path(std::string_view name, uint32_t rank = 0, uint32_t world_size = 1);
@@ -58,8 +64,9 @@ std::string attachment_path(std::string_view name, uint32_t rank = 0, uint32_t w
 // Checks every name and path that m (already parsed) holds against the layout of its format
 // version: each table name valid and listed once, each attachment name valid and listed once
 // per rank (ranks below the world size); each row file and admission file one of its table's
-// for m's world size (one with world size 1), listed once; each attachment at its path; no two
-// entries naming one file. 0, or -EBADMSG with the reason.
+// for m's world size (one with world size 1), listed once; a table's values-only files, when
+// it has them, one per row file, each the copy of the row file at its index; each attachment at
+// its path; no two entries naming one file. 0, or -EBADMSG with the reason.
 int check_layout(const Manifest& m, std::string* why);
 
 }  // namespace embstore::io

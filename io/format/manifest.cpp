@@ -186,6 +186,12 @@ json manifest_json(const Manifest& m) {
       json& config = tables.back()["config"];
       config["value_codec"] = codec_name(static_cast<Codec>(c.value_codec));
       config["state_codec"] = codec_name(static_cast<Codec>(c.state_codec));
+      config["serving_codec"] = codec_name(static_cast<Codec>(c.serving_codec));
+      if (!t.serving.empty()) {
+        json serving = json::array();
+        for (const FileEntry& f : t.serving) serving.push_back(file_json(f));
+        tables.back()["serving_files"] = serving;
+      }
     }
     if (m.world_size > 1) {
       json counts = json::array();
@@ -236,7 +242,8 @@ struct FdCloser {
 uint32_t manifest_format_for(const Manifest& m) {
   for (const TableEntry& t : m.tables) {
     if (t.config.value_codec != EMBSTORE_CODEC_NONE ||
-        t.config.state_codec != EMBSTORE_CODEC_NONE) {
+        t.config.state_codec != EMBSTORE_CODEC_NONE ||
+        t.config.serving_codec != EMBSTORE_CODEC_NONE || !t.serving.empty()) {
       return kManifestFormatVersion;
     }
     for (const FileEntry& f : t.files) {
@@ -362,6 +369,8 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
       if (m.format_version >= 3) {
         e.config.value_codec = static_cast<embstore_codec_t>(get_codec(c, "value_codec"));
         e.config.state_codec = static_cast<embstore_codec_t>(get_codec(c, "state_codec"));
+        // Absent in format 3 manifests written before values-only deltas: none.
+        e.config.serving_codec = static_cast<embstore_codec_t>(get_codec(c, "serving_codec"));
         if (e.config.state_codec == EMBSTORE_CODEC_INT8) {
           throw Bad("table '" + e.name + "': state_codec 'int8', which no table may have");
         }
@@ -386,6 +395,30 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
         rows += e.files.back().rows;
       }
       if (rows != e.rows) throw Bad("table '" + e.name + "': file rows do not add up to 'rows'");
+      if (m.format_version >= 3 && t.contains("serving_files")) {
+        const json& serving = member(t, "serving_files");
+        if (!serving.is_array()) {
+          throw Bad("'serving_files' of table '" + e.name + "' is not an array");
+        }
+        if (m.full) throw Bad("table '" + e.name + "': values-only files in a full checkpoint");
+        for (const json& f : serving) e.serving.push_back(file_from(f, m.format_version));
+        // Each the copy of the row file at its index (check_layout checks the paths).
+        if (e.serving.size() != e.files.size()) {
+          throw Bad("table '" + e.name + "': " + std::to_string(e.serving.size()) +
+                    " values-only files for " + std::to_string(e.files.size()) + " row files");
+        }
+        for (size_t i = 0; i < e.serving.size(); ++i) {
+          if (e.serving[i].rows != e.files[i].rows) {
+            throw Bad("table '" + e.name + "': values-only file '" + printable(e.serving[i].path) +
+                      "' holds " + std::to_string(e.serving[i].rows) + " rows, its row file " +
+                      std::to_string(e.files[i].rows));
+          }
+          if (e.serving[i].state_codec != Codec::kNone) {
+            throw Bad("table '" + e.name + "': values-only file '" + printable(e.serving[i].path) +
+                      "' has a state codec");
+          }
+        }
+      }
       if (t.contains("admission")) {
         const json& counts = member(t, "admission");
         if (m.world_size == 1) {

@@ -22,8 +22,9 @@ namespace embstore::io {
 
 inline constexpr const char* kManifestName = "MANIFEST.json";
 // The newest format (io/format/layout.hpp): 2 since 0.4 (tables/ namespace, lineage, parent
-// checksum); 3 adds codecs (issue 35: each table's value_codec and state_codec, each row file's
-// codecs when not none), with format 2's layout. A writer writes 3 only for a checkpoint that
+// checksum); 3 adds codecs (issue 35: each table's value_codec, state_codec and serving_codec,
+// each row file's codecs when not none) and deltas' values-only files ("serving_files"), with
+// format 2's layout. A writer writes 3 only for a checkpoint that
 // uses a codec (manifest_format_for), so that versions before codecs still read every
 // checkpoint without one, and refuse by its format number one they could not decode.
 // Versions 1 to 3 are read.
@@ -54,6 +55,9 @@ struct TableEntry {
   uint64_t rows = 0;             // rows in this version's files
   uint64_t table_rows = 0;       // the table's rows at capture (after a delta is applied)
   std::vector<FileEntry> files;  // row files: one per rank that wrote the table
+  // Deltas with serving_deltas (format 3): the values-only copy of each row file (the same
+  // index), the same rows with state_dim 0, in config.serving_codec; empty when none.
+  std::vector<FileEntry> serving;
   // Tables with admission: the counts (host/admission/admission.hpp), one file per rank that
   // wrote the table (at most one with world size 1). JSON: an object with world size 1, as
   // since format 1; an array with several ranks.
@@ -87,8 +91,8 @@ struct Manifest {
   uint64_t xxh3 = 0;
 };
 
-// The format a writer gives m: kManifestFormatVersion when a table or file of m uses a codec,
-// else kPlainManifestFormatVersion.
+// The format a writer gives m: kManifestFormatVersion when a table or file of m uses a codec or
+// a table has values-only files, else kPlainManifestFormatVersion.
 uint32_t manifest_format_for(const Manifest& m);
 
 // A new chain's lineage: random, never 0 (0 means "unknown", as in format 1).

@@ -87,12 +87,28 @@ int VersionWriter::open_rows(const std::string& table, uint32_t dim, uint32_t st
                              uint64_t rows, uint64_t tombstones, WriterOptions options,
                              std::unique_ptr<RowFileWriter>* out, std::string* detail,
                              RowCodecs codecs) {
+  return open_row_file(table, row_file_path(kFormat, table, rank_, world_size_), dim, state_dim,
+                       rows, tombstones, options, out, detail, codecs);
+}
+
+int VersionWriter::open_serving_rows(const std::string& table, uint32_t dim, uint64_t rows,
+                                     uint64_t tombstones, WriterOptions options,
+                                     std::unique_ptr<RowFileWriter>* out, std::string* detail,
+                                     Codec codec) {
+  return open_row_file(table, serving_file_path(kFormat, table, rank_, world_size_), dim, 0, rows,
+                       tombstones, options, out, detail, RowCodecs{codec, Codec::kNone});
+}
+
+int VersionWriter::open_row_file(const std::string& table, const std::string& rel, uint32_t dim,
+                                 uint32_t state_dim, uint64_t rows, uint64_t tombstones,
+                                 WriterOptions options, std::unique_ptr<RowFileWriter>* out,
+                                 std::string* detail, RowCodecs codecs) {
   const std::string dir = staging_ + "/" + table_dir(kFormat, table);
   // Not fsynced here: the commit fsyncs every directory of the version once.
   if (int r = create_directories(dir, /*durable=*/false); r < 0) {
     return failed(detail, r, fmt::format("cannot create '{}'", dir));
   }
-  const std::string path = staging_ + "/" + row_file_path(kFormat, table, rank_, world_size_);
+  const std::string path = staging_ + "/" + rel;
   options.size_hint = row_file_size_hint(rows, tombstones, dim, state_dim, options.buffer_bytes);
   if (int r = RowFileWriter::open(path, dim, state_dim, options, out, codecs); r < 0) {
     return failed(detail, r, fmt::format("cannot open '{}'", path));
@@ -107,6 +123,12 @@ FileEntry VersionWriter::rows_entry(const std::string& table, const RowFileWrite
           rows.checksum(),
           rows.codecs().values,
           rows.codecs().state};
+}
+
+FileEntry VersionWriter::serving_entry(const std::string& table, const RowFileWriter& rows) const {
+  FileEntry e = rows_entry(table, rows);
+  e.path = serving_file_path(kFormat, table, rank_, world_size_);
+  return e;
 }
 
 namespace {

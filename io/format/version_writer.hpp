@@ -62,8 +62,15 @@ class VersionWriter {
   int open_rows(const std::string& table, uint32_t dim, uint32_t state_dim, uint64_t rows,
                 uint64_t tombstones, WriterOptions options, std::unique_ptr<RowFileWriter>* out,
                 std::string* detail, RowCodecs codecs = {});
+  // Opens the values-only copy of table's row file (state_dim 0: deltas with serving_deltas),
+  // its values encoded with codec.
+  int open_serving_rows(const std::string& table, uint32_t dim, uint64_t rows, uint64_t tombstones,
+                        WriterOptions options, std::unique_ptr<RowFileWriter>* out,
+                        std::string* detail, Codec codec);
   // The manifest's entry of table's row file once rows->finish() returned 0.
   FileEntry rows_entry(const std::string& table, const RowFileWriter& rows) const;
+  // The same for the values-only copy.
+  FileEntry serving_entry(const std::string& table, const RowFileWriter& rows) const;
   uint32_t rank() const { return rank_; }
   uint32_t world_size() const { return world_size_; }
   // Writes table's admission counts (admission_file.hpp) and fills *entry.
@@ -88,6 +95,9 @@ class VersionWriter {
 
  private:
   VersionWriter() = default;
+  int open_row_file(const std::string& table, const std::string& rel, uint32_t dim,
+                    uint32_t state_dim, uint64_t rows, uint64_t tombstones, WriterOptions options,
+                    std::unique_ptr<RowFileWriter>* out, std::string* detail, RowCodecs codecs);
   std::string dir_, staging_, final_path_;
   uint32_t rank_ = 0, world_size_ = 1;
   bool joined_ = false;

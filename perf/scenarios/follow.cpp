@@ -19,6 +19,9 @@
 //               bandwidth and caches.
 // Every lookup batch's start and end are recorded, and a batch that straddles a window counts
 // for the part of it inside. The follower's versions are checked against the trainer's.
+// --serving-codec (issue 35): the trainer's deltas also get values-only files in that codec
+// (serving_deltas), which the followers read; each phase reports the bytes its follower read per
+// delta against the bytes of the deltas' whole row files, from the same deltas.
 #include <embstore/embstore.h>
 #include <poll.h>
 #include <sys/wait.h>
@@ -30,10 +33,15 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "io/codec/block_codec.hpp"
+#include "io/format/commit.hpp"
+#include "io/format/manifest.hpp"
 #include "perf/harness.hpp"
 #include "perf/report.hpp"
 #include "perf/zipf.hpp"
@@ -44,10 +52,13 @@ namespace {
 // What the follower process asks of the trainer, one byte each.
 constexpr char kTrainVersions = 'L';  // --versions deltas while training goes on
 constexpr char kTrainOne = 'R';       // one delta, then wait
-// The trainer's answer: the newest version committed and the rows the deltas wrote.
+// The trainer's answer: the newest version committed and the rows the deltas wrote, and the
+// bytes of their row files and of their values-only files (their manifests').
 struct TrainerReply {
   uint64_t version = 0;
   uint64_t rows = 0;
+  uint64_t row_file_bytes = 0;
+  uint64_t serving_bytes = 0;
 };
 
 int64_t now_ns() {
@@ -91,18 +102,63 @@ struct Params {
   size_t lookup_batch = 1024;
   unsigned idle_ms = 200;
   double paced_bytes_per_second = 5e8;
+  std::string serving_codec = "off";  // or a codec: values-only deltas in it
 };
+
+// The table's serving codec for --serving-codec, or none for "off".
+std::optional<embstore_codec_t> serving_codec_of(const std::string& name) {
+  if (name == "off") return std::nullopt;
+  io::Codec codec;
+  if (!io::codec_from_name(name, &codec)) {
+    throw std::invalid_argument(fmt::format("--serving-codec: unknown codec '{}'", name));
+  }
+  return static_cast<embstore_codec_t>(codec);
+}
+
+// Adds the bytes of version's row files and values-only files (its manifest's) to *r.
+void add_delta_bytes(const std::string& dir, uint64_t version, TrainerReply* r) {
+  io::Manifest m;
+  std::string detail;
+  if (io::read_manifest(dir + "/" + io::version_dir_name(version, false), &m, &detail) != 0) {
+    throw std::runtime_error(fmt::format("delta {}: {}", version, detail));
+  }
+  for (const io::TableEntry& t : m.tables) {
+    for (const io::FileEntry& f : t.files) r->row_file_bytes += f.bytes;
+    for (const io::FileEntry& f : t.serving) r->serving_bytes += f.bytes;
+  }
+}
+
+// The bytes a phase's follower read per delta (its stats) against the bytes of the deltas'
+// whole row files, and of their values-only files, as their manifests give them.
+void report_bytes(Report& report, const std::string& key, const embstore_follower_stats_t& s,
+                  const TrainerReply& r, size_t deltas) {
+  const double n = static_cast<double>(std::max<size_t>(deltas, 1));
+  const double read = static_cast<double>(s.delta_bytes_read) / n;
+  const double whole = static_cast<double>(r.row_file_bytes) / n;
+  report.set(key + "_follower_bytes_per_delta", read);
+  report.set(key + "_row_file_bytes_per_delta", whole);
+  report.set(key + "_serving_bytes_per_delta", static_cast<double>(r.serving_bytes) / n);
+  report.set(key + "_serving_files_read", s.serving_files_read);
+  report.set(key + "_serving_fallbacks", s.serving_fallbacks);
+  report.set(key + "_read_to_row_files", whole > 0 ? read / whole : 0.0);
+  report.say("{:>14}: the follower read {}B a delta: {:.1f}% of the {}B of its row files", key,
+             si(read), whole > 0 ? 100 * read / whole : 0.0, si(whole));
+}
 
 // The trainer process: answers each command until the pipe closes. Returns its exit code.
 int trainer_main(const CommonOptions& o, const Params& p, int commands, int replies) {
   Store store(o);
   const embstore_backend_t backend = store.backend();
-  embstore_table_t* table = create_table(store, "follow", o.dim, EMBSTORE_OPT_ADAGRAD);
+  const std::optional<embstore_codec_t> serving = serving_codec_of(p.serving_codec);
+  embstore_table_t* table = create_table(
+      store, "follow", o.dim, EMBSTORE_OPT_ADAGRAD,
+      [&](embstore_table_config_t& c) { c.serving_codec = serving.value_or(EMBSTORE_CODEC_NONE); });
   // Deltas only: no rebaseline turns one into a full checkpoint mid-phase.
   embstore_checkpoint_policy_t policy;
   embstore_checkpoint_policy_init(&policy);
   policy.max_chain_length = 0;
   policy.rebaseline_fraction = 0;
+  policy.serving_deltas = serving ? 1 : 0;
   check(embstore_checkpoint_set_policy(store.get(), &policy), "embstore_checkpoint_set_policy");
   fill_table(table, backend, o.key_space, o.dim);
 
@@ -124,6 +180,7 @@ int trainer_main(const CommonOptions& o, const Params& p, int commands, int repl
   BackendBuffer<float> d_grads(backend, grads.size());
   BackendBuffer<float> d_out(backend, o.batch * o.dim);
   d_grads.upload(grads.data(), grads.size());
+  std::vector<uint64_t> deltas;  // of the command being answered
   const auto train_version = [&] {
     for (size_t s = 0; s < p.steps_per_version; ++s) {
       check(embstore_step(store.get(), ++step), "embstore_step");
@@ -140,15 +197,18 @@ int trainer_main(const CommonOptions& o, const Params& p, int commands, int repl
     // Written while the next steps train (a checkpoint still in flight is finished first).
     check(embstore_checkpoint(store.get(), p.dir.c_str(), EMBSTORE_CKPT_INCREMENTAL, &version),
           "embstore_checkpoint");
+    deltas.push_back(version);
   };
 
   char command = 0;
   while (read_all(commands, &command, 1)) {
     const uint64_t rows_before = checkpoint_stats(store.get()).rows_written;
     const size_t count = command == kTrainVersions ? p.versions : 1;
+    deltas.clear();
     for (size_t v = 0; v < count; ++v) train_version();
     check(embstore_checkpoint_wait(store.get(), version), "embstore_checkpoint_wait");
     reply = {version, checkpoint_stats(store.get()).rows_written - rows_before};
+    for (uint64_t d : deltas) add_delta_bytes(p.dir, d, &reply);
     write_all(replies, &reply, sizeof(reply));
   }
   return 0;
@@ -379,6 +439,10 @@ class FollowScenario final : public Scenario {
                    "then the rounds again with the follower's apply_bytes_per_second (0: skip)")
         ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
+    app.add_option("--serving-codec", p_.serving_codec,
+                   "values-only deltas for the followers in this codec (none, lossless, bf16, "
+                   "int8); off: the whole deltas")
+        ->capture_default_str();
     app.add_flag("--keep", keep_, "keep the checkpoint directory");
   }
 
@@ -404,6 +468,8 @@ class FollowScenario final : public Scenario {
     report.set("lookup_batch", p.lookup_batch);
     report.set("idle_ms", p.idle_ms);
     report.set("paced_bytes_per_second", p.paced_bytes_per_second);
+    report.set("serving_codec", p.serving_codec);
+    serving_codec_of(p.serving_codec);  // a bad name fails here, before the fork
     report.set("cores", std::thread::hardware_concurrency());
 
     // A trainer that ended early makes writes to its pipe fail (EPIPE), not kill this process.
@@ -460,6 +526,7 @@ class FollowScenario final : public Scenario {
           phase, s.versions_applied, static_cast<double>(r.rows) / p.versions, seconds,
           s.lag_p50_seconds * 1e3, s.lag_p99_seconds * 1e3, s.polls,
           si(all.batches * p.lookup_batch / seconds));
+      report_bytes(report, key, s, r, p.versions);
     };
     live("live", 0, 0);
     live("interval", EMBSTORE_FOLLOWER_INTERVAL_ONLY, 0);
@@ -476,11 +543,14 @@ class FollowScenario final : public Scenario {
       std::vector<Batch> idle, applying;
       std::vector<double> apply_seconds;
       uint64_t delta_rows = 0;
+      TrainerReply all;  // the rounds' bytes
       for (size_t round = 0; round < p.rounds; ++round) {
         trainer.ask(kTrainOne);
         ++deltas;
         const TrainerReply r = trainer.reply();
         delta_rows += r.rows;
+        all.row_file_bytes += r.row_file_bytes;
+        all.serving_bytes += r.serving_bytes;
         const int64_t idle_start = now_ns();
         std::this_thread::sleep_for(std::chrono::milliseconds(p.idle_ms));
         const int64_t apply_start = now_ns();
@@ -526,6 +596,7 @@ class FollowScenario final : public Scenario {
           threads, p.lookup_batch, si(apply_rate), si(idle_rate), 100 * ratio,
           percentile(a.latencies, 0.5) * 1e6, percentile(a.latencies, 0.99) * 1e6,
           percentile(i.latencies, 0.5) * 1e6, percentile(i.latencies, 0.99) * 1e6);
+      report_bytes(report, key, follower_stats(follower.get()), all, p.rounds);
     };
     rounds("apply", 0);
     if (p.paced_bytes_per_second > 0) rounds("paced", p.paced_bytes_per_second);

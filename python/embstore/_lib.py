@@ -62,7 +62,7 @@ class TableConfig(ctypes.Structure):
                 ("evict_idle_steps", c_uint64), ("evict_idle_seconds", c_double),
                 ("evict_when_full", c_uint32), ("admit_bloom_bytes", c_uint64),
                 ("device_rows", c_uint64), ("memory_rows", c_uint64),
-                ("value_codec", c_enum), ("state_codec", c_enum)]
+                ("value_codec", c_enum), ("state_codec", c_enum), ("serving_codec", c_enum)]
 
 
 class TableStats(ctypes.Structure):
@@ -79,7 +79,8 @@ class CheckpointPolicy(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("dir", c_char_p), ("full_every_steps", c_uint64),
                 ("incremental_every_steps", c_uint64), ("full_every_seconds", c_double),
                 ("incremental_every_seconds", c_double), ("keep_full", c_uint32),
-                ("max_chain_length", c_uint32), ("rebaseline_fraction", c_double)]
+                ("max_chain_length", c_uint32), ("rebaseline_fraction", c_double),
+                ("serving_deltas", c_uint32)]
 
 
 class CheckpointStats(ctypes.Structure):
@@ -117,7 +118,9 @@ class FollowerStats(ctypes.Structure):
                 ("versions_applied", c_uint64), ("full_loads", c_uint64), ("lookups", c_uint64),
                 ("last_apply_seconds", c_double), ("polls", c_uint64), ("chain_lost", c_uint64),
                 ("last_poll_status", c_status), ("last_lag_seconds", c_double),
-                ("lag_p50_seconds", c_double), ("lag_p99_seconds", c_double)]
+                ("lag_p50_seconds", c_double), ("lag_p99_seconds", c_double),
+                ("delta_bytes_read", c_uint64), ("serving_files_read", c_uint64),
+                ("serving_fallbacks", c_uint64)]
 
 
 def _declare(name, restype, *argtypes):

@@ -30,6 +30,9 @@ class FollowerStats:
     last_lag_seconds: float
     lag_p50_seconds: float
     lag_p99_seconds: float
+    delta_bytes_read: int
+    serving_files_read: int
+    serving_fallbacks: int
 
 
 class Follower(Owner):

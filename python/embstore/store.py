@@ -240,11 +240,13 @@ class Store(Owner):
                      init="uniform", init_a=-0.01, init_b=0.01, seed=0, initial_capacity=1024,
                      max_capacity=0, admit_after=0, evict_idle_steps=0, evict_idle_seconds=0.0,
                      evict_when_full=False, admit_bloom_bytes=0, device_rows=0, memory_rows=0,
-                     value_codec="none", state_codec="none"):
+                     value_codec="none", state_codec="none", serving_codec="none"):
         """Creates a table (embstore_table_create); the defaults are the C API's. memory_rows:
         rows kept in host memory, the rest in the store's tier_dir (0: every row in memory).
         value_codec, state_codec: how checkpoints store the values and the optimizer state,
-        "none", "lossless", "bf16" or "int8" (values only): docs/checkpoints.md, "Codecs"."""
+        "none", "lossless", "bf16" or "int8" (values only): docs/checkpoints.md, "Codecs".
+        serving_codec: the values in values-only deltas for followers (set_policy's
+        serving_deltas): docs/serving.md, "Values-only deltas"."""
         cfg = _lib.TableConfig()
         _lib.table_config_init(ctypes.byref(cfg))
         name_b = _name_bytes(name)
@@ -272,6 +274,7 @@ class Store(Owner):
         cfg.memory_rows = _int_arg(memory_rows, "memory_rows", minimum=0)
         cfg.value_codec = _choice(_CODECS, value_codec, "value_codec")
         cfg.state_codec = _choice(_CODECS, state_codec, "state_codec")
+        cfg.serving_codec = _choice(_CODECS, serving_codec, "serving_codec")
         handle = ctypes.c_void_p()
         check(self._call(_lib.table_create, ctypes.byref(cfg), ctypes.byref(handle)),
               "embstore_table_create")
@@ -334,9 +337,10 @@ class Store(Owner):
 
     def set_policy(self, dir=None, *, full_every_steps=0, incremental_every_steps=0,
                    full_every_seconds=0.0, incremental_every_seconds=0.0, keep_full=0,
-                   max_chain_length=32, rebaseline_fraction=0.5):
+                   max_chain_length=32, rebaseline_fraction=0.5, serving_deltas=False):
         """Replaces the checkpoint policy (embstore_checkpoint_set_policy); set_policy() with no
-        dir and nothing scheduled turns it off."""
+        dir and nothing scheduled turns it off. serving_deltas: every delta also gets values-only
+        files, in each table's serving_codec, that followers read instead."""
         p = _lib.CheckpointPolicy()
         _lib.checkpoint_policy_init(ctypes.byref(p))
         p.dir = _path_bytes(dir, "dir") if dir is not None else None  # copied by the library
@@ -349,6 +353,7 @@ class Store(Owner):
         p.max_chain_length = _int_arg(max_chain_length, "max_chain_length", minimum=0,
                                       maximum=2**32 - 1)
         p.rebaseline_fraction = float(rebaseline_fraction)
+        p.serving_deltas = 1 if serving_deltas else 0
         check(self._call(_lib.checkpoint_set_policy, ctypes.byref(p)),
               "embstore_checkpoint_set_policy")
 

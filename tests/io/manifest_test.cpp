@@ -344,6 +344,71 @@ TEST_CASE("manifest: codecs round-trip in format 3 and are left out of format 2"
   }
 }
 
+TEST_CASE("manifest: a delta's values-only files round-trip in format 3, each its row file's copy",
+          "[io][manifest]") {
+  Manifest d = sample();
+  d.full = false;
+  d.parent = 12;
+  d.parent_xxh3 = 0xabcdef0123456789ull;
+  d.tables[0].config.serving_codec = EMBSTORE_CODEC_BF16;
+  d.tables[0].serving.push_back(
+      {"tables/emb.v2-x/serving-00000-of-00001.rows", 4096, 7, 0x42ull, Codec::kLossless});
+  CHECK(manifest_format_for(d) == kManifestFormatVersion);
+  d.format_version = manifest_format_for(d);
+  Manifest back;
+  std::string detail;
+  REQUIRE(parse_manifest(format_manifest(d), &back, &detail) == 0);
+  CHECK(back.tables[0].config.serving_codec == EMBSTORE_CODEC_BF16);
+  REQUIRE(back.tables[0].serving.size() == 1);
+  CHECK(back.tables[0].serving[0].path == "tables/emb.v2-x/serving-00000-of-00001.rows");
+  CHECK(back.tables[0].serving[0].rows == 7);
+  CHECK(back.tables[0].serving[0].value_codec == Codec::kLossless);
+  CHECK(format_manifest(back) == format_manifest(d));
+  // A serving codec alone (a full checkpoint of such a table) is format 3 too.
+  Manifest codec_only = sample();
+  codec_only.tables[0].config.serving_codec = EMBSTORE_CODEC_INT8;
+  CHECK(manifest_format_for(codec_only) == kManifestFormatVersion);
+  // Format 3 manifests written before values-only deltas have no serving_codec: none.
+  {
+    Manifest old_style = sample();
+    old_style.tables[0].config.value_codec = EMBSTORE_CODEC_LOSSLESS;
+    old_style.format_version = manifest_format_for(old_style);
+    REQUIRE(parse_manifest(edit(old_style, "\"serving_codec\": \"none\",", ""), &back, &detail) ==
+            0);
+    CHECK(back.tables[0].config.serving_codec == EMBSTORE_CODEC_NONE);
+  }
+
+  SECTION("in a full checkpoint") {
+    Manifest full = d;
+    full.full = true;
+    full.parent.reset();
+    full.parent_xxh3.reset();
+    CHECK(parse_error(format_manifest(full)).find("values-only files in a full checkpoint") !=
+          std::string::npos);
+  }
+  SECTION("one that is not its row file's copy, or lists other rows") {
+    CHECK(parse_error(edit(d, "serving-00000-of-00001", "serving-00001-of-00001"))
+              .find("is not the copy of") != std::string::npos);
+    CHECK(parse_error(edit(d, "serving-00000-of-00001", "shard-00000-of-00001"))
+              .find("is not the copy of") != std::string::npos);
+    Manifest rows = d;
+    rows.tables[0].serving[0].rows = 6;
+    CHECK(parse_error(format_manifest(rows)).find("holds 6 rows, its row file 7") !=
+          std::string::npos);
+    Manifest two = d;
+    two.tables[0].serving.push_back(two.tables[0].serving[0]);
+    CHECK(parse_error(format_manifest(two)).find("2 values-only files for 1 row files") !=
+          std::string::npos);
+  }
+  SECTION("with optimizer state, or not an array") {
+    Manifest state = d;
+    state.tables[0].serving[0].state_codec = Codec::kBf16;
+    CHECK(parse_error(format_manifest(state)).find("has a state codec") != std::string::npos);
+    CHECK(parse_error(edit(d, "\"serving_files\": [", "\"serving_files\": 5, \"x\": ["))
+              .find("is not an array") != std::string::npos);
+  }
+}
+
 TEST_CASE("manifest: JSON nested deeper than the limit is refused, not a crash", "[io][manifest]") {
   // nlohmann's dump recursed once a level: 100,000 levels overflowed the stack of every reader.
   for (const size_t depth : {size_t{kMaxManifestDepth} + 1, size_t{100000}}) {

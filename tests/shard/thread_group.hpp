@@ -111,11 +111,12 @@ std::vector<embstore_test::sharded::Outcome> on_ranks(int world, F&& body) {
   return outcomes;
 }
 
-// `writers` ranks (threads) train and checkpoint into dir (collective::write); the first failure
-// described, or "" when none failed.
-inline std::string write_checkpoint(int writers, const std::string& dir) {
+// `writers` ranks (threads) train and checkpoint into dir (collective::write, its
+// serving_deltas_rank); the first failure described, or "" when none failed.
+inline std::string write_checkpoint(int writers, const std::string& dir,
+                                    int serving_deltas_rank = -1) {
   for (const auto& o : on_ranks(writers, [&](embstore_store_config_t c, int r) {
-         return embstore_test::collective::write(c, r, writers, dir);
+         return embstore_test::collective::write(c, r, writers, dir, 1 << 30, serving_deltas_rank);
        })) {
     if (o.failures > 0) return "writer: " + o.first;
   }

@@ -6,13 +6,15 @@
 
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <string>
 #include <tuple>
 #include <vector>
 
-#include "cuda/row/codec.h"
+#include "io/codec/block_codec.hpp"
+#include "io/format/layout.hpp"
 #include "tests/tool/tool_fixtures.hpp"
 
 using namespace embstore_test;
@@ -24,8 +26,8 @@ namespace {
 constexpr uint32_t kDim = 32;
 constexpr int64_t kKeys = 3000;
 
-// A chain (full at 10, delta at 20) of two tables: "coded" (int8 values, bf16 state) and
-// "exact" (lossless both), both Adagrad.
+// A chain (full at 10, delta at 20) of two tables: "coded" (int8 values, bf16 state, values-only
+// deltas in bf16) and "exact" (lossless both, values-only deltas as floats), both Adagrad.
 class CodedChain {
  public:
   CodedChain() {
@@ -38,10 +40,12 @@ class CodedChain {
     embstore_checkpoint_policy_init(&p);
     p.max_chain_length = 0;
     p.rebaseline_fraction = 0;
+    p.serving_deltas = 1;
     ok(embstore_checkpoint_set_policy(store_, &p));
-    for (const auto& [name, values, state] :
-         {std::tuple{"coded", EMBSTORE_CODEC_INT8, EMBSTORE_CODEC_BF16},
-          std::tuple{"exact", EMBSTORE_CODEC_LOSSLESS, EMBSTORE_CODEC_LOSSLESS}}) {
+    for (const auto& [name, values, state, serving] :
+         {std::tuple{"coded", EMBSTORE_CODEC_INT8, EMBSTORE_CODEC_BF16, EMBSTORE_CODEC_BF16},
+          std::tuple{"exact", EMBSTORE_CODEC_LOSSLESS, EMBSTORE_CODEC_LOSSLESS,
+                     EMBSTORE_CODEC_NONE}}) {
       embstore_table_config_t c;
       embstore_table_config_init(&c);
       c.name = name;
@@ -51,6 +55,7 @@ class CodedChain {
       c.init_b = 0.05f;
       c.value_codec = values;
       c.state_codec = state;
+      c.serving_codec = serving;
       embstore_table_t* t = nullptr;
       ok(embstore_table_create(store_, &c, &t));
       tables_.push_back(t);
@@ -173,11 +178,42 @@ TEST_CASE("embstore-ckpt compact keeps the tables' codecs and restores what the 
   const std::vector<float> chain = restored_values(c.dir(), "coded", keys);
   const std::vector<float> compacted = restored_values(out, "coded", keys);
   REQUIRE(chain.size() == compacted.size());
-  bool within = true;
-  for (size_t i = 0; i < chain.size(); i += kDim) {
-    within = within && embstore::row::int8_row_within_bound(&chain[i], &compacted[i], kDim);
-  }
-  CHECK(within);
+  CHECK(embstore::io::within_bound(embstore::io::Codec::kInt8, chain.data(), compacted.data(),
+                                   keys.size(), kDim));
+  // A full checkpoint: the delta's values-only files are not carried over.
+  for (const embstore::io::TableEntry& e : m.tables) CHECK(e.serving.empty());
   const Result v = run_tool({"verify", out});
   CHECK(v.status == 0);
+}
+
+TEST_CASE(
+    "embstore-ckpt checks a delta's values-only files: a bad one is a warning, not a failure") {
+  CodedChain c;
+  const std::string delta = c.dir() + "/" + version_dir_name(20, false);
+  const Result ok_run = run_tool({"verify", c.dir()});
+  INFO(describe(ok_run));
+  REQUIRE(ok_run.status == 0);
+  CHECK(!contains(ok_run.out, "WARNING"));
+  const Result r = run_tool({"inspect", c.dir(), "--version", "latest", "--table", "coded"});
+  INFO(describe(r));
+  CHECK(line_starting(r.out, "serving") == "serving      values-only deltas in bf16");
+  CHECK(contains(line_starting(r.out, "rows"), "and 1 values-only file for followers"));
+
+  const std::string rel =
+      embstore::io::serving_file_path(embstore::io::kManifestFormatVersion, "coded", 0, 1);
+  SECTION("corrupt") {
+    std::fstream io(delta + "/" + rel, std::ios::in | std::ios::out | std::ios::binary);
+    REQUIRE(io.good());
+    io.seekp(100);
+    io.put('\x42');
+  }
+  SECTION("missing") { REQUIRE(std::remove((delta + "/" + rel).c_str()) == 0); }
+  const Result warned = run_tool({"verify", c.dir()});
+  INFO(describe(warned));
+  CHECK(warned.status == 0);  // a restore never reads it
+  CHECK(contains(warned.out, "WARNING " + version_dir_name(20, false) + ": values-only file"));
+  CHECK(contains(warned.out, rel));
+  const Result json = run_tool({"verify", c.dir(), "--json"});
+  CHECK(json.status == 0);
+  CHECK(contains(json.out, "\"serving_problems\""));
 }

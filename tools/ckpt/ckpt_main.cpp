@@ -365,7 +365,8 @@ nlohmann::json config_json(const io::TableEntry& table) {
           {"evict_idle_seconds", c.evict_idle_seconds},
           {"evict_when_full", c.evict_when_full != 0},
           {"value_codec", io::codec_name(static_cast<io::Codec>(c.value_codec))},
-          {"state_codec", io::codec_name(static_cast<io::Codec>(c.state_codec))}};
+          {"state_codec", io::codec_name(static_cast<io::Codec>(c.state_codec))},
+          {"serving_codec", io::codec_name(static_cast<io::Codec>(c.serving_codec))}};
 }
 
 // With json, one JSON object on stdout: the version, the table's configuration and its first
@@ -407,6 +408,7 @@ int cmd_inspect(const std::string& dir, const std::string& version_text,
            {"table", table->name},
            {"rows", table->rows},
            {"files", table->files.size()},
+           {"serving_files", table->serving.size()},
            {"config", config_json(*table)},
            {"first_rows", nlohmann::json::array()}};
   } else {
@@ -474,7 +476,11 @@ void print_table(const io::VersionDir& chosen, const io::Manifest& m, const io::
   fmt::print("version      {}  ({}, step {}, {})\n", chosen.name, m.full ? "full" : "delta",
              m.version, m.parent ? fmt::format("parent {}", *m.parent) : std::string("base"));
   fmt::print("table        {}\n", table.name);
-  fmt::print("rows         {}  ({})\n", table.rows, plural(table.files.size(), "file", "files"));
+  fmt::print("rows         {}  ({}{})\n", table.rows, plural(table.files.size(), "file", "files"),
+             table.serving.empty() ? std::string()
+                                   : fmt::format(", and {} for followers",
+                                                 plural(table.serving.size(), "values-only file",
+                                                        "values-only files")));
   fmt::print("dim          {}\n", c.dim);
   std::string hyper =
       fmt::format("learning_rate {:.9g}, weight_decay {:.9g}", c.learning_rate, c.weight_decay);
@@ -515,6 +521,10 @@ void print_table(const io::VersionDir& chosen, const io::Manifest& m, const io::
     fmt::print("codecs       values {}, state {}\n",
                io::codec_name(static_cast<io::Codec>(c.value_codec)),
                io::codec_name(static_cast<io::Codec>(c.state_codec)));
+  }
+  if (c.serving_codec != EMBSTORE_CODEC_NONE) {
+    fmt::print("serving      values-only deltas in {}\n",
+               io::codec_name(static_cast<io::Codec>(c.serving_codec)));
   }
   if (c.admit_after > 1) fmt::print("admission    after {} occurrences\n", c.admit_after);
   if (c.evict_idle_steps > 0 || c.evict_idle_seconds > 0 || c.evict_when_full != 0) {

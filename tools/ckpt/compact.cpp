@@ -110,6 +110,7 @@ io::TableEntry write_table(const RestorePlan& plan, const TablePlan& t,
   io::TableEntry e = source;
   e.rows = 0;
   e.files.clear();
+  e.serving.clear();  // a full checkpoint has no values-only files
   e.admission.clear();
   for (uint32_t r = 0; r < world; ++r) {
     const io::FileEntry entry = ranks[r]->rows_entry(source.name, *files[r]);
