@@ -1,6 +1,7 @@
 """Codecs through Python: create_table's value_codec and state_codec reach the checkpoint files, a
 restore gives lossless rows back bit for bit and int8 rows within half a step of each row's
-range, and codecs that are unknown, or int8 for the optimizer state, raise."""
+range, a follower reads values-only deltas in the table's serving_codec, and codecs that are
+unknown, or int8 for the optimizer state, raise."""
 
 import shutil
 import tempfile
@@ -45,6 +46,33 @@ class CodecsTest(unittest.TestCase):
                 err = np.abs(after.astype(np.float64) - before).max(axis=1)
                 self.assertTrue((err <= bound).all(), f"int8 error {err.max()} over its bound")
                 self.assertGreater(err.max(), 0)  # int8 is lossy: the rows did go through it
+
+    def test_followers_read_values_only_deltas_in_the_serving_codec(self):
+        out = f"{self.dir}/serving"
+        with embstore.Store("host") as store:
+            t = store.create_table("emb", 16, seed=9, serving_codec="bf16")
+            store.set_policy(serving_deltas=True)
+            keys = np.arange(300, dtype=np.int64)
+            t.lookup(keys, insert=True)
+            store.step(1)
+            store.checkpoint(out, "full", wait=True)
+            with embstore.Follower(out, lease_seconds=0) as follower:
+                t.apply_gradients(keys, np.full((300, 16), 0.5, dtype=np.float32))
+                store.step(2)
+                store.checkpoint(out, "incremental", wait=True)
+                self.assertEqual(follower.poll(), 2)
+                stats = follower.stats()
+                self.assertEqual(stats.serving_files_read, 1)
+                self.assertEqual(stats.serving_fallbacks, 0)
+                self.assertGreater(stats.delta_bytes_read, 0)
+                want = t.lookup(keys)
+                got = follower.lookup("emb", keys)
+                # bf16: each value within a relative 2^-8 of training's, and rounded.
+                np.testing.assert_allclose(got, want, rtol=2.0**-8, atol=0)
+                self.assertFalse(np.array_equal(got, want))
+        with self.assertRaises(embstore.InvalidArgumentError):
+            with embstore.Store("host") as store:
+                store.create_table("a", 8, serving_codec="zip")
 
     def test_bad_codecs_raise(self):
         with embstore.Store("host") as store:
