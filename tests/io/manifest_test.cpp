@@ -55,6 +55,15 @@ Manifest sample() {
   return m;
 }
 
+// sample() as a delta on version 12.
+Manifest sample_delta() {
+  Manifest d = sample();
+  d.full = false;
+  d.parent = 12;
+  d.parent_xxh3 = 0xabcdef0123456789ull;
+  return d;
+}
+
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
 std::string parse_error(const std::string& text) {
@@ -133,10 +142,7 @@ TEST_CASE("manifest: every field round-trips exactly", "[io][manifest]") {
 
 TEST_CASE("manifest: a delta names its parent's version, lineage and manifest checksum",
           "[io][manifest]") {
-  Manifest d = sample();
-  d.full = false;
-  d.parent = 12;
-  d.parent_xxh3 = 0xabcdef0123456789ull;
+  Manifest d = sample_delta();
   Manifest back;
   std::string detail;
   REQUIRE(parse_manifest(format_manifest(d), &back, &detail) == 0);
@@ -346,10 +352,7 @@ TEST_CASE("manifest: codecs round-trip in format 3 and are left out of format 2"
 
 TEST_CASE("manifest: a delta's values-only files round-trip in format 3, each its row file's copy",
           "[io][manifest]") {
-  Manifest d = sample();
-  d.full = false;
-  d.parent = 12;
-  d.parent_xxh3 = 0xabcdef0123456789ull;
+  Manifest d = sample_delta();
   d.tables[0].config.serving_codec = EMBSTORE_CODEC_BF16;
   d.tables[0].serving.push_back(
       {"tables/emb.v2-x/serving-00000-of-00001.rows", 4096, 7, 0x42ull, Codec::kLossless});
