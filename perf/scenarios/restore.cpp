@@ -47,7 +47,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/row/codec.h"
+#include "io/codec/block_codec.hpp"
 #include "perf/harness.hpp"
 #include "perf/report.hpp"
 #include "perf/zipf.hpp"
@@ -486,18 +486,9 @@ class RestoreScenario final : public Scenario {
   // is lossless, else within its bound (cuda/row/codec.h).
   static bool sample_matches(const CodecPair& pair, const std::vector<float>& got,
                              const std::vector<float>& want, uint32_t dim) {
-    if (pair.values <= EMBSTORE_CODEC_LOSSLESS) return got == want;
-    if (got.size() != want.size()) return false;
-    for (size_t r = 0; r < want.size(); r += dim) {
-      if (pair.values == EMBSTORE_CODEC_INT8) {
-        if (!row::int8_row_within_bound(&want[r], &got[r], dim)) return false;
-        continue;
-      }
-      for (uint32_t j = 0; j < dim; ++j) {
-        if (!row::bf16_within_bound(want[r + j], got[r + j])) return false;
-      }
-    }
-    return true;
+    return got.size() == want.size() &&
+           io::within_bound(static_cast<io::Codec>(pair.values), want.data(), got.data(),
+                            want.size() / dim, dim);
   }
 
   // The values of `keys` (find, no insert), on the host.

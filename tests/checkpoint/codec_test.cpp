@@ -4,8 +4,6 @@
 // beside a twin without (the same config and batches, so the same rows), and holds what a
 // restore gives back against the twin: bit for bit for lossless, within the codec's bound for
 // bf16 and int8.
-#include "cuda/row/codec.h"
-
 #include <embstore/embstore.h>
 
 #include <catch2/catch.hpp>
@@ -17,6 +15,7 @@
 #include <vector>
 
 #include "checkpoint_fixtures.hpp"
+#include "io/codec/block_codec.hpp"
 #include "io/format/manifest.hpp"
 
 using namespace embstore_test;
@@ -38,23 +37,9 @@ embstore_table_config_t coded_config(const char* name, embstore_codec_t values,
 // Whether got is what codec may make of want (rows of kDim floats or of width floats).
 bool within(embstore_codec_t codec, const std::vector<float>& want, const std::vector<float>& got,
             uint32_t width) {
-  if (want.size() != got.size()) return false;
-  if (codec == EMBSTORE_CODEC_NONE || codec == EMBSTORE_CODEC_LOSSLESS) {
-    return same_bits(want, got);
-  }
-  for (size_t i = 0; i < want.size(); i += width) {
-    for (uint32_t j = 0; j < width; ++j) {
-      if (codec == EMBSTORE_CODEC_BF16 &&
-          !embstore::row::bf16_within_bound(want[i + j], got[i + j])) {
-        return false;
-      }
-    }
-    if (codec == EMBSTORE_CODEC_INT8 &&
-        !embstore::row::int8_row_within_bound(&want[i], &got[i], width)) {
-      return false;
-    }
-  }
-  return true;
+  return want.size() == got.size() &&
+         embstore::io::within_bound(static_cast<embstore::io::Codec>(codec), want.data(),
+                                    got.data(), width == 0 ? 0 : want.size() / width, width);
 }
 
 // A row file's rows split into values and state, as read_rows decodes them.
@@ -232,8 +217,8 @@ TEST_CASE("codecs: a corrupt encoded block fails the restore, naming the file",
   flip_byte(table_file(dir.path(), v, "coded"), 64 + kKeys * 8 + 100);  // in a zstd frame
   embstore_store_t* back = make_store();
   uint64_t restored = 0;
-  require_status(embstore_restore(back, dir.path().c_str(), EMBSTORE_LATEST, &restored), EMBSTORE_CORRUPT,
-                 "shard-00000-of-00001.rows");
+  require_status(embstore_restore(back, dir.path().c_str(), EMBSTORE_LATEST, &restored),
+                 EMBSTORE_CORRUPT, "shard-00000-of-00001.rows");
   embstore_store_destroy(back);
   embstore_store_destroy(store);
 }

@@ -77,6 +77,55 @@ TEST_CASE("every codec round-trips blocks of every shape", "[codec]") {
   }
 }
 
+TEST_CASE("int8 blocks hold the bytes of the row arithmetic, whatever the CPU's vector width",
+          "[codec]") {
+  // BlockCodec runs int8 in AVX2 clones where the CPU has them (block_codec.cpp); this file's
+  // copy of cuda/row/codec.h is plain. Both, and the formula of the first int8 encoder
+  // (floor((x - offset) / scale + 0.5), clamped), must give the same bytes and the same floats.
+  constexpr uint32_t kWidth = 67;  // vector loops and their tails
+  std::vector<float> in = trained_rows(64, kWidth, 5);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> wide(-3e38f, 3e38f);
+  for (uint32_t k = 0; k < kWidth; ++k) {
+    in[1 * kWidth + k] = 0.25f;                                                // constant
+    in[2 * kWidth + k] = wide(rng);                                            // near FLT_MAX
+    in[3 * kWidth + k] = std::numeric_limits<float>::denorm_min() * float(k);  // subnormal
+    in[4 * kWidth + k] = k % 2 ? -0.0f : 0.0f;
+  }
+  in[5 * kWidth + 9] = std::numeric_limits<float>::quiet_NaN();
+  in[6 * kWidth + 3] = std::numeric_limits<float>::infinity();
+  in[7 * kWidth] = std::numeric_limits<float>::max();
+  in[7 * kWidth + 1] = -std::numeric_limits<float>::max();
+  BlockCodec c;
+  const std::vector<char> bytes = encode_ok(c, Codec::kInt8, in, 64, kWidth);
+  std::vector<float> out(in.size());
+  REQUIRE(c.decode(Codec::kInt8, bytes.data(), bytes.size(), 64, kWidth, out.data(), nullptr) == 0);
+  const auto* q = reinterpret_cast<const uint8_t*>(bytes.data() + 64 * 2 * sizeof(float));
+  for (uint32_t r = 0; r < 64; ++r) {
+    INFO("row " << r);
+    const float* x = in.data() + size_t{r} * kWidth;
+    std::vector<uint8_t> want(kWidth);
+    float scale = 0, offset = 0;
+    row::int8_encode_row(x, kWidth, want.data(), &scale, &offset);
+    float stored_scale = 0, stored_offset = 0;
+    std::memcpy(&stored_scale, bytes.data() + r * sizeof(float), sizeof(float));
+    std::memcpy(&stored_offset, bytes.data() + (64 + r) * sizeof(float), sizeof(float));
+    CHECK(std::memcmp(&stored_scale, &scale, sizeof(float)) == 0);
+    CHECK(std::memcmp(&stored_offset, &offset, sizeof(float)) == 0);
+    CHECK(std::memcmp(q + size_t{r} * kWidth, want.data(), kWidth) == 0);
+    if (scale > 0) {
+      for (uint32_t k = 0; k < kWidth; ++k) {
+        const double v = std::floor((static_cast<double>(x[k]) - offset) / scale + 0.5);
+        CHECK(want[k] == static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v)));
+      }
+    }
+    std::vector<float> decoded(kWidth);
+    row::int8_decode_row(want.data(), kWidth, scale, offset, decoded.data());
+    CHECK(std::memcmp(decoded.data(), out.data() + size_t{r} * kWidth, kWidth * sizeof(float)) ==
+          0);
+  }
+}
+
 TEST_CASE("lossless keeps every bit and shrinks trained rows", "[codec]") {
   BlockCodec c;
   std::vector<float> in = trained_rows(512, 64, 3);

@@ -132,23 +132,9 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 // Whether got is what codec may make of want (rows of width floats).
 bool within(Codec codec, const std::vector<float>& want, const std::vector<float>& got,
             uint32_t width) {
-  if (want.size() != got.size()) return false;
-  switch (codec) {
-    case Codec::kNone:
-    case Codec::kLossless:
-      return same_bits(want, got);
-    case Codec::kBf16:
-      for (size_t i = 0; i < want.size(); ++i) {
-        if (!embstore::row::bf16_within_bound(want[i], got[i])) return false;
-      }
-      return true;
-    case Codec::kInt8:
-      for (size_t i = 0; i < want.size(); i += width) {
-        if (!embstore::row::int8_row_within_bound(&want[i], &got[i], width)) return false;
-      }
-      return true;
-  }
-  return false;
+  return want.size() == got.size() &&
+         embstore::io::within_bound(codec, want.data(), got.data(),
+                                    width == 0 ? 0 : want.size() / width, width);
 }
 
 void put_u32(std::vector<char>* f, size_t at, uint32_t v) { std::memcpy(f->data() + at, &v, 4); }

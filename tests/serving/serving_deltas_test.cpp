@@ -162,7 +162,7 @@ TEST_CASE("Values-only deltas follow the policy: only deltas, only when asked, c
     // The trainer holds run.dir's writer lock: a chain of the restored store's own.
     const std::string dir = run.tmp.path() + "/again";
     uint64_t v = 0;
-    for (const auto [step, kind] :
+    for (const auto& [step, kind] :
          {std::pair{5, EMBSTORE_CKPT_FULL}, std::pair{6, EMBSTORE_CKPT_INCREMENTAL}}) {
       REQUIRE(embstore_step(restored, step) == EMBSTORE_OK);
       REQUIRE(embstore_checkpoint(restored, dir.c_str(), kind, &v) == EMBSTORE_OK);
