@@ -52,6 +52,16 @@ std::string size_mismatch(Codec codec, size_t size, size_t want, uint32_t rows, 
 // cuda/row/codec.h vectorize 4 doubles wide instead of SSE2's 2. The same IEEE operations in
 // either version (no FMA: CMakeLists.txt compiles this file with -ffp-contract=off), so the
 // same bytes.
+// Not under ThreadSanitizer: the clones' ifunc resolver runs before its runtime is up, and
+// every program then crashes at load.
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define EMBSTORE_NO_TARGET_CLONES
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define EMBSTORE_NO_TARGET_CLONES
+#endif
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && \
     !defined(EMBSTORE_NO_TARGET_CLONES)
 #define EMBSTORE_AVX2_CLONES __attribute__((target_clones("avx2", "default")))
