@@ -56,6 +56,18 @@ EMBSTORE_HD bool row_extent(const float* x, uint32_t n, float* lo, float* hi) {
     l[0] = l[k] < l[0] ? l[k] : l[0];
     h[0] = h[k] > h[0] ? h[k] : h[0];
   }
+  // One scan in order keeps the first of equal extremes; equal floats have the same bits but
+  // for the zeros, so an extreme of zero takes the sign of the row's first zero, as that scan
+  // gave it (the stored offset's bytes stay those of every earlier encoder).
+  if (l[0] == 0 || h[0] == 0) {
+    for (uint32_t j = 0; j < n; ++j) {
+      if (x[j] == 0) {
+        if (l[0] == 0) l[0] = x[j];
+        if (h[0] == 0) h[0] = x[j];
+        break;
+      }
+    }
+  }
   *lo = l[0];
   *hi = h[0];
   return non_finite == 0;

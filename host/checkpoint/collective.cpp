@@ -95,7 +95,8 @@ void check_same_table(const io::TableEntry& a, const io::TableEntry& b, size_t r
       a.state_dim != b.state_dim || a.config.admit_after != b.config.admit_after ||
       a.config.admit_bloom_bytes != b.config.admit_bloom_bytes ||
       a.config.value_codec != b.config.value_codec ||
-      a.config.state_codec != b.config.state_codec) {
+      a.config.state_codec != b.config.state_codec ||
+      a.config.serving_codec != b.config.serving_codec) {
     fail(EMBSTORE_INVALID_ARGUMENT,
          "table '{}' of rank {} differs from rank 0's (dim, optimizer, admission or codecs): every "
          "rank "

@@ -236,15 +236,17 @@ std::map<std::string, TableChanges> Follower::read_changes(const io::ChainLink& 
     if (!entry.serving.empty()) {
       int r = 0;
       std::string detail;
+      uint64_t bytes = 0;  // counted once all of them read: else their rows are dropped
       for (size_t k = 0; k < entry.serving.size() && r == 0; ++k) {
         const io::FileEntry& f = entry.serving[k];
         r = io::read_serving_file(link.path + "/" + f.path, f, entry, sink, &detail, kDeltaReads);
-        if (r == 0) {
-          delta_bytes_read_ += f.bytes;
-          ++serving_files_read_;
-        }
+        bytes += f.bytes;
       }
-      if (r == 0) continue;
+      if (r == 0) {
+        delta_bytes_read_ += bytes;
+        serving_files_read_ += entry.serving.size();
+        continue;
+      }
       ++serving_fallbacks_;
       std::fprintf(stderr, "embstore: follower of %s: %s; reading the whole delta instead\n",
                    options_.dir.c_str(), detail.c_str());

@@ -67,8 +67,8 @@ struct FollowerStats {
   // read it; the last, and over the last kLagWindow versions that polls made visible (not the
   // version loaded at create, which may be old).
   double last_lag_seconds = 0, lag_p50_seconds = 0, lag_p99_seconds = 0;
-  uint64_t delta_bytes_read = 0;    // bytes of deltas' row files that polls read
-  uint64_t serving_files_read = 0;  // values-only files among them (serving_deltas)
+  uint64_t delta_bytes_read = 0;    // bytes of the deltas' row files whose rows were applied
+  uint64_t serving_files_read = 0;  // values-only files whose rows were applied
   uint64_t serving_fallbacks = 0;   // values-only files that did not read: whole files instead
 };
 

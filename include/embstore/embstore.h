@@ -1119,8 +1119,8 @@ typedef struct embstore_follower_stats {
                                (median) */
   double lag_p99_seconds;  /**< the same, 99th percentile */
   /* Fields below came after 0.5; a caller built against an older header gets the others. */
-  uint64_t delta_bytes_read;   /**< bytes of deltas' row files that polls read */
-  uint64_t serving_files_read; /**< values-only files (serving_deltas) among them */
+  uint64_t delta_bytes_read;   /**< bytes of the deltas' row files whose rows polls applied */
+  uint64_t serving_files_read; /**< values-only files (serving_deltas) whose rows were applied */
   uint64_t serving_fallbacks;  /**< values-only files that did not read (missing, corrupt): the
                                    delta's whole files were read instead */
 } embstore_follower_stats_t;

@@ -62,7 +62,7 @@ std::string size_mismatch(Codec codec, size_t size, size_t want, uint32_t rows, 
 #if defined(__SANITIZE_THREAD__)
 #define EMBSTORE_NO_TARGET_CLONES
 #endif
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && \
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__GLIBC__) && \
     !defined(EMBSTORE_NO_TARGET_CLONES)
 #define EMBSTORE_AVX2_CLONES __attribute__((target_clones("avx2", "default")))
 #else

@@ -96,6 +96,13 @@ TEST_CASE("int8 blocks hold the bytes of the row arithmetic, whatever the CPU's 
   in[6 * kWidth + 3] = std::numeric_limits<float>::infinity();
   in[7 * kWidth] = std::numeric_limits<float>::max();
   in[7 * kWidth + 1] = -std::numeric_limits<float>::max();
+  // Zeros of both signs as a row's minimum (8, 9) or maximum (10, 11), in lanes and an order
+  // where four lanes of extremes would pick the other one than a scan in order.
+  for (uint32_t r = 8; r < 12; ++r) {
+    for (uint32_t k = 0; k < kWidth; ++k) in[r * kWidth + k] = r < 10 ? 0.5f + k : -0.5f - k;
+    in[r * kWidth + 2] = r % 2 ? -0.0f : 0.0f;
+    in[r * kWidth + 5] = r % 2 ? 0.0f : -0.0f;
+  }
   BlockCodec c;
   const std::vector<char> bytes = encode_ok(c, Codec::kInt8, in, 64, kWidth);
   std::vector<float> out(in.size());
@@ -112,6 +119,14 @@ TEST_CASE("int8 blocks hold the bytes of the row arithmetic, whatever the CPU's 
     std::memcpy(&stored_offset, bytes.data() + (64 + r) * sizeof(float), sizeof(float));
     CHECK(std::memcmp(&stored_scale, &scale, sizeof(float)) == 0);
     CHECK(std::memcmp(&stored_offset, &offset, sizeof(float)) == 0);
+    // The first encoder's extent: one scan in order, the first of equal extremes kept.
+    float first_lo = x[0];
+    bool finite = true;
+    for (uint32_t k = 0; k < kWidth; ++k) {
+      finite = finite && std::isfinite(x[k]);
+      first_lo = x[k] < first_lo ? x[k] : first_lo;
+    }
+    if (finite) CHECK(std::memcmp(&stored_offset, &first_lo, sizeof(float)) == 0);
     CHECK(std::memcmp(q + size_t{r} * kWidth, want.data(), kWidth) == 0);
     if (scale > 0) {
       for (uint32_t k = 0; k < kWidth; ++k) {

@@ -108,6 +108,13 @@ TEST_CASE("A follower reads the whole delta when a values-only file is corrupt o
   const embstore_follower_stats_t st = stats_of(f);
   CHECK(st.serving_fallbacks == 1);
   CHECK(st.serving_files_read == 1);  // "counted"'s
+  // The bytes of the files applied: "counted"'s copy and "items"'s whole file.
+  const embstore::io::Manifest m = manifest_of(dir + kDelta3);
+  uint64_t applied = 0;
+  for (const embstore::io::TableEntry& t : m.tables) {
+    applied += t.name == "items" ? t.files[0].bytes : t.serving[0].bytes;
+  }
+  CHECK(st.delta_bytes_read == applied);
   // A restore of the version never needed it.
   embstore_store_t* restored = host_store();
   CHECK(embstore_restore(restored, dir.c_str(), 3, nullptr) == EMBSTORE_OK);

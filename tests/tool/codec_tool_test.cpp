@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -216,4 +217,33 @@ TEST_CASE(
   const Result json = run_tool({"verify", c.dir(), "--json"});
   CHECK(json.status == 0);
   CHECK(contains(json.out, "\"serving_problems\""));
+}
+
+TEST_CASE("embstore-ckpt verify warns of a values-only file whose values are not its row file's") {
+  CodedChain c;
+  const std::string delta = c.dir() + "/" + version_dir_name(20, false);
+  embstore::io::Manifest m;
+  std::string detail;
+  REQUIRE(embstore::io::read_manifest(delta, &m, &detail) == 0);
+  embstore::io::TableEntry* exact = nullptr;
+  const embstore::io::TableEntry* coded = nullptr;
+  for (embstore::io::TableEntry& t : m.tables) {
+    if (t.name == "exact") exact = &t;
+    if (t.name == "coded") coded = &t;
+  }
+  REQUIRE(exact != nullptr);
+  REQUIRE(coded != nullptr);
+  // "coded"'s copy (the same keys, its values rounded to bf16) in place of "exact"'s, with a
+  // manifest that lists it: every checksum holds, the values do not.
+  const std::string path = exact->serving[0].path;
+  std::filesystem::copy_file(delta + "/" + coded->serving[0].path, delta + "/" + path,
+                             std::filesystem::copy_options::overwrite_existing);
+  exact->serving[0] = coded->serving[0];
+  exact->serving[0].path = path;
+  REQUIRE(embstore::io::write_manifest(delta, m) == 0);
+  const Result warned = run_tool({"verify", c.dir()});
+  INFO(describe(warned));
+  CHECK(warned.status == 0);
+  CHECK(contains(warned.out, "WARNING " + version_dir_name(20, false)));
+  CHECK(contains(warned.out, "values from row 0 on differ"));
 }

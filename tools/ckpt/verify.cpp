@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -265,57 +266,79 @@ nlohmann::json to_json(const Summary& s) {
           {"older_versions", s.older_versions}};
 }
 
-// A table's rows as one row file holds them, in file order (keys, kinds and values).
-struct FileRows {
-  std::vector<int64_t> keys;
-  std::vector<bool> tombstones;
-  std::vector<float> values;  // upserts' only, dim each
-};
-
-// Reads what verify checks of a values-only file and of its row file: 0, or -errno with detail.
-int read_file_rows(const std::string& path, const io::FileEntry& f, const io::TableEntry& e,
-                   bool serving, FileRows* out, std::string* detail) {
-  const io::RowSink collect = [&](const io::RowBlock& b, std::string*) {
-    const bool tombstone = b.kind == io::RowBlockKind::kTombstones;
-    out->keys.insert(out->keys.end(), b.keys, b.keys + b.rows);
-    out->tombstones.insert(out->tombstones.end(), b.rows, tombstone);
-    if (!tombstone) {
-      out->values.insert(out->values.end(), b.values, b.values + size_t{b.rows} * b.dim);
+// Compares a delta's values-only file with its row file, both read block by block in step (so
+// in constant memory, whatever the delta's size): "" when the copy holds the row file's rows in
+// its order (and, with check_values, values within codec's bound of the row file's), else what
+// differs. Both files have passed their own checks before.
+std::string compare_copy(const std::string& row_path, const std::string& copy_path, uint32_t dim,
+                         bool check_values, io::Codec codec) {
+  std::unique_ptr<io::RowFileReader> rows, copy;
+  if (int r = io::RowFileReader::open(row_path, {}, &rows); r < 0) {
+    return fmt::format("{}: {}", row_path, errno_text(r));
+  }
+  if (int r = io::RowFileReader::open(copy_path, {}, &copy); r < 0) {
+    return fmt::format("{}: {}", copy_path, errno_text(r));
+  }
+  io::RowBlock a, b;
+  uint32_t at_a = 0, at_b = 0;
+  bool more_a = true, more_b = true;
+  const auto next = [](io::RowFileReader& reader, io::RowBlock* block, uint32_t* at, bool* more,
+                       const std::string& path) -> std::string {
+    while (*more && *at == block->rows) {
+      const int r = reader.next_block(block);
+      if (r < 0) return fmt::format("{}: {}", path, errno_text(r));
+      *more = r == 1;
+      *at = 0;
+      if (!*more) block->rows = 0;
     }
-    return 0;
+    return "";
   };
-  return serving ? io::read_serving_file(path, f, e, collect, detail)
-                 : io::read_row_file(path, f, e, false, collect, detail);
+  for (uint64_t row = 0;;) {
+    if (std::string why = next(*rows, &a, &at_a, &more_a, row_path); !why.empty()) return why;
+    if (std::string why = next(*copy, &b, &at_b, &more_b, copy_path); !why.empty()) return why;
+    if (!more_a || !more_b) {
+      if (more_a == more_b) return "";
+      return fmt::format("{}: {} rows than {}", copy_path, more_a ? "fewer" : "more", row_path);
+    }
+    const uint32_t n = std::min(a.rows - at_a, b.rows - at_b);
+    if (a.kind != b.kind || !std::equal(a.keys + at_a, a.keys + at_a + n, b.keys + at_b)) {
+      return fmt::format("{}: its rows from row {} on are not those of {}", copy_path, row,
+                         row_path);
+    }
+    if (check_values && a.kind == io::RowBlockKind::kUpserts &&
+        !io::within_bound(codec, a.values + size_t{at_a} * dim, b.values + size_t{at_b} * dim, n,
+                          dim)) {
+      return fmt::format("{}: values from row {} on differ from {} past serving codec {}'s bound",
+                         copy_path, row, row_path, io::codec_name(codec));
+    }
+    at_a += n;
+    at_b += n;
+    row += n;
+  }
 }
 
 // What is wrong with the values-only files (serving_deltas) of the plan's version, if anything:
 // each must read with every check, and hold its row file's rows, in its order, with the values
 // within the table's serving codec's bound of the row file's (where those are exact: both copies
 // of a table with lossy values are rounded from the same floats, each in its own way). Restore
-// never reads them, so a problem here is a warning (followers read the whole delta instead), not a
-// failed version.
+// never reads them, so a problem here is a warning (followers read the whole delta instead), not
+// a failed version.
 std::vector<std::string> serving_problems(const RestorePlan& plan) {
   std::vector<std::string> problems;
   for (const io::TableEntry& e : plan.manifest().tables) {
     for (size_t k = 0; k < e.serving.size(); ++k) {
       const std::string path = plan.path() + "/" + e.serving[k].path;
-      FileRows want, got;
       std::string detail;
-      if (read_file_rows(plan.path() + "/" + e.files[k].path, e.files[k], e, false, &want,
-                         &detail) < 0) {
-        continue;  // the version fails: check() reports it
-      }
-      if (read_file_rows(path, e.serving[k], e, true, &got, &detail) < 0) {
+      if (io::read_serving_file(path, e.serving[k], e, nullptr, &detail) < 0) {
         problems.push_back(detail);
-      } else if (got.keys != want.keys || got.tombstones != want.tombstones) {
-        problems.push_back(fmt::format("{}: its rows are not those of {}", path, e.files[k].path));
-      } else if (io::codec_is_lossless(static_cast<io::Codec>(e.config.value_codec)) &&
-                 !io::within_bound(static_cast<io::Codec>(e.config.serving_codec),
-                                   want.values.data(), got.values.data(),
-                                   want.values.size() / e.config.dim, e.config.dim)) {
-        problems.push_back(fmt::format(
-            "{}: values differ from {} past serving codec {}'s bound", path, e.files[k].path,
-            io::codec_name(static_cast<io::Codec>(e.config.serving_codec))));
+        continue;
+      }
+      const io::Codec codec = static_cast<io::Codec>(e.config.serving_codec);
+      if (std::string why = compare_copy(
+              plan.path() + "/" + e.files[k].path, path, e.config.dim,
+              io::codec_is_lossless(static_cast<io::Codec>(e.config.value_codec)), codec);
+          !why.empty()) {
+        problems.push_back(why);
       }
     }
   }
