@@ -118,10 +118,6 @@ int add_serving_row(TableJob& t, int64_t key, const float* value) {
   return t.serving->add(key, value, nullptr);
 }
 
-}  // namespace
-
-namespace {
-
 // The writer thread of drain(): writes full chunks to the row files and frees them. It never
 // waits for a table, so a training call that waits for staging room (holding its table) always
 // gets it.
