@@ -519,6 +519,10 @@ embstore_status_t embstore_checkpoint_set_policy(embstore_store_t* store,
            policy->serving_deltas);
     }
     p.serving_deltas = policy->serving_deltas != 0;
+    if (policy->serving_dir != nullptr && *policy->serving_dir != '\0') {
+      if (!has_dir) fail(EMBSTORE_INVALID_ARGUMENT, "policy has a serving_dir but no dir");
+      p.serving_dir = policy->serving_dir;
+    }
     store->checkpointer->set_policy(std::move(p));
   });
 }
@@ -528,11 +532,16 @@ embstore_status_t embstore_checkpoint_stats(embstore_store_t* store,
   return guarded(__func__, [&] {
     require(store, "store");
     require(out, "out");
-    if (out->struct_size < sizeof(embstore_checkpoint_stats_t)) {
+    // 0.5's struct ended at deferred; later fields are filled where struct_size has room.
+    constexpr size_t kOldest = offsetof(embstore_checkpoint_stats_t, serving_published);
+    if (out->struct_size < kOldest) {
       fail(EMBSTORE_INVALID_ARGUMENT, "stats struct_size is {}, expected {}", out->struct_size,
            sizeof(embstore_checkpoint_stats_t));
     }
-    *out = store->checkpointer->stats();
+    const size_t size = std::min(out->struct_size, sizeof(embstore_checkpoint_stats_t));
+    embstore_checkpoint_stats_t stats = store->checkpointer->stats();
+    stats.struct_size = out->struct_size;
+    std::memcpy(out, &stats, size);
   });
 }
 

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "cuda/row/snapshot.h"
+#include "host/checkpoint/publish.hpp"
 #include "host/error.hpp"
 #include "io/engine/engine.hpp"
 #include "io/format/chain.hpp"
@@ -175,7 +176,7 @@ std::unique_ptr<Job> Checkpointer::plan(const std::string& dir, uint64_t version
   if (job->full) job->lineage = io::new_lineage();
   {
     std::lock_guard lock(mutex_);
-    job->serving = !job->full && schedule_.policy().serving_deltas;
+    job->serving = serving_copies(job->full, serving_mode(dir));
   }
   return job;
 }
@@ -302,7 +303,7 @@ embstore_status_t Checkpointer::run(Job& job, std::string* message) {
     std::lock_guard lock(mutex_);
     for (auto& [name, data] : job.attachments) attachments_.emplace(name, std::move(data));
   } else {
-    apply_retention(job);
+    after_commit(job);
   }
   return status;
 }
@@ -313,7 +314,9 @@ void Checkpointer::finish(Job& job, embstore_status_t status, const std::string&
   outcomes_.ended(job, status, message, Outcomes::info_of(job, ring_.get(), status == EMBSTORE_OK));
   if (status == EMBSTORE_OK) {
     if (job.full) {
-      chain_ = Chain{true, job.dir, job.version, true, job.lineage, job.xxh3, job.bytes, 0, 0};
+      chain_ = Chain{
+          true, job.dir, job.version, true, job.lineage, job.xxh3, job.bytes - job.serving_bytes,
+          0,    0};
     } else {
       chain_.version = job.version;
       chain_.full = false;
@@ -336,24 +339,44 @@ void Checkpointer::retire(const std::string& dir, const std::string& path) {
   }
 }
 
-void Checkpointer::apply_retention(const Job& job) {
+void Checkpointer::after_commit(const Job& job) {
   uint32_t keep = 0;
+  std::string serving_dir;
   {
     std::lock_guard lock(mutex_);
     if (!same_dir(schedule_.policy().dir, job.dir)) return;
     keep = schedule_.policy().keep_full;
+    serving_dir = schedule_.policy().serving_dir;
   }
+  apply_retention(job.dir, job.version, keep);
+  if (serving_dir.empty()) return;
+  std::string detail;
+  const int r = publish_serving(job.dir + "/" + io::version_dir_name(job.version, job.full),
+                                serving_dir, &detail);
+  {
+    std::lock_guard lock(mutex_);
+    ++(r == 0 ? serving_published_ : serving_skipped_);
+  }
+  if (r < 0) {
+    log_line(fmt::format("{} is committed, but not published to serving_dir '{}': {}{}", job.what(),
+                         serving_dir, detail.empty() ? errno_text(r) : detail,
+                         job.full ? "" : "; the next full checkpoint publishes again"));
+    return;
+  }
+  apply_retention(serving_dir, job.version, keep);
+}
+
+void Checkpointer::apply_retention(const std::string& dir, uint64_t newest, uint32_t keep) {
   if (keep == 0) return;
   std::vector<io::VersionDir> versions;
-  if (io::list_versions(job.dir, &versions) < 0) return;
+  if (io::list_versions(dir, &versions) < 0) return;
   // Only versions up to the one just written count: after a restore of an older version,
   // newer ones belong to an abandoned run and are neither counted nor deleted here. Only
   // committed checkpoints (a valid manifest) count towards keep_full.
   std::vector<uint64_t> fulls;
   for (const io::VersionDir& v : versions) {
     io::Manifest m;
-    if (v.full && v.version <= job.version &&
-        io::read_manifest(job.dir + "/" + v.name, &m, nullptr) == 0) {
+    if (v.full && v.version <= newest && io::read_manifest(dir + "/" + v.name, &m, nullptr) == 0) {
       fulls.push_back(v.version);
     }
   }
@@ -362,14 +385,24 @@ void Checkpointer::apply_retention(const Job& job) {
   std::vector<std::string> bad_leases;
   const uint64_t oldest_kept =
       std::min(fulls[fulls.size() - keep],
-               io::oldest_leased_version(job.dir, versions, io::wall_clock_ms(), &bad_leases));
+               io::oldest_leased_version(dir, versions, io::wall_clock_ms(), &bad_leases));
   for (const std::string& bad : bad_leases) log_line(fmt::format("ignored a lease: {}", bad));
   // Newest first: a delta goes before the versions it applies on, so that a crash half-way
   // leaves the older part of a chain, never a delta without its parent (the crash campaign
   // found that).
   for (auto v = versions.rbegin(); v != versions.rend(); ++v) {
-    if (v->version < oldest_kept) retire(job.dir, job.dir + "/" + v->name);
+    if (v->version < oldest_kept) retire(dir, dir + "/" + v->name);
   }
+}
+
+uint32_t Checkpointer::serving_mode(const std::string& dir) const {
+  const Policy& p = schedule_.policy();
+  return (p.serving_deltas ? kServingDeltas : 0u) |
+         (!p.serving_dir.empty() && same_dir(p.dir, dir) ? kServingPublish : 0u);
+}
+
+bool Checkpointer::serving_copies(bool full, uint32_t mode) {
+  return (mode & kServingPublish) != 0 || (!full && (mode & kServingDeltas) != 0);
 }
 
 // ---------------------------------------------------------------------- the store's calls --
@@ -430,6 +463,18 @@ void Checkpointer::set_policy(Policy policy) {
     // A sharded store's checkpoints are rank 0's to commit: it alone is the directory's writer.
     if (store_.rank() == 0) lock_dir(policy.dir);
   }
+  if (!policy.serving_dir.empty()) {
+    if (same_dir(policy.serving_dir, policy.dir)) {
+      fail(EMBSTORE_INVALID_ARGUMENT,
+           "policy serving_dir '{}' is its dir: a serving-only directory is a directory of its own",
+           policy.serving_dir);
+    }
+    if (int r = io::create_directories(policy.serving_dir); r < 0) {
+      fail(EMBSTORE_IO_ERROR, "cannot create serving_dir '{}': {}", policy.serving_dir,
+           errno_text(r));
+    }
+    if (store_.rank() == 0) lock_dir(policy.serving_dir);
+  }
   const bool scheduled = !policy.dir.empty() &&
                          (policy.full_every_steps != 0 || policy.incremental_every_steps != 0 ||
                           policy.full_every_seconds != 0 || policy.incremental_every_seconds != 0);
@@ -484,7 +529,10 @@ embstore_checkpoint_stats_t Checkpointer::stats() const {
     rings.seconds_total += now.seconds_total;
     rings.seconds_max = std::max(rings.seconds_max, now.seconds_max);
   }
-  return outcomes_.stats(rings, job_ != nullptr, schedule_.deferred());
+  embstore_checkpoint_stats_t stats = outcomes_.stats(rings, job_ != nullptr, schedule_.deferred());
+  stats.serving_published = serving_published_;
+  stats.serving_skipped = serving_skipped_;
+  return stats;
 }
 
 bool Checkpointer::info(uint64_t version, embstore_checkpoint_info_t* out) const {

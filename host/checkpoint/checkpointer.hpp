@@ -115,8 +115,18 @@ class Checkpointer {
   embstore_status_t run(Job& job, std::string* message);
   // Records job's outcome, moves the chain on, and lets the next job start.
   void finish(Job& job, embstore_status_t status, const std::string& message);
-  // Keeps the newest keep_full full checkpoints up to job's version in the policy's dir.
-  void apply_retention(const Job& job);
+  // After job committed into the policy's dir: retention there, then the publication to the
+  // policy's serving_dir (publish.hpp) and retention there. Nothing for another directory.
+  void after_commit(const Job& job);
+  // Keeps the newest keep full checkpoints up to version newest in dir (0: all), and the
+  // chains of followers' leases.
+  void apply_retention(const std::string& dir, uint64_t newest, uint32_t keep);
+  // Which values-only files a checkpoint into dir gets, by the policy (under mutex_): bits
+  // kServingDeltas (deltas get copies) and kServingPublish (every version gets them, for the
+  // serving_dir: dir is the policy's). A collective checkpoint carries rank 0's.
+  static constexpr uint32_t kServingDeltas = 1, kServingPublish = 2;
+  uint32_t serving_mode(const std::string& dir) const;
+  static bool serving_copies(bool full, uint32_t mode);
   // Deletes a version directory: renamed out of sight, then removed.
   void retire(const std::string& dir, const std::string& path);
   // Takes dir's writer lock unless this store holds it already; kept until the store is
@@ -162,6 +172,7 @@ class Checkpointer {
   Outcomes outcomes_;
   Schedule schedule_;
   Chain chain_;
+  uint64_t serving_published_ = 0, serving_skipped_ = 0;           // publications to serving_dir
   std::map<std::string, std::vector<char>> attachments_;           // for the next checkpoint
   std::map<std::string, std::vector<char>> restored_attachments_;  // of the last restore
 };

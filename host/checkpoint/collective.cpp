@@ -40,7 +40,7 @@ double seconds_since(Clock::time_point t) {
 struct Proposal {
   int32_t status = EMBSTORE_OK;
   uint32_t can_delta = 0;
-  uint32_t serving = 0;  // rank 0's policy decides whether deltas get values-only files
+  uint32_t serving = 0;  // rank 0's policy decides which versions get values-only files
   uint64_t version = 0;
   uint64_t parent = 0, parent_xxh3 = 0;
   uint64_t lineage = 0;      // of the chain a delta continues
@@ -136,7 +136,10 @@ uint64_t Checkpointer::start_collective(const std::string& dir, bool full, bool 
       mine.new_lineage = io::new_lineage();
     }
     mine.can_delta = job->parent.has_value();
-    mine.serving = job->serving ? 1 : 0;
+    {
+      std::lock_guard lock(mutex_);
+      mine.serving = serving_mode(dir);
+    }
     if (job->parent) {
       mine.parent = *job->parent;
       mine.parent_xxh3 = job->parent_xxh3;
@@ -172,7 +175,7 @@ uint64_t Checkpointer::start_collective(const std::string& dir, bool full, bool 
     job->full = true;
     job->lineage = plans[0].new_lineage;
   }
-  job->serving = !job->full && plans[0].serving != 0;
+  job->serving = serving_copies(job->full, plans[0].serving);
   job->rank = rank;
   job->world_size = world;
   job->from_policy = from_policy;
@@ -363,7 +366,7 @@ void Checkpointer::settle(bool block) {
     std::lock_guard lock(mutex_);
     for (auto& [name, data] : job->attachments) attachments_.emplace(name, std::move(data));
   } else if (rank == 0) {
-    apply_retention(*job);
+    after_commit(*job);
   }
   finish(*job, status, message);
 }

@@ -91,14 +91,13 @@ void open_files(Job& job) {
         r < 0) {
       fail(EMBSTORE_IO_ERROR, "{}", detail);
     }
-    if (!job.serving || job.full) continue;
+    if (!job.serving) continue;
     // BF16 for serving is the fewest bytes within bf16's bound: the values rounded here, then
     // stored losslessly, so that the zero low halves and the exponents compress away.
-    const bool round = t.spec.serving_codec == io::Codec::kBf16;
-    if (round) t.rounded.resize(t.spec.dim);
+    if (t.spec.serving_codec == io::Codec::kBf16) t.rounded.resize(t.spec.dim);
     if (int r = job.out->open_serving_rows(t.spec.name, t.spec.dim, t.captured, t.tombstones.size(),
                                            job.writer_options, &t.serving, &detail,
-                                           round ? io::Codec::kLossless : t.spec.serving_codec);
+                                           io::serving_storage_codec(t.spec.serving_codec));
         r < 0) {
       fail(EMBSTORE_IO_ERROR, "{}", detail);
     }

@@ -7,7 +7,7 @@
 //                 everything that can fail before anything is captured)
 //   capture       every table's rows, without a copy (calling thread)
 //   open_files    each table's tombstones and row file (worker: opening sets up io_uring),
-//                 and a delta's values-only file with serving_deltas
+//                 and the values-only file (serving_deltas, serving_dir)
 //   drain         captured rows through the staging ring into the row files: this thread
 //                 drains, a writer thread writes
 //   finish_rows   tombstones written, files durable, every captured row written once (in
@@ -48,7 +48,7 @@ struct TableJob {
   // Copy-on-write (training calls) and drain fill chunks apart: they may run at once.
   std::unique_ptr<StagingRing::Sink> sink, drain_sink;
   std::unique_ptr<io::RowFileWriter> writer;
-  // Deltas with serving_deltas: the values-only copy (ServingCopy in job.cpp).
+  // With Job::serving: the values-only copy of the row file.
   std::unique_ptr<io::RowFileWriter> serving;
   std::vector<float> rounded;  // a row's values rounded to bf16 for it (serving codec BF16)
   uint64_t captured = 0;
@@ -69,7 +69,8 @@ struct Job {
   uint64_t parent_xxh3 = 0;        // deltas: its manifest's checksum
   uint64_t lineage = 0;
   bool from_policy = false;
-  // Deltas: each table's rows also go to a values-only file in its serving codec.
+  // Each table's rows also go to a values-only file in its serving codec: deltas with
+  // serving_deltas, and every version of the policy's dir with a serving_dir (publish.hpp).
   bool serving = false;
   std::string dir;
   uint32_t rank = 0, world_size = 1;  // a collective checkpoint's, else 0 and 1

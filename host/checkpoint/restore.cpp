@@ -249,6 +249,7 @@ uint64_t Checkpointer::restore(const std::string& dir, uint64_t version) {
                    io::kManifestName);
     }
     plan = plan_version(checkpoints, chosen);
+    refuse_serving_only(*plan, "restore");
     r.plans.push_back(&*plan);
     for (const TablePlan& t : plan->tables) r.loads.push_back(TableLoad{&*plan, &t, false});
     r.step = plan->manifest().version;

@@ -51,7 +51,9 @@ RestorePlan plan_version(io::CheckpointDir& checkpoints, size_t index) {
     } catch (const Error& e) {
       fail(EMBSTORE_CORRUPT, "{}: table '{}': {}", manifest, t.name, e.what());
     }
-    if (p.spec.state_dim() != t.state_dim) {
+    // A serving-only version holds values only, whatever the optimizer (the parser checked).
+    const uint32_t state_dim = plan.manifest().serving_only ? 0 : p.spec.state_dim();
+    if (state_dim != t.state_dim) {
       fail(EMBSTORE_CORRUPT, "{}: table '{}' has state_dim {}, its optimizer needs {}", manifest,
            t.name, t.state_dim, p.spec.state_dim());
     }
@@ -63,6 +65,15 @@ RestorePlan plan_version(io::CheckpointDir& checkpoints, size_t index) {
     plan.tables.push_back(std::move(p));
   }
   return plan;
+}
+
+void refuse_serving_only(const RestorePlan& plan, const char* op) {
+  if (!plan.manifest().serving_only) return;
+  fail(EMBSTORE_INVALID_ARGUMENT,
+       "{}: version {} is of a serving-only directory (a policy's serving_dir): it holds values "
+       "without optimizer state, so {} cannot resume training from it; follow it with a "
+       "follower, or warm start from it with EMBSTORE_WARM_START_VALUES_ONLY",
+       plan.path(), plan.manifest().version, op);
 }
 
 void read_table(const RestorePlan& plan, const TablePlan& table,
@@ -82,7 +93,8 @@ void read_table(const RestorePlan& plan, const TablePlan& table,
 
 uint64_t rows_to_reserve(const RestorePlan& plan, const TablePlan& table) {
   // The smallest a row can be on disk: its key and its floats, without block headers.
-  const uint64_t row_bytes = 8 + uint64_t{table.spec.stride()} * 4;
+  // (values only in a serving-only version).
+  const uint64_t row_bytes = 8 + (uint64_t{table.spec.dim} + table.entry->state_dim) * 4;
   uint64_t fit = 0;
   for (const io::ChainLink& c : plan.chain) {
     for (const io::TableEntry& e : c.manifest->tables) {

@@ -72,6 +72,9 @@ size_t choose_version(const std::string& dir, uint64_t version, std::optional<bo
 
 // The plan of checkpoints->versions()[index]. Reads manifests only.
 RestorePlan plan_version(io::CheckpointDir& checkpoints, size_t index);
+// Throws Error(INVALID_ARGUMENT) when the plan's version is serving-only (values without
+// optimizer state): op ("restore", "warm start") cannot load training's state from it.
+void refuse_serving_only(const RestorePlan& plan, const char* op);
 
 // Hands sink the table's rows along the plan's chain (io::read_chain_rows: the newest row of
 // each key first, tombstoned keys left out; see io::ChainReadOptions), then requires

@@ -23,6 +23,8 @@ struct Policy {
   double rebaseline_fraction = 0.5;
   // Every delta also gets values-only files in each table's serving codec, for followers.
   bool serving_deltas = false;
+  // A serving-only directory each checkpoint of dir is published to (publish.hpp); empty: none.
+  std::string serving_dir;
 };
 
 class Schedule {

@@ -63,6 +63,7 @@ void Checkpointer::warm_start(const std::vector<WarmSource>& sources) {
       }
       plans.push_back(std::make_unique<RestorePlan>(plan_version(*dirs.back(), index)));
       const RestorePlan& plan = *plans.back();
+      if (!source.values_only) refuse_serving_only(plan, "a warm start with optimizer state");
       bool matched = false;
       for (const TablePlan& t : plan.tables) {
         if (!regexes[i].matches(t.entry->name)) continue;

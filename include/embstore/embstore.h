@@ -830,6 +830,16 @@ typedef struct embstore_checkpoint_policy {
       instead of the whole delta (docs/serving.md, "Values-only deltas"); restore and the tools
       never need it. 0 (default): none. With several ranks, rank 0's policy decides. */
   uint32_t serving_deltas;
+  /** A serving-only directory (docs/serving.md, "A serving-only directory"): after each
+      checkpoint of the policy's dir commits, its tables' values, without optimizer state and in
+      each table's serving_codec, are published here as a version of their own (full or delta,
+      as in dir; the values-only files are hard links where both directories share a file
+      system), for followers to follow; keep_full applies here too. Restores refuse it; a warm
+      start reads it with EMBSTORE_WARM_START_VALUES_ONLY. A failed publication never fails the
+      checkpoint: it is counted (embstore_checkpoint_stats_t::serving_skipped) and reported on
+      stderr, and the next full checkpoint publishes again. Must not be dir. NULL or "": none.
+      With several ranks, rank 0's policy decides, and it alone writes here. */
+  const char* serving_dir;
 } embstore_checkpoint_policy_t;
 
 /** Fills policy with: dir NULL, everything off, keep_full 0 (keep all). NULL is a no-op. */
@@ -872,10 +882,14 @@ typedef struct embstore_checkpoint_stats {
   double capture_seconds_last; /**< how long the last capture held the tables */
   uint64_t deltas_committed;   /**< of committed: incremental ones */
   uint64_t deferred;           /**< policy checkpoints deferred because one was in flight */
+  /* Fields below came after 0.5 (a smaller struct_size from before gets the fields above). */
+  uint64_t serving_published;  /**< versions published to the policy's serving_dir */
+  uint64_t serving_skipped;    /**< committed versions of the policy's dir not published there:
+                                    the publication failed, or a delta's parent is not there */
 } embstore_checkpoint_stats_t;
 
-/** Fills out with the store's checkpoint counters.
-    @return OK; INVALID_ARGUMENT (NULL pointer, struct_size too small). */
+/** Fills out with the store's checkpoint counters (as many as its struct_size holds).
+    @return OK; INVALID_ARGUMENT (NULL pointer, struct_size smaller than 0.5's struct). */
 EMBSTORE_API embstore_status_t embstore_checkpoint_stats(embstore_store_t* store,
                                                          embstore_checkpoint_stats_t* out);
 

@@ -64,6 +64,13 @@ int check_link(const Manifest& child, const Manifest& parent, std::string* why) 
                     "another run's version",
                     parent.version, parent.lineage, child.lineage));
   }
+  if (child.serving_only != parent.serving_only) {
+    return broken(
+        fmt::format("parent version {} is {}serving-only, the delta is {}: not of one "
+                    "directory",
+                    parent.version, parent.serving_only ? "" : "not ",
+                    child.serving_only ? "serving-only" : "not"));
+  }
   if (child.parent_xxh3 && *child.parent_xxh3 != parent.xxh3) {
     return broken(
         fmt::format("parent version {} has manifest checksum {:016x}, the delta was "

@@ -222,12 +222,31 @@ json manifest_json(const Manifest& m) {
     j["lineage"] = hex64(m.lineage);
     j["parent_manifest_xxh3"] = m.parent_xxh3 ? json(hex64(*m.parent_xxh3)) : json(nullptr);
   }
+  if (m.format_version >= 3 && m.serving_only) j["serving_only"] = true;
   return j;
 }
 
 uint64_t body_checksum(const json& body) {
   const std::string text = body.dump();
   return XXH3_64bits(text.data(), text.size());
+}
+
+// A serving-only version's table holds values only: what a reader would otherwise expect of
+// it (state, admission counts) is not there, and saying otherwise is a forged manifest.
+void check_serving_only(const TableEntry& e) {
+  if (e.state_dim != 0 || !e.state_layout.empty()) {
+    throw Bad("table '" + e.name + "': state_dim " + std::to_string(e.state_dim) +
+              " in a serving-only version (values only: 0)");
+  }
+  if (!e.admission.empty()) {
+    throw Bad("table '" + e.name + "': admission counts in a serving-only version");
+  }
+  for (const FileEntry& f : e.files) {
+    if (f.state_codec != Codec::kNone) {
+      throw Bad("table '" + e.name + "': row file '" + printable(f.path) +
+                "' has a state codec in a serving-only version");
+    }
+  }
 }
 
 struct FdCloser {
@@ -240,6 +259,7 @@ struct FdCloser {
 }  // namespace
 
 uint32_t manifest_format_for(const Manifest& m) {
+  if (m.serving_only) return kManifestFormatVersion;
   for (const TableEntry& t : m.tables) {
     if (t.config.value_codec != EMBSTORE_CODEC_NONE ||
         t.config.state_codec != EMBSTORE_CODEC_NONE ||
@@ -335,6 +355,11 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
         throw Bad("'parent_manifest_xxh3' does not match 'kind'");
       }
     }
+    if (m.format_version >= 3 && j.contains("serving_only")) {
+      const json& flag = member(j, "serving_only");
+      if (!flag.is_boolean()) throw Bad("'serving_only' is not a boolean");
+      m.serving_only = flag.get<bool>();
+    }
     const json& tables = member(j, "tables");
     if (!tables.is_array()) throw Bad("'tables' is not an array");
     for (const json& t : tables) {
@@ -400,7 +425,9 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
         if (!serving.is_array()) {
           throw Bad("'serving_files' of table '" + e.name + "' is not an array");
         }
-        if (m.full) throw Bad("table '" + e.name + "': values-only files in a full checkpoint");
+        if (m.serving_only) {
+          throw Bad("table '" + e.name + "': values-only copies in a serving-only version");
+        }
         for (const json& f : serving) e.serving.push_back(file_from(f, m.format_version));
         // Each the copy of the row file at its index (check_layout checks the paths).
         if (e.serving.size() != e.files.size()) {
@@ -433,7 +460,8 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
       }
       // A Bloom filter's counts file is its header and the whole filter: a manifest asking for
       // a filter its files cannot hold is forged or damaged (before anything is allocated).
-      if (e.config.admit_bloom_bytes != 0) {
+      // A serving-only version has no counts, and nothing reads a filter from it.
+      if (e.config.admit_bloom_bytes != 0 && !m.serving_only) {
         if (e.admission.empty()) {
           throw Bad("table '" + e.name + "': admit_bloom_bytes " +
                     std::to_string(e.config.admit_bloom_bytes) + " but no counts file");
@@ -446,6 +474,7 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
           }
         }
       }
+      if (m.serving_only) check_serving_only(e);
       m.tables.push_back(std::move(e));
     }
     const json& attachments = member(j, "attachments");
@@ -459,6 +488,9 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
         throw Bad("attachment '" + e.name + "' has a 'rank' in a checkpoint of one rank");
       }
       m.attachments.push_back(std::move(e));
+    }
+    if (m.serving_only && !m.attachments.empty()) {
+      throw Bad("attachments in a serving-only version");
     }
     std::string why;
     if (check_layout(m, &why) < 0) throw Bad(why);

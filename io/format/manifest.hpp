@@ -85,14 +85,19 @@ struct Manifest {
   // Deltas, format 2: the manifest_xxh3 of the parent's manifest, so that a delta names the
   // exact version it applies on, not merely its number.
   std::optional<uint64_t> parent_xxh3;
+  // A version of a serving-only directory (format 3, "serving_only": true; the policy's
+  // serving_dir): its row files hold values without optimizer state (state_dim 0, in each
+  // table's serving codec), it has no values-only copies, admission counts or attachments, and
+  // only followers and a values-only warm start read it.
+  bool serving_only = false;
   std::vector<TableEntry> tables;
   std::vector<AttachmentEntry> attachments;
   // This manifest's own manifest_xxh3: set by parse_manifest and format_manifest, not stored.
   uint64_t xxh3 = 0;
 };
 
-// The format a writer gives m: kManifestFormatVersion when a table or file of m uses a codec or
-// a table has values-only files, else kPlainManifestFormatVersion.
+// The format a writer gives m: kManifestFormatVersion when a table or file of m uses a codec, a
+// table has values-only files or m is serving-only, else kPlainManifestFormatVersion.
 uint32_t manifest_format_for(const Manifest& m);
 
 // A new chain's lineage: random, never 0 (0 means "unknown", as in format 1).

@@ -80,7 +80,7 @@ class CheckpointPolicy(ctypes.Structure):
                 ("incremental_every_steps", c_uint64), ("full_every_seconds", c_double),
                 ("incremental_every_seconds", c_double), ("keep_full", c_uint32),
                 ("max_chain_length", c_uint32), ("rebaseline_fraction", c_double),
-                ("serving_deltas", c_uint32)]
+                ("serving_deltas", c_uint32), ("serving_dir", c_char_p)]
 
 
 class CheckpointStats(ctypes.Structure):
@@ -89,7 +89,8 @@ class CheckpointStats(ctypes.Structure):
                 ("bytes_written", c_uint64), ("copy_on_write_rows", c_uint64),
                 ("stall_seconds_total", c_double), ("stall_seconds_max", c_double),
                 ("capture_seconds_last", c_double), ("deltas_committed", c_uint64),
-                ("deferred", c_uint64)]
+                ("deferred", c_uint64), ("serving_published", c_uint64),
+                ("serving_skipped", c_uint64)]
 
 
 class CheckpointInfo(ctypes.Structure):

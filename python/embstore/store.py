@@ -96,6 +96,8 @@ class CheckpointStats:
     capture_seconds_last: float
     deltas_committed: int
     deferred: int
+    serving_published: int
+    serving_skipped: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,10 +339,13 @@ class Store(Owner):
 
     def set_policy(self, dir=None, *, full_every_steps=0, incremental_every_steps=0,
                    full_every_seconds=0.0, incremental_every_seconds=0.0, keep_full=0,
-                   max_chain_length=32, rebaseline_fraction=0.5, serving_deltas=False):
+                   max_chain_length=32, rebaseline_fraction=0.5, serving_deltas=False,
+                   serving_dir=None):
         """Replaces the checkpoint policy (embstore_checkpoint_set_policy); set_policy() with no
         dir and nothing scheduled turns it off. serving_deltas: every delta also gets values-only
-        files, in each table's serving_codec, that followers read instead."""
+        files, in each table's serving_codec, that followers read instead. serving_dir: a
+        serving-only directory that every checkpoint of dir is published to, values only, for
+        followers (docs/serving.md, "A serving-only directory")."""
         p = _lib.CheckpointPolicy()
         _lib.checkpoint_policy_init(ctypes.byref(p))
         p.dir = _path_bytes(dir, "dir") if dir is not None else None  # copied by the library
@@ -354,6 +359,7 @@ class Store(Owner):
                                       maximum=2**32 - 1)
         p.rebaseline_fraction = float(rebaseline_fraction)
         p.serving_deltas = 1 if serving_deltas else 0
+        p.serving_dir = _path_bytes(serving_dir, "serving_dir") if serving_dir is not None else None
         check(self._call(_lib.checkpoint_set_policy, ctypes.byref(p)),
               "embstore_checkpoint_set_policy")
 

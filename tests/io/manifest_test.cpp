@@ -15,6 +15,7 @@
 #include <string>
 
 #include "io/engine/regular_file.hpp"
+#include "io/format/chain.hpp"
 #include "tests/io/io_fixtures.hpp"
 
 using namespace embstore::io;
@@ -381,13 +382,13 @@ TEST_CASE("manifest: a delta's values-only files round-trip in format 3, each it
     CHECK(back.tables[0].config.serving_codec == EMBSTORE_CODEC_NONE);
   }
 
-  SECTION("in a full checkpoint") {
+  SECTION("in a full checkpoint (a policy with a serving_dir publishes fulls too)") {
     Manifest full = d;
     full.full = true;
     full.parent.reset();
     full.parent_xxh3.reset();
-    CHECK(parse_error(format_manifest(full)).find("values-only files in a full checkpoint") !=
-          std::string::npos);
+    REQUIRE(parse_manifest(format_manifest(full), &back, &detail) == 0);
+    CHECK(back.tables[0].serving.size() == 1);
   }
   SECTION("one that is not its row file's copy, or lists other rows") {
     CHECK(parse_error(edit(d, "serving-00000-of-00001", "serving-00001-of-00001"))
@@ -409,6 +410,77 @@ TEST_CASE("manifest: a delta's values-only files round-trip in format 3, each it
     CHECK(parse_error(format_manifest(state)).find("has a state codec") != std::string::npos);
     CHECK(parse_error(edit(d, "\"serving_files\": [", "\"serving_files\": 5, \"x\": ["))
               .find("is not an array") != std::string::npos);
+  }
+}
+
+// A serving-only version (the policy's serving_dir): values only, nothing else.
+Manifest serving_only_sample() {
+  Manifest m = sample_delta();
+  m.serving_only = true;
+  m.attachments.clear();
+  TableEntry& t = m.tables[0];
+  t.admission.clear();
+  t.state_dim = 0;
+  t.state_layout.clear();
+  t.files[0].value_codec = Codec::kLossless;
+  m.format_version = manifest_format_for(m);
+  return m;
+}
+
+TEST_CASE("manifest: a serving-only version round-trips in format 3 and holds values only",
+          "[io][manifest]") {
+  const Manifest m = serving_only_sample();
+  CHECK(m.format_version == kManifestFormatVersion);
+  Manifest back;
+  std::string detail;
+  REQUIRE(parse_manifest(format_manifest(m), &back, &detail) == 0);
+  CHECK(back.serving_only);
+  CHECK(back.tables[0].state_dim == 0);
+  CHECK(format_manifest(back) == format_manifest(m));
+  // Without the member (every manifest before it): not serving-only.
+  REQUIRE(parse_manifest(format_manifest(sample()), &back, &detail) == 0);
+  CHECK_FALSE(back.serving_only);
+  CHECK(parse_error(edit(m, "\"serving_only\": true", "\"serving_only\": 1"))
+            .find("'serving_only' is not a boolean") != std::string::npos);
+
+  SECTION("optimizer state, counts, attachments or copies are refused") {
+    Manifest state = m;
+    state.tables[0].state_dim = 28;
+    CHECK(parse_error(format_manifest(state)).find("state_dim 28 in a serving-only version") !=
+          std::string::npos);
+    Manifest layout = m;
+    layout.tables[0].state_layout = state_layout(EMBSTORE_OPT_ADAM);
+    CHECK(parse_error(format_manifest(layout)).find("in a serving-only version") !=
+          std::string::npos);
+    Manifest codec = m;
+    codec.tables[0].files[0].state_codec = Codec::kBf16;
+    CHECK(parse_error(format_manifest(codec)).find("has a state codec in a serving-only") !=
+          std::string::npos);
+    Manifest counts = m;
+    counts.tables[0].admission = sample().tables[0].admission;
+    CHECK(parse_error(format_manifest(counts)).find("admission counts in a serving-only") !=
+          std::string::npos);
+    Manifest attached = m;
+    attached.attachments = sample().attachments;
+    CHECK(parse_error(format_manifest(attached)).find("attachments in a serving-only") !=
+          std::string::npos);
+    Manifest copies = m;
+    copies.tables[0].serving.push_back(
+        {"tables/emb.v2-x/serving-00000-of-00001.rows", 4096, 7, 0x42ull, Codec::kLossless});
+    CHECK(parse_error(format_manifest(copies)).find("values-only copies in a serving-only") !=
+          std::string::npos);
+  }
+  SECTION("a chain does not mix serving-only versions with a checkpoint's") {
+    Manifest parent = sample();
+    parent.version = 12;
+    format_manifest(parent, &parent.xxh3);
+    Manifest child = m;
+    child.parent_xxh3 = parent.xxh3;
+    std::string why;
+    CHECK(check_link(child, parent, &why) == -EBADMSG);
+    CHECK(why.find("serving-only") != std::string::npos);
+    parent.serving_only = true;
+    CHECK(check_link(child, parent, &why) == 0);
   }
 }
 

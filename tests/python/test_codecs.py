@@ -74,6 +74,28 @@ class CodecsTest(unittest.TestCase):
             with embstore.Store("host") as store:
                 store.create_table("a", 8, serving_codec="zip")
 
+    def test_a_serving_dir_gets_each_checkpoint_values_only(self):
+        out, serving = f"{self.dir}/ckpt", f"{self.dir}/serving-only"
+        with embstore.Store("host") as store:
+            t = store.create_table("emb", 16, seed=9, optimizer="adagrad")
+            store.set_policy(out, serving_dir=serving)
+            keys = np.arange(300, dtype=np.int64)
+            t.lookup(keys, insert=True)
+            store.step(1)
+            store.checkpoint(out, "full", wait=True)
+            with embstore.Follower(serving, lease_seconds=0) as follower:
+                t.apply_gradients(keys, np.full((300, 16), 0.5, dtype=np.float32))
+                store.step(2)
+                store.checkpoint(out, "incremental", wait=True)
+                self.assertEqual(follower.poll(), 2)
+                np.testing.assert_array_equal(follower.lookup("emb", keys), t.lookup(keys))
+            stats = store.checkpoint_stats()
+            self.assertEqual(stats.serving_published, 2)
+            self.assertEqual(stats.serving_skipped, 0)
+        with embstore.Store("host") as back:
+            with self.assertRaises(embstore.InvalidArgumentError):
+                back.restore(serving)
+
     def test_bad_codecs_raise(self):
         with embstore.Store("host") as store:
             with self.assertRaises(embstore.InvalidArgumentError):

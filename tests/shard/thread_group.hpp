@@ -114,9 +114,11 @@ std::vector<embstore_test::sharded::Outcome> on_ranks(int world, F&& body) {
 // `writers` ranks (threads) train and checkpoint into dir (collective::write, its
 // serving_deltas_rank); the first failure described, or "" when none failed.
 inline std::string write_checkpoint(int writers, const std::string& dir,
-                                    int serving_deltas_rank = -1) {
+                                    int serving_deltas_rank = -1,
+                                    const std::string& serving_dir = "") {
   for (const auto& o : on_ranks(writers, [&](embstore_store_config_t c, int r) {
-         return embstore_test::collective::write(c, r, writers, dir, 1 << 30, serving_deltas_rank);
+         return embstore_test::collective::write(c, r, writers, dir, 1 << 30, serving_deltas_rank,
+                                                 serving_dir);
        })) {
     if (o.failures > 0) return "writer: " + o.first;
   }

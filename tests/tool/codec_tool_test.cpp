@@ -29,10 +29,13 @@ constexpr int64_t kKeys = 3000;
 
 // A chain (full at 10, delta at 20) of two tables: "coded" (int8 values, bf16 state, values-only
 // deltas in bf16) and "exact" (lossless both, values-only deltas as floats), both Adagrad.
+// publish: the policy's dir is the chain's, and it publishes to serving() (a serving-only
+// directory).
 class CodedChain {
  public:
-  CodedChain() {
+  explicit CodedChain(bool publish = false) {
     dir_ = tmp_.path() + "/ckpt";
+    serving_ = tmp_.path() + "/serving";
     embstore_store_config_t sc;
     embstore_store_config_init(&sc);
     sc.backend = EMBSTORE_BACKEND_HOST;
@@ -42,6 +45,10 @@ class CodedChain {
     p.max_chain_length = 0;
     p.rebaseline_fraction = 0;
     p.serving_deltas = 1;
+    if (publish) {
+      p.dir = dir_.c_str();
+      p.serving_dir = serving_.c_str();
+    }
     ok(embstore_checkpoint_set_policy(store_, &p));
     for (const auto& [name, values, state, serving] :
          {std::tuple{"coded", EMBSTORE_CODEC_INT8, EMBSTORE_CODEC_BF16, EMBSTORE_CODEC_BF16},
@@ -69,6 +76,7 @@ class CodedChain {
   ~CodedChain() { embstore_store_destroy(store_); }
 
   const std::string& dir() const { return dir_; }
+  const std::string& serving() const { return serving_; }
 
  private:
   void train(uint64_t step, int64_t keys) {
@@ -91,7 +99,7 @@ class CodedChain {
   }
 
   TempDir tmp_;
-  std::string dir_;
+  std::string dir_, serving_;
   embstore_store_t* store_ = nullptr;
   std::vector<embstore_table_t*> tables_;
 };
@@ -246,4 +254,47 @@ TEST_CASE("embstore-ckpt verify warns of a values-only file whose values are not
   CHECK(warned.status == 0);
   CHECK(contains(warned.out, "WARNING " + version_dir_name(20, false)));
   CHECK(contains(warned.out, "values from row 0 on differ"));
+}
+
+TEST_CASE("embstore-ckpt reads a serving-only directory as one: listed, verified, compacted") {
+  CodedChain c(/*publish=*/true);
+  const Result listed = run_tool({"ls", c.serving()});
+  INFO(describe(listed));
+  REQUIRE(listed.status == 0);
+  CHECK(columns(line_starting(listed.out, version_dir_name(20, false)))[9] == "serving-only");
+  const Result verified = run_tool({"verify", c.serving()});
+  INFO(describe(verified));
+  CHECK(verified.status == 0);
+  CHECK(contains(line_starting(verified.out, "OK " + version_dir_name(20, false)),
+                 "serves 6600 rows with 1 older version  serving-only"));
+  const Result inspected =
+      run_tool({"inspect", c.serving(), "--version", "latest", "--table", "coded"});
+  CHECK(contains(line_starting(inspected.out, "version"), "serving-only"));
+  CHECK(line_starting(inspected.out, "state") == "state        state_dim 0  (no state)");
+  // A compacted serving chain is a serving-only full: followers read it, restores refuse it.
+  TempDir tmp;
+  const std::string out = tmp.path() + "/compacted";
+  const Result r = run_tool({"compact", c.serving(), "--version", "latest", "--out", out});
+  INFO(describe(r));
+  REQUIRE(r.status == 0);
+  embstore::io::Manifest m;
+  std::string detail;
+  REQUIRE(embstore::io::read_manifest(out + "/" + version_dir_name(20, true), &m, &detail) == 0);
+  CHECK(m.serving_only);
+  for (const embstore::io::TableEntry& e : m.tables) {
+    // In the serving codec (coded: bf16, stored as rounded floats), not the checkpoint's.
+    CHECK(e.files[0].value_codec ==
+          (e.name == "coded" ? embstore::io::Codec::kLossless : embstore::io::Codec::kNone));
+    CHECK(e.files[0].state_codec == embstore::io::Codec::kNone);
+  }
+  CHECK(run_tool({"verify", out}).status == 0);
+  CHECK(!restores(out, 20));
+  // export writes no state file for it.
+  const std::string prefix = tmp.path() + "/exported";
+  const Result e =
+      run_tool({"export", c.serving(), "--version", "latest", "--table", "exact", "--out", prefix});
+  INFO(describe(e));
+  CHECK(e.status == 0);
+  CHECK(std::filesystem::exists(prefix + ".values.npy"));
+  CHECK(!std::filesystem::exists(prefix + ".state.npy"));
 }

@@ -259,7 +259,13 @@ int cmd_ls(const std::string& dir, bool json) {
                            : fmt::format("{}: {}", names.size(), join(names, ", "));
     };
     // What restore checks before it reads rows (verify reads them too).
-    const std::string problem = restore_problem(checkpoints, i);
+    std::string problem = restore_problem(checkpoints, i);
+    const bool serves = problem.empty() && m.serving_only;  // a follower reads it
+    if (serves) {
+      problem =
+          "serving-only (values without optimizer state): followers and values-only warm "
+          "starts read it";
+    }
     const bool restorable = problem.empty();
     nlohmann::json attachments = nlohmann::json::array();
     for (const io::AttachmentEntry& a : m.attachments) {
@@ -276,11 +282,16 @@ int cmd_ls(const std::string& dir, bool json) {
                       {"parent_present", !m.parent || have_version(*m.parent)},
                       {"restorable", restorable},
                       {"problem", restorable ? nlohmann::json() : nlohmann::json(problem)},
-                      {"world_size", m.world_size}});
+                      {"world_size", m.world_size},
+                      {"serving_only", m.serving_only}});
     rows.push_back({v.name, std::to_string(m.version), m.full ? "full" : "delta",
                     std::to_string(m.version), fmt::format("{} ({})", bytes, human(bytes)),
                     counted(table_names), std::to_string(table_rows), counted(attachment_names),
-                    chain, restorable ? "yes" : "no", std::to_string(m.world_size)});
+                    chain,
+                    restorable ? "yes"
+                    : serves   ? "serving-only"
+                               : "no",
+                    std::to_string(m.world_size)});
     notes.emplace_back();
   }
 
@@ -409,6 +420,7 @@ int cmd_inspect(const std::string& dir, const std::string& version_text,
            {"rows", table->rows},
            {"files", table->files.size()},
            {"serving_files", table->serving.size()},
+           {"serving_only", m.serving_only},
            {"config", config_json(*table)},
            {"first_rows", nlohmann::json::array()}};
   } else {
@@ -473,8 +485,9 @@ int cmd_inspect(const std::string& dir, const std::string& version_text,
 // inspect's text: the version and the table's configuration.
 void print_table(const io::VersionDir& chosen, const io::Manifest& m, const io::TableEntry& table) {
   const embstore_table_config_t& c = table.config;
-  fmt::print("version      {}  ({}, step {}, {})\n", chosen.name, m.full ? "full" : "delta",
-             m.version, m.parent ? fmt::format("parent {}", *m.parent) : std::string("base"));
+  fmt::print("version      {}  ({}, step {}, {}{})\n", chosen.name, m.full ? "full" : "delta",
+             m.version, m.parent ? fmt::format("parent {}", *m.parent) : std::string("base"),
+             m.serving_only ? "; serving-only: values without optimizer state" : "");
   fmt::print("table        {}\n", table.name);
   fmt::print("rows         {}  ({}{})\n", table.rows, plural(table.files.size(), "file", "files"),
              table.serving.empty() ? std::string()

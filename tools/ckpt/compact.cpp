@@ -76,8 +76,13 @@ io::TableEntry write_table(const RestorePlan& plan, const TablePlan& t,
       rank_writer_options(world, rows_per_rank, source.config.dim, source.state_dim);
   // The table's codecs: rows a lossy codec rounded are encoded again (bf16 gives them back
   // unchanged; int8 may move a value by up to another half step of its row's range).
-  const io::RowCodecs codecs{static_cast<io::Codec>(source.config.value_codec),
-                             static_cast<io::Codec>(source.config.state_codec)};
+  io::RowCodecs codecs{static_cast<io::Codec>(source.config.value_codec),
+                       static_cast<io::Codec>(source.config.state_codec)};
+  // A serving-only chain's values are in the serving codec (bf16's rounded already), no state.
+  if (plan.manifest().serving_only) {
+    codecs = {io::serving_storage_codec(static_cast<io::Codec>(source.config.serving_codec)),
+              io::Codec::kNone};
+  }
   for (uint32_t r = 0; r < world; ++r) {
     if (ranks[r]->open_rows(source.name, source.config.dim, source.state_dim, rows_per_rank, 0,
                             options, &files[r], &detail, codecs) < 0) {
@@ -206,6 +211,7 @@ int cmd_compact(const std::string& dir, const std::string& version_text, const s
   m.full = true;
   m.lineage = io::new_lineage();  // a new base: deltas written on it start a new chain
   m.version = source.version;
+  m.serving_only = plan->manifest().serving_only;  // values only in, values only out
   m.world_size = world_size;
   m.embstore_version = EMBSTORE_VERSION_CODE;
   uint64_t rows = 0, bytes = 0, total_rows = 0;

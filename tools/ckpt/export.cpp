@@ -99,7 +99,8 @@ int cmd_export(const std::string& dir, const std::string& version_text, const st
   }
   if (t == nullptr) throw Problem(fmt::format("{} has no table '{}'", plan->path(), table));
   const uint64_t rows = t->entry->table_rows;
-  const uint32_t dim = t->spec.dim, state_dim = t->spec.state_dim();
+  // The version's state_dim: 0 in a serving-only version, whatever the optimizer.
+  const uint32_t dim = t->spec.dim, state_dim = t->entry->state_dim;
   std::vector<std::unique_ptr<NpyWriter>> files;
   files.push_back(std::make_unique<NpyWriter>(prefix + ".keys.npy", "<i8", rows, 0));
   files.push_back(std::make_unique<NpyWriter>(prefix + ".values.npy", "<f4", rows, dim));

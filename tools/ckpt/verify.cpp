@@ -217,12 +217,14 @@ uint64_t new_row_bytes(const RestorePlan& plan, std::map<std::string, bool>* cou
 // chain.
 struct Summary {
   uint64_t tables = 0, files = 0, rows = 0, bytes = 0, restored_rows = 0, older_versions = 0;
+  bool serving_only = false;  // a serving-only directory's: followers read it, restores refuse
 };
 
 Summary summarize(const RestorePlan& plan) {
   const io::Manifest& m = plan.manifest();
   Summary s;
   s.tables = m.tables.size();
+  s.serving_only = m.serving_only;
   for (const io::TableEntry& t : m.tables) {
     for (const io::FileEntry& f : t.files) {
       ++s.files;
@@ -251,9 +253,11 @@ std::string describe(const Summary& s) {
   std::string out = fmt::format("({}, {} rows, {}, {})", plural(s.tables, "table", "tables"),
                                 s.rows, plural(s.files, "file", "files"), human(s.bytes));
   if (s.older_versions > 0) {
-    out += fmt::format("  restores {} rows with {}", s.restored_rows,
-                       plural(s.older_versions, "older version", "older versions"));
+    out +=
+        fmt::format("  {} {} rows with {}", s.serving_only ? "serves" : "restores", s.restored_rows,
+                    plural(s.older_versions, "older version", "older versions"));
   }
+  if (s.serving_only) out += "  serving-only: for followers and values-only warm starts";
   return out;
 }
 
@@ -263,7 +267,8 @@ nlohmann::json to_json(const Summary& s) {
           {"rows", s.rows},
           {"bytes", s.bytes},
           {"restored_rows", s.restored_rows},
-          {"older_versions", s.older_versions}};
+          {"older_versions", s.older_versions},
+          {"serving_only", s.serving_only}};
 }
 
 // Compares a delta's values-only file with its row file, both read block by block in step (so

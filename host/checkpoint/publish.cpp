@@ -1,0 +1,161 @@
+#include "host/checkpoint/publish.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "io/engine/engine.hpp"
+#include "io/format/chain.hpp"
+#include "io/format/commit.hpp"
+#include "io/format/manifest.hpp"
+#include "io/format/version_writer.hpp"
+
+namespace embstore::checkpoint {
+
+namespace {
+
+using io::detail::errno_text;
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// A byte-for-byte copy of from into to (created, never replaced), for a serving directory on
+// another file system than the checkpoint's (link() gives EXDEV).
+int copy_file(const std::string& from, const std::string& to, uint64_t bytes) {
+  Fd in{::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC)};
+  if (in.fd < 0) return -errno;
+  Fd out{::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)};
+  if (out.fd < 0) return -errno;
+  std::vector<char> buffer(size_t{1} << 20);
+  uint64_t copied = 0;
+  for (;;) {
+    const ssize_t got = ::read(in.fd, buffer.data(), buffer.size());
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return -errno;
+    if (got == 0) break;
+    for (ssize_t done = 0; done < got;) {
+      const ssize_t put = ::write(out.fd, buffer.data() + done, static_cast<size_t>(got - done));
+      if (put < 0 && errno == EINTR) continue;
+      if (put < 0) return -errno;
+      done += put;
+    }
+    copied += static_cast<uint64_t>(got);
+  }
+  // The manifest's size is what readers check; a file that changed under us is not published.
+  return copied == bytes ? 0 : -EBADMSG;
+}
+
+// The serving directory's own version `version`: its manifest, which must be serving-only and
+// of lineage. -ENOENT when it is not there.
+int serving_parent(const std::string& serving_dir, uint64_t version, uint64_t lineage,
+                   io::Manifest* out, std::string* detail) {
+  std::vector<io::VersionDir> versions;
+  if (int r = io::list_versions(serving_dir, &versions); r < 0) {
+    *detail = fmt::format("cannot list '{}': {}", serving_dir, errno_text(r));
+    return r;
+  }
+  for (const io::VersionDir& v : versions) {
+    if (v.version != version) continue;
+    std::string why;
+    if (int r = io::read_version_manifest(serving_dir, v, out, &why); r < 0) {
+      *detail = fmt::format("its parent '{}/{}': {}", serving_dir, v.name,
+                            why.empty() ? errno_text(r) : why);
+      return r == -ENOENT ? -ENOENT : -EBADMSG;
+    }
+    if (!out->serving_only || out->lineage != lineage) {
+      *detail = fmt::format("'{}/{}' is not the serving-only version its delta applies on",
+                            serving_dir, v.name);
+      return -ENOENT;
+    }
+    return 0;
+  }
+  *detail = fmt::format("'{}' does not hold its parent version {}", serving_dir, version);
+  return -ENOENT;
+}
+
+// The serving-only manifest of the checkpoint's manifest m: each table's values-only files in
+// place of its row files (under the row files' names), and nothing a follower does not read.
+io::Manifest serving_manifest(const io::Manifest& m, const std::optional<uint64_t>& parent_xxh3) {
+  io::Manifest s = m;
+  s.serving_only = true;
+  s.parent_xxh3 = parent_xxh3;
+  s.attachments.clear();
+  for (io::TableEntry& t : s.tables) {
+    for (size_t k = 0; k < t.files.size(); ++k) {
+      const std::string path = t.files[k].path;
+      t.files[k] = t.serving[k];
+      t.files[k].path = path;
+    }
+    t.serving.clear();
+    t.admission.clear();
+    t.state_dim = 0;
+    t.state_layout.clear();
+  }
+  return s;
+}
+
+}  // namespace
+
+int publish_serving(const std::string& version_path, const std::string& serving_dir,
+                    std::string* detail) {
+  io::Manifest m;
+  std::string why;
+  if (int r = io::read_manifest(version_path, &m, &why); r < 0) {
+    *detail = why.empty() ? fmt::format("{}: {}", version_path, errno_text(r)) : why;
+    return r;
+  }
+  for (const io::TableEntry& t : m.tables) {
+    if (t.serving.size() != t.files.size()) {
+      *detail = fmt::format("{}: table '{}' has no values-only files", version_path, t.name);
+      return -ENODATA;
+    }
+  }
+  std::optional<uint64_t> parent_xxh3;
+  if (!m.full) {
+    io::Manifest parent;
+    if (int r = serving_parent(serving_dir, *m.parent, m.lineage, &parent, detail); r < 0) {
+      return r;
+    }
+    parent_xxh3 = parent.xxh3;
+  }
+  std::unique_ptr<io::VersionWriter> out;
+  if (int r = io::VersionWriter::begin(serving_dir, m.version, m.full, &out, detail); r < 0) {
+    return r;
+  }
+  io::Manifest s = serving_manifest(m, parent_xxh3);
+  for (size_t i = 0; i < m.tables.size(); ++i) {
+    const io::TableEntry& t = m.tables[i];
+    for (size_t k = 0; k < t.files.size(); ++k) {
+      const std::string from = version_path + "/" + t.serving[k].path;
+      const std::string to = out->staging() + "/" + s.tables[i].files[k].path;
+      const std::string parent = std::filesystem::path(to).parent_path().string();
+      if (int r = io::create_directories(parent, false); r < 0) {
+        *detail = fmt::format("cannot create '{}': {}", parent, errno_text(r));
+        return r;
+      }
+      int r = ::link(from.c_str(), to.c_str()) == 0 ? 0 : -errno;
+      if (r == -EXDEV || r == -EPERM || r == -EOPNOTSUPP || r == -EMLINK) {
+        r = copy_file(from, to, t.serving[k].bytes);
+      }
+      if (r < 0) {
+        *detail = fmt::format("cannot link or copy '{}' to '{}': {}", from, to,
+                              r == -EBADMSG ? "its size is not the manifest's" : errno_text(r));
+        return r;
+      }
+    }
+  }
+  if (int r = out->write_manifest(&s, detail); r < 0) return r;
+  return out->commit(detail);  // not committed: the writer rolls back
+}
+
+}  // namespace embstore::checkpoint
