@@ -535,8 +535,8 @@ embstore_status_t embstore_checkpoint_stats(embstore_store_t* store,
     // 0.5's struct ended at deferred; later fields are filled where struct_size has room.
     constexpr size_t kOldest = offsetof(embstore_checkpoint_stats_t, serving_published);
     if (out->struct_size < kOldest) {
-      fail(EMBSTORE_INVALID_ARGUMENT, "stats struct_size is {}, expected {}", out->struct_size,
-           sizeof(embstore_checkpoint_stats_t));
+      fail(EMBSTORE_INVALID_ARGUMENT, "stats struct_size is {}, expected at least {}",
+           out->struct_size, kOldest);
     }
     const size_t size = std::min(out->struct_size, sizeof(embstore_checkpoint_stats_t));
     embstore_checkpoint_stats_t stats = store->checkpointer->stats();

@@ -329,14 +329,9 @@ void Checkpointer::finish(Job& job, embstore_status_t status, const std::string&
   changed_.notify_all();
 }
 
-void Checkpointer::retire(const std::string& dir, const std::string& path) {
-  // Renamed out of sight first (the next checkpoint removes what is left of a crash), so a
-  // crash half-way never leaves a damaged version for readers.
-  const std::string name = std::filesystem::path(path).filename().string();
-  const std::string hidden = dir + "/.tmp-retired-" + name;
-  if (std::rename(path.c_str(), hidden.c_str()) != 0 || io::remove_tree(hidden) < 0) {
-    log_line(fmt::format("could not delete '{}'", path));
-  }
+void Checkpointer::retire(const std::string& dir, const std::string& name) {
+  if (io::retire_version(dir, name) < 0)
+    log_line(fmt::format("could not delete '{}/{}'", dir, name));
 }
 
 void Checkpointer::after_commit(const Job& job) {
@@ -348,11 +343,20 @@ void Checkpointer::after_commit(const Job& job) {
     keep = schedule_.policy().keep_full;
     serving_dir = schedule_.policy().serving_dir;
   }
-  apply_retention(job.dir, job.version, keep);
-  if (serving_dir.empty()) return;
+  // The version is committed: nothing here may fail it (or escape into the job's end).
+  int r = -ENOMEM;
   std::string detail;
-  const int r = publish_serving(job.dir + "/" + io::version_dir_name(job.version, job.full),
-                                serving_dir, &detail);
+  try {
+    apply_retention(job.dir, job.version, keep);
+    if (serving_dir.empty()) return;
+    r = publish_serving(job.dir + "/" + io::version_dir_name(job.version, job.full), serving_dir,
+                        &detail);
+    if (r == 0) apply_retention(serving_dir, job.version, keep);
+  } catch (const std::exception& e) {
+    detail = e.what();  // (retention logs its own failures: this is an allocation's)
+    if (serving_dir.empty()) log_line(fmt::format("{}: after its commit: {}", job.what(), detail));
+  }
+  if (serving_dir.empty()) return;
   {
     std::lock_guard lock(mutex_);
     ++(r == 0 ? serving_published_ : serving_skipped_);
@@ -361,9 +365,7 @@ void Checkpointer::after_commit(const Job& job) {
     log_line(fmt::format("{} is committed, but not published to serving_dir '{}': {}{}", job.what(),
                          serving_dir, detail.empty() ? errno_text(r) : detail,
                          job.full ? "" : "; the next full checkpoint publishes again"));
-    return;
   }
-  apply_retention(serving_dir, job.version, keep);
 }
 
 void Checkpointer::apply_retention(const std::string& dir, uint64_t newest, uint32_t keep) {
@@ -391,7 +393,7 @@ void Checkpointer::apply_retention(const std::string& dir, uint64_t newest, uint
   // leaves the older part of a chain, never a delta without its parent (the crash campaign
   // found that).
   for (auto v = versions.rbegin(); v != versions.rend(); ++v) {
-    if (v->version < oldest_kept) retire(dir, dir + "/" + v->name);
+    if (v->version < oldest_kept) retire(dir, v->name);
   }
 }
 
@@ -473,7 +475,14 @@ void Checkpointer::set_policy(Policy policy) {
       fail(EMBSTORE_IO_ERROR, "cannot create serving_dir '{}': {}", policy.serving_dir,
            errno_text(r));
     }
-    if (store_.rank() == 0) lock_dir(policy.serving_dir);
+    if (store_.rank() == 0) {
+      lock_dir(policy.serving_dir);
+      // What a crash left of a publication or a deletion there (its writer is this store now).
+      if (int r = io::remove_leftovers(policy.serving_dir, nullptr); r < 0) {
+        log_line(fmt::format("could not remove every leftover in '{}': {}", policy.serving_dir,
+                             errno_text(r)));
+      }
+    }
   }
   const bool scheduled = !policy.dir.empty() &&
                          (policy.full_every_steps != 0 || policy.incremental_every_steps != 0 ||

@@ -127,8 +127,8 @@ class Checkpointer {
   static constexpr uint32_t kServingDeltas = 1, kServingPublish = 2;
   uint32_t serving_mode(const std::string& dir) const;
   static bool serving_copies(bool full, uint32_t mode);
-  // Deletes a version directory: renamed out of sight, then removed.
-  void retire(const std::string& dir, const std::string& path);
+  // Deletes dir's version directory name (io::retire_version); a failure is logged.
+  void retire(const std::string& dir, const std::string& name);
   // Takes dir's writer lock unless this store holds it already; kept until the store is
   // destroyed. Throws Error: BUSY (another writer holds it), IO_ERROR.
   void lock_dir(const std::string& dir);

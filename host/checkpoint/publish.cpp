@@ -55,15 +55,36 @@ int copy_file(const std::string& from, const std::string& to, uint64_t bytes) {
   return copied == bytes ? 0 : -EBADMSG;
 }
 
-// The serving directory's own version `version`: its manifest, which must be serving-only and
-// of lineage. -ENOENT when it is not there.
-int serving_parent(const std::string& serving_dir, uint64_t version, uint64_t lineage,
-                   io::Manifest* out, std::string* detail) {
+// Versions of serving_dir at or above `version` belong to a run the trainer abandoned (its step
+// went back, after a restore of an older version): retired, newest first, before a version of
+// the new run is published, so that followers never take them for the newest.
+int retire_abandoned(const std::string& serving_dir, uint64_t version, std::string* detail) {
   std::vector<io::VersionDir> versions;
   if (int r = io::list_versions(serving_dir, &versions); r < 0) {
     *detail = fmt::format("cannot list '{}': {}", serving_dir, errno_text(r));
     return r;
   }
+  for (auto v = versions.rbegin(); v != versions.rend() && v->version >= version; ++v) {
+    if (int r = io::retire_version(serving_dir, v->name); r < 0) {
+      *detail = fmt::format("cannot delete '{}/{}', of a run abandoned at an older version: {}",
+                            serving_dir, v->name, errno_text(r));
+      return r;
+    }
+  }
+  return 0;
+}
+
+// The serving directory's version of the delta m's parent: its manifest, which must be
+// serving-only, of m's lineage, and published from the very version m applies on (its source
+// checksum is m's parent checksum). -ENOENT when it is not there.
+int serving_parent(const std::string& serving_dir, const io::Manifest& m, io::Manifest* out,
+                   std::string* detail) {
+  std::vector<io::VersionDir> versions;
+  if (int r = io::list_versions(serving_dir, &versions); r < 0) {
+    *detail = fmt::format("cannot list '{}': {}", serving_dir, errno_text(r));
+    return r;
+  }
+  const uint64_t version = *m.parent;
   for (const io::VersionDir& v : versions) {
     if (v.version != version) continue;
     std::string why;
@@ -72,7 +93,8 @@ int serving_parent(const std::string& serving_dir, uint64_t version, uint64_t li
                             why.empty() ? errno_text(r) : why);
       return r == -ENOENT ? -ENOENT : -EBADMSG;
     }
-    if (!out->serving_only || out->lineage != lineage) {
+    if (!out->serving_only || out->lineage != m.lineage || !m.parent_xxh3 ||
+        out->source_xxh3 != *m.parent_xxh3) {
       *detail = fmt::format("'{}/{}' is not the serving-only version its delta applies on",
                             serving_dir, v.name);
       return -ENOENT;
@@ -88,6 +110,7 @@ int serving_parent(const std::string& serving_dir, uint64_t version, uint64_t li
 io::Manifest serving_manifest(const io::Manifest& m, const std::optional<uint64_t>& parent_xxh3) {
   io::Manifest s = m;
   s.serving_only = true;
+  s.source_xxh3 = m.xxh3;
   s.parent_xxh3 = parent_xxh3;
   s.attachments.clear();
   for (io::TableEntry& t : s.tables) {
@@ -100,6 +123,8 @@ io::Manifest serving_manifest(const io::Manifest& m, const std::optional<uint64_
     t.admission.clear();
     t.state_dim = 0;
     t.state_layout.clear();
+    // No counts: a table a warm start creates from it counts exactly instead of in a filter.
+    t.config.admit_bloom_bytes = 0;
   }
   return s;
 }
@@ -120,12 +145,11 @@ int publish_serving(const std::string& version_path, const std::string& serving_
       return -ENODATA;
     }
   }
+  if (int r = retire_abandoned(serving_dir, m.version, detail); r < 0) return r;
   std::optional<uint64_t> parent_xxh3;
   if (!m.full) {
     io::Manifest parent;
-    if (int r = serving_parent(serving_dir, *m.parent, m.lineage, &parent, detail); r < 0) {
-      return r;
-    }
+    if (int r = serving_parent(serving_dir, m, &parent, detail); r < 0) return r;
     parent_xxh3 = parent.xxh3;
   }
   std::unique_ptr<io::VersionWriter> out;

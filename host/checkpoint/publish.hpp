@@ -15,11 +15,12 @@
 namespace embstore::checkpoint {
 
 // Publishes the committed version at version_path (a version directory of a checkpoint
-// directory) into serving_dir (which must exist; the caller holds its writer lock). -ENODATA:
-// the version has no values-only files; -ENOENT: a delta whose parent serving_dir does not hold
-// (its chain starts again at the next full checkpoint); -EEXIST: serving_dir holds that version
-// already; else the error of a read, link, copy, write or commit. Nothing is left in serving_dir
-// on failure (the staging directory is rolled back).
+// directory) into serving_dir (which must exist; the caller holds its writer lock). Versions of
+// serving_dir at or above it, of a run abandoned at an older version, are deleted first.
+// -ENODATA: the version has no values-only files; -ENOENT: a delta whose parent (the serving
+// version published from the very version it applies on) serving_dir does not hold: its chain
+// starts again at the next full checkpoint; else the error of a read, link, copy, write or
+// commit. Nothing is left in serving_dir on failure (the staging directory is rolled back).
 int publish_serving(const std::string& version_path, const std::string& serving_dir,
                     std::string* detail);
 

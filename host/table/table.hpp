@@ -40,7 +40,7 @@ struct TableSpec {
   // How checkpoint files store the rows (issue 35): part of a checkpoint.
   io::Codec value_codec = io::Codec::kNone;
   io::Codec state_codec = io::Codec::kNone;
-  io::Codec serving_codec = io::Codec::kNone;  // values-only deltas (serving_deltas)
+  io::Codec serving_codec = io::Codec::kNone;  // values-only files (serving_deltas, serving_dir)
 
   uint32_t state_dim() const { return row::state_dim(opt.kind, dim); }
   bool idle_rules() const { return evict_idle_steps != 0 || evict_idle_seconds != 0; }

@@ -834,11 +834,15 @@ typedef struct embstore_checkpoint_policy {
       checkpoint of the policy's dir commits, its tables' values, without optimizer state and in
       each table's serving_codec, are published here as a version of their own (full or delta,
       as in dir; the values-only files are hard links where both directories share a file
-      system), for followers to follow; keep_full applies here too. Restores refuse it; a warm
-      start reads it with EMBSTORE_WARM_START_VALUES_ONLY. A failed publication never fails the
-      checkpoint: it is counted (embstore_checkpoint_stats_t::serving_skipped) and reported on
-      stderr, and the next full checkpoint publishes again. Must not be dir. NULL or "": none.
-      With several ranks, rank 0's policy decides, and it alone writes here. */
+      system), for followers to follow; keep_full applies here too, and versions of a run
+      abandoned by a restore of an older version are deleted when the new run reaches them.
+      Restores refuse it; a warm start reads it with EMBSTORE_WARM_START_VALUES_ONLY. A failed
+      publication never fails the checkpoint: it is counted
+      (embstore_checkpoint_stats_t::serving_skipped) and reported on stderr, and the next full
+      checkpoint publishes again. Publishing ends the checkpoint (its outcome waits for it): hard
+      links take a few file operations, a copy to another file system its bytes' time. Must not
+      be dir. NULL or "": none. With several ranks, rank 0's policy decides, and it alone writes
+      here. */
   const char* serving_dir;
 } embstore_checkpoint_policy_t;
 
@@ -857,9 +861,11 @@ EMBSTORE_API void embstore_checkpoint_policy_init(embstore_checkpoint_policy_t* 
     set_policy and at a restore. dir NULL with everything off turns the policy off; a dir is
     created and its writer lock taken here, and a policy with a schedule has the checkpoint's
     staging_bytes of staging allocated (and pinned, on CUDA) in the background from here on,
-    so that the step taking its first checkpoint does not pay for it. @return OK; INVALID_ARGUMENT
-    (NULL pointer, struct_size too small, negative or NaN seconds, a schedule without dir); BUSY
-    (another writer holds dir); IO_ERROR (dir or its lock cannot be created).
+    so that the step taking its first checkpoint does not pay for it. A serving_dir is created
+    and its writer lock taken here too. @return OK; INVALID_ARGUMENT (NULL pointer, struct_size
+    too small, negative or NaN seconds, a schedule, or a serving_dir, without dir; serving_dir
+    is dir; serving_deltas not 0 or 1); BUSY (another writer holds dir or serving_dir); IO_ERROR
+    (dir, serving_dir or a lock cannot be created).
 
     Incremental checkpoints follow the same rules, by incremental_every_steps/_seconds; a full
     one due at the same step wins. */

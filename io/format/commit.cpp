@@ -300,6 +300,13 @@ int remove_tree(const std::string& path) {
   return first;
 }
 
+int retire_version(const std::string& parent, const std::string& name) {
+  const std::string path = parent + "/" + name;
+  const std::string hidden = parent + "/.tmp-retired-" + name;
+  if (std::rename(path.c_str(), hidden.c_str()) != 0) return -errno;
+  return remove_tree(hidden);
+}
+
 int remove_leftovers(const std::string& parent, std::vector<std::string>* removed) {
   std::vector<std::string> names;
   if (int r = list_path(parent, &names); r < 0) return r;

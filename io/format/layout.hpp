@@ -7,7 +7,8 @@
 //   <version>/MANIFEST.json
 //   <version>/tables/<table>/shard-00000-of-00001.rows    row file(s), one per writing rank
 //   <version>/tables/<table>/admission.counts             admission counts, when the table has
-//   <version>/tables/<table>/serving-00000-of-00001.rows  deltas with serving_deltas (format 3):
+//   <version>/tables/<table>/serving-00000-of-00001.rows  format 3, deltas with serving_deltas
+//                                                         and every version with a serving_dir:
 //                                                         the values-only copy of each row file
 //   <version>/attachments/<name>
 //
@@ -54,7 +55,7 @@ std::string shard_file_name(uint32_t shard, uint32_t shards);
 std::string table_dir(uint32_t format, std::string_view table);
 // Paths relative to the version directory, in the given format version.
 std::string row_file_path(uint32_t format, std::string_view table, uint32_t shard, uint32_t shards);
-// The values-only copy of row_file_path(format, table, shard, shards) (format 3 deltas).
+// The values-only copy of row_file_path(format, table, shard, shards) (format 3).
 std::string serving_file_path(uint32_t format, std::string_view table, uint32_t shard,
                               uint32_t shards);
 std::string admission_file_path(uint32_t format, std::string_view table, uint32_t rank = 0,

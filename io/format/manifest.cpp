@@ -222,7 +222,10 @@ json manifest_json(const Manifest& m) {
     j["lineage"] = hex64(m.lineage);
     j["parent_manifest_xxh3"] = m.parent_xxh3 ? json(hex64(*m.parent_xxh3)) : json(nullptr);
   }
-  if (m.format_version >= 3 && m.serving_only) j["serving_only"] = true;
+  if (m.format_version >= 3 && m.serving_only) {
+    j["serving_only"] = true;
+    j["source_manifest_xxh3"] = hex64(m.source_xxh3);
+  }
   return j;
 }
 
@@ -240,6 +243,10 @@ void check_serving_only(const TableEntry& e) {
   }
   if (!e.admission.empty()) {
     throw Bad("table '" + e.name + "': admission counts in a serving-only version");
+  }
+  // (A filter no file backs would be allocated by a table a warm start creates from it.)
+  if (e.config.admit_bloom_bytes != 0) {
+    throw Bad("table '" + e.name + "': admit_bloom_bytes in a serving-only version");
   }
   for (const FileEntry& f : e.files) {
     if (f.state_codec != Codec::kNone) {
@@ -359,6 +366,7 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
       const json& flag = member(j, "serving_only");
       if (!flag.is_boolean()) throw Bad("'serving_only' is not a boolean");
       m.serving_only = flag.get<bool>();
+      if (m.serving_only) m.source_xxh3 = get_hex64(j, "source_manifest_xxh3");
     }
     const json& tables = member(j, "tables");
     if (!tables.is_array()) throw Bad("'tables' is not an array");
@@ -458,10 +466,11 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
           for (const json& f : counts) e.admission.push_back(file_from(f, m.format_version));
         }
       }
+      if (m.serving_only) check_serving_only(e);
       // A Bloom filter's counts file is its header and the whole filter: a manifest asking for
-      // a filter its files cannot hold is forged or damaged (before anything is allocated).
-      // A serving-only version has no counts, and nothing reads a filter from it.
-      if (e.config.admit_bloom_bytes != 0 && !m.serving_only) {
+      // a filter its files cannot hold is forged or damaged (before anything is allocated). A
+      // serving-only version has no counts, and so no filter (check_serving_only).
+      if (e.config.admit_bloom_bytes != 0) {
         if (e.admission.empty()) {
           throw Bad("table '" + e.name + "': admit_bloom_bytes " +
                     std::to_string(e.config.admit_bloom_bytes) + " but no counts file");
@@ -474,7 +483,6 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
           }
         }
       }
-      if (m.serving_only) check_serving_only(e);
       m.tables.push_back(std::move(e));
     }
     const json& attachments = member(j, "attachments");

@@ -23,9 +23,10 @@ namespace embstore::io {
 inline constexpr const char* kManifestName = "MANIFEST.json";
 // The newest format (io/format/layout.hpp): 2 since 0.4 (tables/ namespace, lineage, parent
 // checksum); 3 adds codecs (issue 35: each table's value_codec, state_codec and serving_codec,
-// each row file's codecs when not none) and deltas' values-only files ("serving_files"), with
-// format 2's layout. A writer writes 3 only for a checkpoint that
-// uses a codec (manifest_format_for), so that versions before codecs still read every
+// each row file's codecs when not none), values-only files ("serving_files": deltas with
+// serving_deltas, every version with a serving_dir) and serving-only versions ("serving_only"),
+// with format 2's layout. A writer writes 3 only for a checkpoint that uses one of them
+// (manifest_format_for), so that versions before codecs still read every
 // checkpoint without one, and refuse by its format number one they could not decode.
 // Versions 1 to 3 are read.
 inline constexpr uint32_t kManifestFormatVersion = 3;
@@ -55,8 +56,9 @@ struct TableEntry {
   uint64_t rows = 0;             // rows in this version's files
   uint64_t table_rows = 0;       // the table's rows at capture (after a delta is applied)
   std::vector<FileEntry> files;  // row files: one per rank that wrote the table
-  // Deltas with serving_deltas (format 3): the values-only copy of each row file (the same
-  // index), the same rows with state_dim 0, in config.serving_codec; empty when none.
+  // Format 3, deltas with serving_deltas and every version with a serving_dir: the values-only
+  // copy of each row file (the same index), the same rows with state_dim 0, in
+  // config.serving_codec; empty when none.
   std::vector<FileEntry> serving;
   // Tables with admission: the counts (host/admission/admission.hpp), one file per rank that
   // wrote the table (at most one with world size 1). JSON: an object with world size 1, as
@@ -88,8 +90,11 @@ struct Manifest {
   // A version of a serving-only directory (format 3, "serving_only": true; the policy's
   // serving_dir): its row files hold values without optimizer state (state_dim 0, in each
   // table's serving codec), it has no values-only copies, admission counts or attachments, and
-  // only followers and a values-only warm start read it.
+  // only followers and a values-only warm start read it. source_xxh3: the manifest checksum of
+  // the checkpoint's version it was published from ("source_manifest_xxh3", required there), so
+  // that a delta is published only on the serving version of its own parent.
   bool serving_only = false;
+  uint64_t source_xxh3 = 0;
   std::vector<TableEntry> tables;
   std::vector<AttachmentEntry> attachments;
   // This manifest's own manifest_xxh3: set by parse_manifest and format_manifest, not stored.

@@ -62,7 +62,7 @@ class VersionWriter {
   int open_rows(const std::string& table, uint32_t dim, uint32_t state_dim, uint64_t rows,
                 uint64_t tombstones, WriterOptions options, std::unique_ptr<RowFileWriter>* out,
                 std::string* detail, RowCodecs codecs = {});
-  // Opens the values-only copy of table's row file (state_dim 0: deltas with serving_deltas),
+  // Opens the values-only copy of table's row file (state_dim 0: serving_deltas, serving_dir),
   // its values encoded with codec.
   int open_serving_rows(const std::string& table, uint32_t dim, uint64_t rows, uint64_t tombstones,
                         WriterOptions options, std::unique_ptr<RowFileWriter>* out,

@@ -16,6 +16,11 @@
 // pair's name as a prefix ("int8/bf16.full_bytes") and the ratios of each pair's bytes and
 // seconds to the first pair's are reported (the first is the baseline: list none first).
 //
+// --serving-codec C (issue 35): each pair runs a second time with the table's serving codec C
+// and a policy whose serving_dir publishes every version (values only) for followers; keys of
+// that run start with "<pair>+serving." and the ratios of its seconds and bytes to the run
+// without are reported, with the serving directory's bytes.
+//
 // The checkpoints are written into a fresh directory under --dir, removed afterwards unless
 // --keep.
 #include <unistd.h>
@@ -24,9 +29,11 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "io/format/commit.hpp"
 #include "perf/harness.hpp"
 #include "perf/report.hpp"
 #include "perf/zipf.hpp"
@@ -67,6 +74,10 @@ class CheckpointScenario final : public Scenario {
                    "each run in turn; ratios against the first")
         ->delimiter(',')
         ->capture_default_str();
+    app.add_option("--serving-codec", serving_codec_,
+                   "also run each pair publishing to a serving_dir, values in this codec "
+                   "(none, lossless, bf16, int8; off: not)")
+        ->capture_default_str();
     app.add_flag("--keep", keep_, "keep the checkpoint directory");
   }
 
@@ -80,6 +91,15 @@ class CheckpointScenario final : public Scenario {
       results.emplace_back();
       status = std::max(status,
                         run_one(o, report, pair, several ? pair.name + "." : "", &results.back()));
+      if (serving_codec_ != "off") {
+        const std::string name = pair.name + "+serving";
+        report.say("codecs {}, publishing to a serving_dir ({} values):", pair.name,
+                   serving_codec_);
+        std::map<std::string, double> published;
+        status = std::max(status, run_one(o, report, pair, name + ".", &published,
+                                          serving_codec_of(serving_codec_)));
+        report_publishing(report, name, results.back(), published);
+      }
     }
     if (several) {
       const std::map<std::string, double>& base = results.front();
@@ -118,11 +138,52 @@ class CheckpointScenario final : public Scenario {
  private:
   // The scenario with one codec pair; JSON keys start with prefix; *out gets the figures the
   // comparison needs.
+  static embstore_codec_t serving_codec_of(const std::string& name) {
+    const std::vector<CodecPair> pairs = parse_codecs_option({name});
+    return pairs.at(0).values;
+  }
+
+  // The publishing run against the one without: seconds and bytes as ratios, and the serving
+  // directory's bytes against the checkpoint's.
+  static void report_publishing(Report& report, const std::string& name,
+                                const std::map<std::string, double>& base,
+                                const std::map<std::string, double>& r) {
+    std::string line = name + " against without:";
+    for (const char* k : {"full_seconds", "full_bytes", "full_idle_seconds", "delta_seconds"}) {
+      if (r.count(k) == 0 || base.count(k) == 0 || base.at(k) <= 0) continue;
+      report.set(name + "." + k + "_ratio", r.at(k) / base.at(k));
+      line += fmt::format(" {} x{:.2f}", k, r.at(k) / base.at(k));
+    }
+    for (const char* k : {"serving_full_bytes", "serving_delta_bytes"}) {
+      if (r.count(k) == 0) continue;
+      const char* of = k == std::string("serving_full_bytes") ? "full_idle_bytes" : "delta_bytes";
+      if (base.count(of) == 0 || base.at(of) <= 0) continue;
+      report.set(name + "." + k + "_to_checkpoint", r.at(k) / base.at(of));
+      line += fmt::format("; {} {:.3f} of the checkpoint's", k, r.at(k) / base.at(of));
+    }
+    report.say("{}", line);
+  }
+
+  // The bytes of a version's files in serving_dir (0 when it is not there).
+  static uint64_t version_bytes(const std::string& serving_dir, uint64_t version, bool full) {
+    uint64_t bytes = 0;
+    std::error_code ec;
+    const std::string path = serving_dir + "/" + io::version_dir_name(version, full);
+    for (std::filesystem::recursive_directory_iterator it(path, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      if (it->is_regular_file(ec)) bytes += it->file_size(ec);
+    }
+    return bytes;
+  }
+
+  // serving: publish every version to a serving_dir, the table's values in that codec.
   int run_one(const CommonOptions& o, Report& report, const CodecPair& pair,
-              const std::string& prefix, std::map<std::string, double>* out) {
+              const std::string& prefix, std::map<std::string, double>* out,
+              std::optional<embstore_codec_t> serving = std::nullopt) {
     const auto key = [&](const char* k) { return prefix + k; };
     const ScenarioDir scenario_dir(dir_, "checkpoint", keep_);
     const std::string& dir = scenario_dir.path();
+    const std::string serving_dir = dir + "/serving";
 
     embstore_store_config_t config = Store::default_config();
     config.staging_bytes = size_t{staging_mib_} << 20;
@@ -133,7 +194,15 @@ class CheckpointScenario final : public Scenario {
                      [&](embstore_table_config_t& c) {
                        c.value_codec = pair.values;
                        c.state_codec = pair.state;
+                       c.serving_codec = serving.value_or(EMBSTORE_CODEC_NONE);
                      });
+    if (serving) {
+      embstore_checkpoint_policy_t policy;
+      embstore_checkpoint_policy_init(&policy);
+      policy.dir = dir.c_str();
+      policy.serving_dir = serving_dir.c_str();
+      check(embstore_checkpoint_set_policy(store.get(), &policy), "embstore_checkpoint_set_policy");
+    }
 
     // Fill: every rank of the stream gets its row.
     const Stopwatch fill_watch;
@@ -240,6 +309,7 @@ class CheckpointScenario final : public Scenario {
         "baseline: x{:.2f}; max {:.2f} vs {:.2f} ms",
         ckpt_median * 1e3, steps_during, base_median * 1e3, ckpt_median / base_median,
         ckpt_max * 1e3, base_max * 1e3);
+    bool unpublished = false;
     if (dirty_fraction_ > 0) {
       // Full against incremental on the same table, both idle (nothing trains meanwhile).
       auto timed_checkpoint = [&](embstore_ckpt_kind_t kind, uint64_t* bytes, uint64_t* rows_out) {
@@ -253,6 +323,17 @@ class CheckpointScenario final : public Scenario {
         const embstore_checkpoint_stats_t a = checkpoint_stats(store.get());
         *bytes = a.bytes_written - b.bytes_written;
         *rows_out = a.rows_written - b.rows_written;
+        if (serving) {
+          const bool full = kind == EMBSTORE_CKPT_FULL;
+          const uint64_t published = version_bytes(serving_dir, v, full);
+          (*out)[full ? "serving_full_bytes" : "serving_delta_bytes"] =
+              static_cast<double>(published);
+          report.set(prefix + (full ? "serving_full_bytes" : "serving_delta_bytes"), published);
+          if (a.serving_published != b.serving_published + 1) {
+            report.say("MISMATCH: version {} was not published to the serving_dir", v);
+            unpublished = true;
+          }
+        }
         return seconds;
       };
       uint64_t idle_full_bytes = 0, idle_full_rows = 0, delta_bytes = 0, delta_rows = 0;
@@ -303,7 +384,7 @@ class CheckpointScenario final : public Scenario {
                  rows_written, rows);
       return kExitMismatch;
     }
-    return 0;
+    return unpublished ? kExitMismatch : 0;
   }
 
   std::string dir_;
@@ -313,6 +394,7 @@ class CheckpointScenario final : public Scenario {
   unsigned staging_mib_ = 256;
   double dirty_fraction_ = 0;
   bool keep_ = false;
+  std::string serving_codec_ = "off";
 };
 
 }  // namespace

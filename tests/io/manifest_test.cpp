@@ -419,10 +419,12 @@ Manifest serving_only_sample() {
   m.serving_only = true;
   m.attachments.clear();
   TableEntry& t = m.tables[0];
+  t.config.admit_bloom_bytes = 0;  // no counts, so no filter (the publisher drops it)
   t.admission.clear();
   t.state_dim = 0;
   t.state_layout.clear();
   t.files[0].value_codec = Codec::kLossless;
+  m.source_xxh3 = 0x0123456789abcdefull;
   m.format_version = manifest_format_for(m);
   return m;
 }
@@ -435,7 +437,10 @@ TEST_CASE("manifest: a serving-only version round-trips in format 3 and holds va
   std::string detail;
   REQUIRE(parse_manifest(format_manifest(m), &back, &detail) == 0);
   CHECK(back.serving_only);
+  CHECK(back.source_xxh3 == 0x0123456789abcdefull);
   CHECK(back.tables[0].state_dim == 0);
+  CHECK(parse_error(edit(m, "\"source_manifest_xxh3\"", "\"x\"")).find("source_manifest_xxh3") !=
+        std::string::npos);
   CHECK(format_manifest(back) == format_manifest(m));
   // Without the member (every manifest before it): not serving-only.
   REQUIRE(parse_manifest(format_manifest(sample()), &back, &detail) == 0);
@@ -459,6 +464,10 @@ TEST_CASE("manifest: a serving-only version round-trips in format 3 and holds va
     Manifest counts = m;
     counts.tables[0].admission = sample().tables[0].admission;
     CHECK(parse_error(format_manifest(counts)).find("admission counts in a serving-only") !=
+          std::string::npos);
+    Manifest bloom = m;
+    bloom.tables[0].config.admit_bloom_bytes = 1024;
+    CHECK(parse_error(format_manifest(bloom)).find("admit_bloom_bytes in a serving-only") !=
           std::string::npos);
     Manifest attached = m;
     attached.attachments = sample().attachments;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "host/checkpoint/publish.hpp"
 #include "io/codec/block_codec.hpp"
 #include "io/format/commit.hpp"
 #include "io/format/manifest.hpp"
@@ -199,6 +200,56 @@ TEST_CASE("A failed publication never fails the checkpoint; the next full publis
   embstore_follower_destroy(f);
 }
 
+TEST_CASE("After a restore of an older version, the abandoned run leaves the serving directory",
+          "[serving][serving_dir]") {
+  Publishing run;
+  run.step_and_checkpoint(1, EMBSTORE_CKPT_FULL);
+  for (uint64_t s = 2; s <= 4; ++s) run.step_and_checkpoint(s, EMBSTORE_CKPT_INCREMENTAL);
+  embstore_follower_t* f = follow(run.serving);
+  REQUIRE(embstore_restore(run.trainer.store, run.dir.c_str(), 2, nullptr) == EMBSTORE_OK);
+  // The trainer's directory: the abandoned versions go by hand (embstore.h, restore).
+  for (uint64_t s : {3, 4}) {
+    REQUIRE(std::filesystem::remove_all(run.dir + "/" + version_name(s, false)) > 0);
+  }
+  run.step_and_checkpoint(3, EMBSTORE_CKPT_INCREMENTAL);
+  // Published on version 2, and the abandoned 4 is gone: followers see the new run's 3.
+  CHECK(!std::filesystem::exists(run.serving + "/" + version_name(4, false)));
+  uint64_t v = 0;
+  REQUIRE(embstore_follower_poll(f, &v) == EMBSTORE_OK);
+  CHECK(v == 3);
+  check_equals_restore(f, run.dir, 3);
+  run.step_and_checkpoint(4, EMBSTORE_CKPT_INCREMENTAL);
+  REQUIRE(embstore_follower_poll(f, &v) == EMBSTORE_OK);
+  CHECK(v == 4);
+  check_equals_restore(f, run.dir, 4);
+  embstore_follower_destroy(f);
+  CHECK(checkpoint_stats(run.trainer.store).serving_skipped == 0);
+}
+
+TEST_CASE("A delta is published only on the serving version of its own parent",
+          "[serving][serving_dir]") {
+  Publishing run;
+  run.step_and_checkpoint(1, EMBSTORE_CKPT_FULL);
+  run.step_and_checkpoint(2, EMBSTORE_CKPT_INCREMENTAL);
+  // Serving version 1 claims another source (as one of another run of the same lineage would).
+  const std::string v1 = run.serving + "/" + version_name(1, true);
+  embstore::io::Manifest m = manifest_of(v1);
+  m.source_xxh3 ^= 1;
+  REQUIRE(embstore::io::write_manifest(v1, m) == 0);
+  const std::string v2 = version_name(2, false);
+  REQUIRE(embstore::io::retire_version(run.serving, v2) == 0);
+  std::string detail;
+  CHECK(embstore::checkpoint::publish_serving(run.dir + "/" + v2, run.serving, &detail) == -ENOENT);
+  CHECK(detail.find("is not the serving-only version its delta applies on") != std::string::npos);
+  CHECK(!std::filesystem::exists(run.serving + "/" + v2));
+  // Its own source: published.
+  m.source_xxh3 ^= 1;
+  REQUIRE(embstore::io::write_manifest(v1, m) == 0);
+  INFO(detail);
+  CHECK(embstore::checkpoint::publish_serving(run.dir + "/" + v2, run.serving, &detail) == 0);
+  CHECK(manifest_of(run.serving + "/" + v2).source_xxh3 == manifest_of(run.dir + "/" + v2).xxh3);
+}
+
 TEST_CASE("A serving-only directory keeps keep_full chains, and the policy checks it",
           "[serving][serving_dir]") {
   SECTION("retention") {
@@ -212,6 +263,24 @@ TEST_CASE("A serving-only directory keeps keep_full chains, and the policy check
     CHECK(versions[0].version == 3);
     REQUIRE(embstore::io::list_versions(run.dir, &versions) == 0);
     CHECK(versions.size() == 1);
+  }
+  SECTION("a crash's leftovers go when the policy is set") {
+    embstore_test::TempDir tmp;
+    const std::string dir = tmp.path() + "/ckpt", serving = tmp.path() + "/serving";
+    for (const char* left : {"/.tmp-00000000000000000007-0123456789abcdef",
+                             "/.tmp-retired-00000000000000000003.full"}) {
+      REQUIRE(std::filesystem::create_directories(serving + left + "/tables"));
+    }
+    embstore_store_t* s = host_store();
+    embstore_checkpoint_policy_t p;
+    embstore_checkpoint_policy_init(&p);
+    p.dir = dir.c_str();
+    p.serving_dir = serving.c_str();
+    REQUIRE(embstore_checkpoint_set_policy(s, &p) == EMBSTORE_OK);
+    for (const auto& e : std::filesystem::directory_iterator(serving)) {
+      CHECK(e.path().filename().string().rfind(".tmp-", 0) != 0);
+    }
+    embstore_store_destroy(s);
   }
   SECTION("the policy's checks") {
     embstore_test::TempDir tmp;

@@ -80,7 +80,8 @@ inline std::string attachment_of(int rank, uint64_t version) {
 // W ranks (config has the communicator) train and checkpoint into dir. Every rank calls it.
 // Ranks below attaching_ranks attach their note to each checkpoint.
 // serving_deltas_rank: the rank whose policy asks for values-only deltas (rank 0's decides for
-// all); -1: none. serving_dir: where every rank's policy (dir: dir) publishes; "": none.
+// all); -1: none. serving_dir: where rank 0's policy (dir: dir, on every rank) publishes, the
+// other ranks' having none; "": none.
 inline Outcome write(embstore_store_config_t config, int rank, int world, const std::string& dir,
                      int attaching_ranks = 1 << 30, int serving_deltas_rank = -1,
                      const std::string& serving_dir = "") {
@@ -99,7 +100,7 @@ inline Outcome write(embstore_store_config_t config, int rank, int world, const 
   policy.serving_deltas = rank == serving_deltas_rank ? 1 : 0;
   if (!serving_dir.empty()) {
     policy.dir = dir.c_str();
-    policy.serving_dir = serving_dir.c_str();
+    if (rank == 0) policy.serving_dir = serving_dir.c_str();  // rank 0's policy decides
   }
   out.expect_status(embstore_checkpoint_set_policy(store, &policy), EMBSTORE_OK, at + "policy");
   for (int step = 1; step <= sharded::kSteps; ++step) {

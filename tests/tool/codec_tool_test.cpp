@@ -205,7 +205,7 @@ TEST_CASE(
   CHECK(!contains(ok_run.out, "WARNING"));
   const Result r = run_tool({"inspect", c.dir(), "--version", "latest", "--table", "coded"});
   INFO(describe(r));
-  CHECK(line_starting(r.out, "serving") == "serving      values-only deltas in bf16");
+  CHECK(line_starting(r.out, "serving") == "serving      values-only files in bf16");
   CHECK(contains(line_starting(r.out, "rows"), "and 1 values-only file for followers"));
 
   const std::string rel =
@@ -262,7 +262,11 @@ TEST_CASE("embstore-ckpt reads a serving-only directory as one: listed, verified
   INFO(describe(listed));
   REQUIRE(listed.status == 0);
   CHECK(columns(line_starting(listed.out, version_dir_name(20, false)))[9] == "serving-only");
-  const Result verified = run_tool({"verify", c.serving()});
+  // Restore refuses it, so verify fails it unless asked to check it as followers read it.
+  const Result refused = run_tool({"verify", c.serving()});
+  CHECK(refused.status == 1);
+  CHECK(contains(refused.err, "restore would return EMBSTORE_INVALID_ARGUMENT: a serving-only"));
+  const Result verified = run_tool({"verify", c.serving(), "--serving"});
   INFO(describe(verified));
   CHECK(verified.status == 0);
   CHECK(contains(line_starting(verified.out, "OK " + version_dir_name(20, false)),
@@ -287,7 +291,7 @@ TEST_CASE("embstore-ckpt reads a serving-only directory as one: listed, verified
           (e.name == "coded" ? embstore::io::Codec::kLossless : embstore::io::Codec::kNone));
     CHECK(e.files[0].state_codec == embstore::io::Codec::kNone);
   }
-  CHECK(run_tool({"verify", out}).status == 0);
+  CHECK(run_tool({"verify", out, "--serving"}).status == 0);
   CHECK(!restores(out, 20));
   // export writes no state file for it.
   const std::string prefix = tmp.path() + "/exported";

@@ -74,10 +74,11 @@ int cmd_compact(const std::string& dir, const std::string& version_text, const s
 int cmd_export(const std::string& dir, const std::string& version_text, const std::string& table,
                const std::string& prefix, ProgressWhen progress);
 
-// embstore-ckpt verify DIR [--version V] [--json] (verify.cpp). With json, one JSON object on
-// stdout: {"directory", "ok", "versions": [{"name", "ok", "status", "problem", ...}]}.
+// embstore-ckpt verify DIR [--version V] [--json] [--serving] (verify.cpp). With json, one JSON
+// object on stdout: {"directory", "ok", "versions": [{"name", "ok", "status", "problem", ...}]}.
+// serving: serving-only versions pass as followers read them (else they fail: restore refuses).
 int cmd_verify(const std::string& dir, const std::optional<std::string>& version_text,
-               ProgressWhen progress, bool json);
+               ProgressWhen progress, bool json, bool serving = false);
 
 // Why restore of versions()[index] would fail before it reads a row: its plan (manifests,
 // links, world size, configurations) and every file it would read there with its size, as

@@ -536,7 +536,7 @@ void print_table(const io::VersionDir& chosen, const io::Manifest& m, const io::
                io::codec_name(static_cast<io::Codec>(c.state_codec)));
   }
   if (c.serving_codec != EMBSTORE_CODEC_NONE) {
-    fmt::print("serving      values-only deltas in {}\n",
+    fmt::print("serving      values-only files in {}\n",
                io::codec_name(static_cast<io::Codec>(c.serving_codec)));
   }
   if (c.admit_after > 1) fmt::print("admission    after {} occurrences\n", c.admit_after);
@@ -581,6 +581,10 @@ int run(int argc, char** argv) {
                      "restores); default: every version in DIR, each with its chain");
   verify->add_flag("--json", json,
                    "one JSON object on stdout: each version's result (the exit code is the same)");
+  bool serving = false;
+  verify->add_flag("--serving", serving,
+                   "a serving-only directory (a policy's serving_dir): its versions pass when a "
+                   "follower can read them (without it they fail: restore refuses them)");
 
   CLI::App* inspect =
       app.add_subcommand("inspect", "print a table's configuration and its first rows");
@@ -653,7 +657,7 @@ int run(int argc, char** argv) {
   if (quiet) progress = ProgressWhen::kNever;
   try {
     if (ls->parsed()) return cmd_ls(dir, json);
-    if (verify->parsed()) return cmd_verify(dir, verify_version, progress, json);
+    if (verify->parsed()) return cmd_verify(dir, verify_version, progress, json, serving);
     if (compact->parsed()) return cmd_compact(dir, compact_version, out, 1, progress);
     if (reshard->parsed()) return cmd_compact(dir, compact_version, out, world_size, progress);
     if (exporter->parsed()) {

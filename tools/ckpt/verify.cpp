@@ -377,7 +377,7 @@ std::string restore_problem(io::CheckpointDir& checkpoints, size_t index) {
 }
 
 int cmd_verify(const std::string& dir, const std::optional<std::string>& version_text,
-               ProgressWhen when, bool json) {
+               ProgressWhen when, bool json, bool serving) {
   io::CheckpointDir checkpoints(dir, versions_of(dir));
   nlohmann::json report = {{"directory", dir}, {"ok", true}, {"versions", nlohmann::json::array()}};
   // A failed version: a line on stderr, or an entry of the JSON report.
@@ -443,6 +443,12 @@ int cmd_verify(const std::string& dir, const std::optional<std::string>& version
         verifier.check(*plans[k]);
       } catch (const Error& e) {
         problem = e;
+      }
+      // Checked as a follower reads it; restore refuses it, so it passes only when asked for.
+      if (!problem && !serving && plans[k]->manifest().serving_only) {
+        problem = Error(EMBSTORE_INVALID_ARGUMENT,
+                        "a serving-only version (values without optimizer state): restore refuses "
+                        "it; --serving checks it as followers read it");
       }
     }
     if (k + 1 == targets.size()) {
