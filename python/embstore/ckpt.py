@@ -19,10 +19,14 @@ def run(args, **kwargs):
     return subprocess.run([binary(), *map(os.fspath, args)], **kwargs)
 
 
-def verify(dir, version=None):
-    """True exactly when embstore.Store.restore would load that version (the newest: None)."""
+def verify(dir, version=None, serving=False):
+    """True exactly when embstore.Store.restore would load that version (the newest: None); with
+    serving=True, a serving-only directory's version (a policy's serving_dir) is True when a
+    Follower can read it."""
     # Without --version the tool checks every version in dir; restore loads the newest only.
     args = ["verify", dir, "--version", "latest" if version is None else str(version)]
+    if serving:
+        args.append("--serving")
     return run(args, capture_output=True).returncode == 0
 
 

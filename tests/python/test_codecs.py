@@ -10,6 +10,7 @@ import unittest
 import numpy as np
 
 import embstore
+import embstore.ckpt
 
 
 class CodecsTest(unittest.TestCase):
@@ -95,6 +96,10 @@ class CodecsTest(unittest.TestCase):
         with embstore.Store("host") as back:
             with self.assertRaises(embstore.InvalidArgumentError):
                 back.restore(serving)
+        # verify answers for restore, unless asked for what a follower reads.
+        self.assertTrue(embstore.ckpt.verify(out))
+        self.assertFalse(embstore.ckpt.verify(serving))
+        self.assertTrue(embstore.ckpt.verify(serving, serving=True))
 
     def test_bad_codecs_raise(self):
         with embstore.Store("host") as store:
