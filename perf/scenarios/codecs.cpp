@@ -72,8 +72,9 @@ class CodecsScenario final : public Scenario {
     app.add_option("--optimizer", optimizer_, "optimizer of the table")
         ->check(CLI::IsMember(optimizer_names()))
         ->capture_default_str();
-    app.add_option("--zstd-level", zstd_level_, "lossless's zstd level")
-        ->check(CLI::Range(1, 19))
+    app.add_option("--zstd-level", zstd_level_,
+                   "lossless's zstd level (negative: zstd's fast levels; the writer's is 1)")
+        ->check(CLI::Range(-7, 19))
         ->capture_default_str();
     app.add_option("--dir", dir_, "the checkpoint is written under this directory")
         ->capture_default_str();
