@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "host/backend/host_buffer.hpp"
 #include "tests/tiers/tier_fixtures.hpp"
 
 namespace embstore_test::tiers {
@@ -165,6 +166,57 @@ TEST_CASE("a failed read from the tier fails the call or the checkpoint and lose
   REQUIRE(after.rows_moved_up == at_fault.rows_moved_up);  // nothing came up
   REQUIRE(same_bits(lookup_ok(twins.tiered, all, 0), before));
   for (uint64_t s = 4; s <= 6; ++s) twins.step(s, 300, 100);
+  require_same_checkpoint(a, b, dir_a.path(), dir_b.path(), "emb");
+}
+
+// Fails every host memory allocation while it lives (HostBuffer's test hook), counting them.
+struct AllocFaultGuard {
+  int asked = 0;
+  AllocFaultGuard() {
+    embstore::set_host_alloc_fault([this](size_t) {
+      ++asked;
+      return true;
+    });
+  }
+  ~AllocFaultGuard() { embstore::set_host_alloc_fault({}); }
+  AllocFaultGuard(const AllocFaultGuard&) = delete;
+  AllocFaultGuard& operator=(const AllocFaultGuard&) = delete;
+};
+
+TEST_CASE("a failed allocation while rows move up fails the call and loses no row",
+          "[tiers][failure]") {
+  TierDir tier;
+  if (backend() == EMBSTORE_BACKEND_CUDA) return;  // the hook is the host backend's memory
+  TempDir dir_a, dir_b;
+  StoreGuard a(tier_store(nullptr));
+  StoreGuard b(tier_store(tier.path().c_str()));
+  Twins twins{a, b, make_table(a, tier_config("emb", 8, 0)),
+              make_table(b, tier_config("emb", 8, 32))};
+  // Batches within the first tier's frames (64: the table's initial capacity), so that the
+  // frames never grew past them.
+  for (uint64_t s = 1; s <= 8; ++s) twins.step(s, 300, 30);
+  const std::vector<int64_t> all = key_range(300);
+  const std::vector<float> before = lookup_ok(twins.plain, all, 0);
+  const embstore_table_stats_t at_fault = stats(twins.tiered);
+  REQUIRE(at_fault.rows_on_disk >= 100);
+  std::vector<float> out(all.size() * 8);
+  std::vector<float> grads(all.size() * 8, 0.25f);
+  {
+    // Every row of one call must be in memory at once: over a hundred frames, past the 32 of the
+    // budget and the 64 the table has, so more frame memory is asked for, and refused.
+    AllocFaultGuard faults;
+    require_status(embstore_lookup(twins.tiered, all.data(), all.size(), out.data(), 0, nullptr),
+                   EMBSTORE_OUT_OF_MEMORY, "");
+    require_status(
+        embstore_apply_gradients(twins.tiered, all.data(), grads.data(), all.size(), nullptr),
+        EMBSTORE_OUT_OF_MEMORY, "");
+    REQUIRE(faults.asked >= 2);
+  }
+  const embstore_table_stats_t after = stats(twins.tiered);
+  REQUIRE(after.rows == at_fault.rows);
+  REQUIRE(after.rows_in_memory + after.rows_on_disk == after.rows);
+  REQUIRE(same_bits(lookup_ok(twins.tiered, all, 0), before));  // the update was not applied
+  for (uint64_t s = 9; s <= 12; ++s) twins.step(s, 300, 100);
   require_same_checkpoint(a, b, dir_a.path(), dir_b.path(), "emb");
 }
 
