@@ -70,13 +70,24 @@ void HostTable::prefetch(const int64_t* keys, size_t n, void*) {
   begin_tier_call();
   if (!stamp_resident(rows_scratch_.data(), n)) return;
   // A hint: only the rows that fit beside those of this call and the one before (the current
-  // batch, whose update comes next) are read; the call that needs the others reads them.
+  // batch, whose update comes next) are read, the hottest first; the call that needs the others
+  // reads them.
   const uint64_t budget = spec().memory_rows;
   if (held_frames() + up_rows_.size() > budget) {
     move_down_least_used(held_frames() + up_rows_.size() - budget + budget / 8, use_clock_ - 1);
   }
   const uint64_t room = budget > held_frames() ? budget - held_frames() : 0;
-  if (up_rows_.size() > room) up_rows_.resize(room);
+  if (up_rows_.size() > room) {
+    // The hottest of them (ties: the lower row id), read in row order.
+    const auto hotter = [&](uint32_t a, uint32_t b) {
+      const uint8_t ha = *heat_.at(a), hb = *heat_.at(b);
+      return ha != hb ? ha > hb : a < b;
+    };
+    std::nth_element(up_rows_.begin(), up_rows_.begin() + static_cast<std::ptrdiff_t>(room),
+                     up_rows_.end(), hotter);
+    up_rows_.resize(room);
+    std::sort(up_rows_.begin(), up_rows_.end());
+  }
   if (up_rows_.empty()) return;
   PrefetchJob job;
   job.rows = up_rows_;

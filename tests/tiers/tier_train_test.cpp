@@ -202,6 +202,34 @@ TEST_CASE("a prefetch reads only what fits beside the current batch", "[tiers]")
   REQUIRE(s.tier_bytes_read > read);
 }
 
+TEST_CASE("a prefetch that fits only part of its batch reads the hottest rows", "[tiers]") {
+  TierDir tier;
+  if (!backend_has_tiers(tier.path())) return;
+  StoreGuard store(tier_store(tier.path().c_str()));
+  embstore_table_t* t = make_table(store, tier_config("emb", 8, 64));
+  // Rows 0-29 used once, then rows 30-39 in five calls; two calls of 64 other keys each move
+  // them all down.
+  const std::vector<int64_t> cold = keys_from(0, 30), hot = keys_from(30, 10);
+  lookup_ok(t, cold);
+  for (int call = 0; call < 5; ++call) lookup_ok(t, hot);
+  const std::vector<int64_t> other = keys_from(1000, 64), current = keys_from(2000, 64);
+  lookup_ok(t, other);
+  lookup_ok(t, current);
+  const std::vector<int64_t> batch(current.begin(), current.begin() + 40);
+  lookup_ok(t, batch);  // the current batch: its 40 rows stay for its update
+  const embstore_table_stats_t before = stats(t);
+  REQUIRE(before.rows_on_disk == 30 + 10 + 64);
+  // The next batch: the 40 rows of cold and hot, with room for 24 beside the current batch.
+  std::vector<int64_t> next = cold;
+  next.insert(next.end(), hot.begin(), hot.end());
+  ok(embstore_prefetch(t, next.data(), next.size(), nullptr));
+  const uint64_t read = wait_for_bytes_read(t, before.tier_bytes_read);
+  lookup_ok(t, hot, 0);  // finishes the prefetch: the hot rows came up with it
+  const embstore_table_stats_t s = stats(t);
+  REQUIRE(s.rows_moved_up == before.rows_moved_up + 24);
+  REQUIRE(s.tier_bytes_read == read);  // nothing more read: by row id, 0-23 would have come
+}
+
 TEST_CASE("a prefetch in flight meets eviction, another prefetch and the table's end", "[tiers]") {
   TierDir tier;
   if (!backend_has_tiers(tier.path())) return;
