@@ -5,6 +5,7 @@
 // checkpoint nor leaves a broken chain.
 #include <embstore/embstore.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cstddef>
@@ -48,8 +49,10 @@ struct Publishing {
   embstore_test::TempDir tmp;
   std::string dir = tmp.path() + "/ckpt", serving = tmp.path() + "/serving";
   Trainer trainer;
-  explicit Publishing(embstore_codec_t serving_codec = EMBSTORE_CODEC_NONE, uint32_t keep_full = 0)
+  explicit Publishing(embstore_codec_t serving_codec = EMBSTORE_CODEC_NONE, uint32_t keep_full = 0,
+                      const std::string& serving_dir = "")
       : trainer(false, serving_codec) {
+    if (!serving_dir.empty()) serving = serving_dir;
     embstore_checkpoint_policy_t p;
     embstore_checkpoint_policy_init(&p);
     p.dir = dir.c_str();
@@ -119,6 +122,41 @@ TEST_CASE("A serving-only directory gets every version, values only, and followe
   CHECK(st.serving_published == 4);
   CHECK(st.serving_skipped == 0);
   embstore_follower_destroy(f);
+}
+
+TEST_CASE("A serving-only directory on another file system gets copies of the files",
+          "[serving][serving_dir]") {
+  // /dev/shm: a tmpfs where Linux has one, so link() across to it fails with EXDEV.
+  struct stat shm {
+  }, tmp{};
+  embstore_test::TempDir probe;
+  if (::stat("/dev/shm", &shm) != 0 || ::stat(probe.path().c_str(), &tmp) != 0 ||
+      shm.st_dev == tmp.st_dev || ::access("/dev/shm", W_OK) != 0) {
+    WARN("no writable /dev/shm on another file system: the copy is not exercised");
+    return;
+  }
+  const std::string serving = "/dev/shm/embstore-serving-" + std::to_string(::getpid());
+  std::filesystem::remove_all(serving);
+  {
+    Publishing run(EMBSTORE_CODEC_BF16, 0, serving);
+    run.step_and_checkpoint(1, EMBSTORE_CKPT_FULL);
+    run.step_and_checkpoint(2, EMBSTORE_CKPT_INCREMENTAL);
+    const std::string name = version_name(2, false);
+    const embstore::io::Manifest m = manifest_of(serving + "/" + name);
+    const embstore::io::Manifest c = manifest_of(run.dir + "/" + name);
+    for (size_t i = 0; i < m.tables.size(); ++i) {
+      struct stat st {};
+      REQUIRE(::stat((serving + "/" + name + "/" + m.tables[i].files[0].path).c_str(), &st) == 0);
+      CHECK(st.st_nlink == 1);  // a copy
+      CHECK(static_cast<uint64_t>(st.st_size) == c.tables[i].serving[0].bytes);
+      CHECK(m.tables[i].files[0].xxh3 == c.tables[i].serving[0].xxh3);
+    }
+    embstore_follower_t* f = follow(serving);
+    check_equals_restore(f, run.dir, 2, 0, 1, Codec::kBf16);
+    embstore_follower_destroy(f);
+    CHECK(checkpoint_stats(run.trainer.store).serving_published == 2);
+  }
+  std::filesystem::remove_all(serving);
 }
 
 TEST_CASE("Restores refuse a serving-only directory; a values-only warm start reads it",
