@@ -344,19 +344,21 @@ void Checkpointer::after_commit(const Job& job) {
     serving_dir = schedule_.policy().serving_dir;
   }
   // The version is committed: nothing here may fail it (or escape into the job's end).
+  const auto logged = [&](const char* what, auto&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      log_line(fmt::format("{}: {}: {}", job.what(), what, e.what()));
+    }
+  };
+  logged("retention after its commit", [&] { apply_retention(job.dir, job.version, keep); });
+  if (serving_dir.empty()) return;
   int r = -ENOMEM;
   std::string detail;
-  try {
-    apply_retention(job.dir, job.version, keep);
-    if (serving_dir.empty()) return;
+  logged("publishing", [&] {
     r = publish_serving(job.dir + "/" + io::version_dir_name(job.version, job.full), serving_dir,
                         &detail);
-    if (r == 0) apply_retention(serving_dir, job.version, keep);
-  } catch (const std::exception& e) {
-    detail = e.what();  // (retention logs its own failures: this is an allocation's)
-    if (serving_dir.empty()) log_line(fmt::format("{}: after its commit: {}", job.what(), detail));
-  }
-  if (serving_dir.empty()) return;
+  });
   {
     std::lock_guard lock(mutex_);
     ++(r == 0 ? serving_published_ : serving_skipped_);
@@ -365,6 +367,22 @@ void Checkpointer::after_commit(const Job& job) {
     log_line(fmt::format("{} is committed, but not published to serving_dir '{}': {}{}", job.what(),
                          serving_dir, detail.empty() ? errno_text(r) : detail,
                          job.full ? "" : "; the next full checkpoint publishes again"));
+    return;
+  }
+  logged("retention in serving_dir", [&] { apply_retention(serving_dir, job.version, keep); });
+}
+
+void Checkpointer::refuse_checkpoints_in(const std::string& serving_dir) {
+  std::vector<io::VersionDir> versions;
+  if (io::list_versions(serving_dir, &versions) < 0) return;  // created above: empty or listable
+  for (const io::VersionDir& v : versions) {
+    io::Manifest m;
+    if (io::read_manifest(serving_dir + "/" + v.name, &m, nullptr) == 0 && !m.serving_only) {
+      fail(EMBSTORE_INVALID_ARGUMENT,
+           "serving_dir '{}' holds checkpoint version {}, which is not serving-only: a "
+           "serving_dir holds only what a policy published there (is it a checkpoint directory?)",
+           serving_dir, v.name);
+    }
   }
 }
 
@@ -477,11 +495,7 @@ void Checkpointer::set_policy(Policy policy) {
     }
     if (store_.rank() == 0) {
       lock_dir(policy.serving_dir);
-      // What a crash left of a publication or a deletion there (its writer is this store now).
-      if (int r = io::remove_leftovers(policy.serving_dir, nullptr); r < 0) {
-        log_line(fmt::format("could not remove every leftover in '{}': {}", policy.serving_dir,
-                             errno_text(r)));
-      }
+      refuse_checkpoints_in(policy.serving_dir);
     }
   }
   const bool scheduled = !policy.dir.empty() &&

@@ -118,6 +118,9 @@ class Checkpointer {
   // After job committed into the policy's dir: retention there, then the publication to the
   // policy's serving_dir (publish.hpp) and retention there. Nothing for another directory.
   void after_commit(const Job& job);
+  // Throws Error(INVALID_ARGUMENT) when serving_dir holds a version that is not serving-only
+  // (a checkpoint directory given as a policy's serving_dir).
+  void refuse_checkpoints_in(const std::string& serving_dir);
   // Keeps the newest keep full checkpoints up to version newest in dir (0: all), and the
   // chains of followers' leases.
   void apply_retention(const std::string& dir, uint64_t newest, uint32_t keep);

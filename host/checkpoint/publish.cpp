@@ -55,16 +55,27 @@ int copy_file(const std::string& from, const std::string& to, uint64_t bytes) {
   return copied == bytes ? 0 : -EBADMSG;
 }
 
-// Versions of serving_dir at or above `version` belong to a run the trainer abandoned (its step
-// went back, after a restore of an older version): retired, newest first, before a version of
-// the new run is published, so that followers never take them for the newest.
-int retire_abandoned(const std::string& serving_dir, uint64_t version, std::string* detail) {
+// Versions of serving_dir from `first` on belong to a run the trainer abandoned (its step went
+// back, after a restore of an older version): retired, newest first, before a version of the
+// new run is published, so that followers never take them for the newest and retention never
+// counts them. A delta's `first` is just above its parent (this run committed nothing between
+// them), a full's its own version. A version there that is not serving-only is not ours to
+// delete: -ENOTEMPTY.
+int retire_abandoned(const std::string& serving_dir, uint64_t first, std::string* detail) {
   std::vector<io::VersionDir> versions;
   if (int r = io::list_versions(serving_dir, &versions); r < 0) {
     *detail = fmt::format("cannot list '{}': {}", serving_dir, errno_text(r));
     return r;
   }
-  for (auto v = versions.rbegin(); v != versions.rend() && v->version >= version; ++v) {
+  for (auto v = versions.rbegin(); v != versions.rend() && v->version >= first; ++v) {
+    io::Manifest m;
+    if (io::read_manifest(serving_dir + "/" + v->name, &m, nullptr) == 0 && !m.serving_only) {
+      *detail = fmt::format(
+          "'{}/{}' is not a serving-only version: a serving_dir holds nothing "
+          "else, and this one is not deleted",
+          serving_dir, v->name);
+      return -ENOTEMPTY;
+    }
     if (int r = io::retire_version(serving_dir, v->name); r < 0) {
       *detail = fmt::format("cannot delete '{}/{}', of a run abandoned at an older version: {}",
                             serving_dir, v->name, errno_text(r));
@@ -145,7 +156,15 @@ int publish_serving(const std::string& version_path, const std::string& serving_
       return -ENODATA;
     }
   }
-  if (int r = retire_abandoned(serving_dir, m.version, detail); r < 0) return r;
+  // This store is the directory's only writer: what is left of a crash (a publication's staging
+  // directory, a half-deleted version) goes first.
+  if (int r = io::remove_leftovers(serving_dir, nullptr); r < 0) {
+    *detail = fmt::format("cannot remove the leftovers in '{}': {}", serving_dir, errno_text(r));
+    return r;
+  }
+  if (int r = retire_abandoned(serving_dir, m.full ? m.version : *m.parent + 1, detail); r < 0) {
+    return r;
+  }
   std::optional<uint64_t> parent_xxh3;
   if (!m.full) {
     io::Manifest parent;

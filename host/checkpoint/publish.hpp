@@ -15,8 +15,9 @@
 namespace embstore::checkpoint {
 
 // Publishes the committed version at version_path (a version directory of a checkpoint
-// directory) into serving_dir (which must exist; the caller holds its writer lock). Versions of
-// serving_dir at or above it, of a run abandoned at an older version, are deleted first.
+// directory) into serving_dir (which must exist; the caller holds its writer lock). A crash's
+// leftovers there, and its versions of a run abandoned at an older version (at or above a full,
+// above a delta's parent), are deleted first; -ENOTEMPTY when one of those is not serving-only.
 // -ENODATA: the version has no values-only files; -ENOENT: a delta whose parent (the serving
 // version published from the very version it applies on) serving_dir does not hold: its chain
 // starts again at the next full checkpoint; else the error of a read, link, copy, write or

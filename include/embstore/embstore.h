@@ -864,7 +864,7 @@ EMBSTORE_API void embstore_checkpoint_policy_init(embstore_checkpoint_policy_t* 
     so that the step taking its first checkpoint does not pay for it. A serving_dir is created
     and its writer lock taken here too. @return OK; INVALID_ARGUMENT (NULL pointer, struct_size
     too small, negative or NaN seconds, a schedule, or a serving_dir, without dir; serving_dir
-    is dir; serving_deltas not 0 or 1); BUSY (another writer holds dir or serving_dir); IO_ERROR
+    is dir or holds a version that is not serving-only; serving_deltas not 0 or 1); BUSY (another writer holds dir or serving_dir); IO_ERROR
     (dir, serving_dir or a lock cannot be created).
 
     Incremental checkpoints follow the same rules, by incremental_every_steps/_seconds; a full

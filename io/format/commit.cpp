@@ -236,18 +236,26 @@ bool parse_version_dir_name(const std::string& name, uint64_t* version, bool* fu
   return true;
 }
 
+namespace {
+
+// 64 random bits for a hidden name.
+int random_nonce(uint64_t* nonce) {
+  ssize_t got = ::getrandom(nonce, sizeof(*nonce), 0);
+  if (got == static_cast<ssize_t>(sizeof(*nonce))) return 0;
+  // Old kernels (ENOSYS) or seccomp filters: /dev/urandom gives the same bytes.
+  Fd fd(::open("/dev/urandom", O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return neg_errno();
+  ssize_t n = ::read(fd.get(), nonce, sizeof(*nonce));
+  if (n < 0) return neg_errno();
+  return n == static_cast<ssize_t>(sizeof(*nonce)) ? 0 : -EIO;
+}
+
+}  // namespace
+
 int make_staging_dir(const std::string& parent, uint64_t version, std::string* path_out) {
   for (int attempt = 0; attempt < kStagingTries; ++attempt) {
     uint64_t nonce = 0;
-    ssize_t got = ::getrandom(&nonce, sizeof(nonce), 0);
-    if (got != static_cast<ssize_t>(sizeof(nonce))) {
-      // Old kernels (ENOSYS) or seccomp filters: /dev/urandom gives the same bytes.
-      Fd fd(::open("/dev/urandom", O_RDONLY | O_CLOEXEC));
-      if (fd.get() < 0) return neg_errno();
-      ssize_t n = ::read(fd.get(), &nonce, sizeof(nonce));
-      if (n < 0) return neg_errno();
-      if (n != static_cast<ssize_t>(sizeof(nonce))) return -EIO;
-    }
+    if (int r = random_nonce(&nonce); r < 0) return r;
     char name[64];
     std::snprintf(name, sizeof(name), "%s%" PRIu64 "-%016" PRIx64, kStagingPrefix, version, nonce);
     std::string path = parent + "/" + name;
@@ -301,8 +309,13 @@ int remove_tree(const std::string& path) {
 }
 
 int retire_version(const std::string& parent, const std::string& name) {
+  uint64_t nonce = 0;
+  if (int r = random_nonce(&nonce); r < 0) return r;
+  // A nonce: what a removal that failed half-way left never blocks the next one of that name.
+  char suffix[24];
+  std::snprintf(suffix, sizeof suffix, "-%016" PRIx64, nonce);
   const std::string path = parent + "/" + name;
-  const std::string hidden = parent + "/.tmp-retired-" + name;
+  const std::string hidden = parent + "/.tmp-retired-" + name + suffix;
   if (std::rename(path.c_str(), hidden.c_str()) != 0) return -errno;
   return remove_tree(hidden);
 }

@@ -63,7 +63,7 @@ int remove_tree(const std::string& path);
 // could not be removed are not reported as removed.
 int remove_leftovers(const std::string& parent, std::vector<std::string>* removed);
 
-// Deletes <parent>/<name>: renamed to <parent>/.tmp-retired-<name> first (so that a crash half-way
+// Deletes <parent>/<name>: renamed to <parent>/.tmp-retired-<name>-<nonce> first (so that a crash half-way
 // never leaves a damaged version for readers: remove_leftovers takes what is left), then
 // removed.
 int retire_version(const std::string& parent, const std::string& name);

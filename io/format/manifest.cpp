@@ -362,6 +362,9 @@ int parse_manifest(const std::string& text, Manifest* out, std::string* detail) 
         throw Bad("'parent_manifest_xxh3' does not match 'kind'");
       }
     }
+    if (m.format_version < 3 && j.contains("serving_only")) {
+      throw Bad("'serving_only' in format " + std::to_string(m.format_version) + " (from 3)");
+    }
     if (m.format_version >= 3 && j.contains("serving_only")) {
       const json& flag = member(j, "serving_only");
       if (!flag.is_boolean()) throw Bad("'serving_only' is not a boolean");

@@ -445,6 +445,12 @@ TEST_CASE("manifest: a serving-only version round-trips in format 3 and holds va
   // Without the member (every manifest before it): not serving-only.
   REQUIRE(parse_manifest(format_manifest(sample()), &back, &detail) == 0);
   CHECK_FALSE(back.serving_only);
+  {
+    Manifest two = sample();
+    two.format_version = kPlainManifestFormatVersion;
+    CHECK(parse_error(edit(two, "\"tables\":", "\"serving_only\": true, \"tables\":"))
+              .find("'serving_only' in format 2") != std::string::npos);
+  }
   CHECK(parse_error(edit(m, "\"serving_only\": true", "\"serving_only\": 1"))
             .find("'serving_only' is not a boolean") != std::string::npos);
 

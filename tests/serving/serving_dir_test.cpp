@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstddef>
 #include <cstring>
@@ -264,6 +265,32 @@ TEST_CASE("After a restore of an older version, the abandoned run leaves the ser
   CHECK(checkpoint_stats(run.trainer.store).serving_skipped == 0);
 }
 
+TEST_CASE("Retention after a restore never takes the chain of the version just published",
+          "[serving][serving_dir]") {
+  Publishing run(EMBSTORE_CODEC_NONE, /*keep_full=*/1);
+  run.step_and_checkpoint(1, EMBSTORE_CKPT_FULL);
+  run.step_and_checkpoint(2, EMBSTORE_CKPT_INCREMENTAL);
+  run.step_and_checkpoint(3, EMBSTORE_CKPT_FULL);  // retention: 1 and 2 go from both
+  REQUIRE(embstore_restore(run.trainer.store, run.dir.c_str(), 3, nullptr) == EMBSTORE_OK);
+  run.step_and_checkpoint(4, EMBSTORE_CKPT_INCREMENTAL);
+  run.step_and_checkpoint(5, EMBSTORE_CKPT_FULL);
+  run.step_and_checkpoint(6, EMBSTORE_CKPT_INCREMENTAL);
+  // Back to 5, whose newer version the trainer's directory loses by hand; the next delta (at
+  // step 8: steps may skip) applies on 5. The serving directory's abandoned 6 must go before it
+  // counts, and 5, its parent, stays.
+  REQUIRE(embstore_restore(run.trainer.store, run.dir.c_str(), 5, nullptr) == EMBSTORE_OK);
+  REQUIRE(std::filesystem::remove_all(run.dir + "/" + version_name(6, false)) > 0);
+  run.step_and_checkpoint(8, EMBSTORE_CKPT_INCREMENTAL);
+  std::vector<embstore::io::VersionDir> versions;
+  REQUIRE(embstore::io::list_versions(run.serving, &versions) == 0);
+  std::vector<std::string> names;
+  for (const auto& v : versions) names.push_back(v.name);
+  CHECK(names == std::vector<std::string>{version_name(5, true), version_name(8, false)});
+  embstore_follower_t* f = follow(run.serving);
+  check_equals_restore(f, run.dir, 8);
+  embstore_follower_destroy(f);
+}
+
 TEST_CASE("A delta is published only on the serving version of its own parent",
           "[serving][serving_dir]") {
   Publishing run;
@@ -302,22 +329,44 @@ TEST_CASE("A serving-only directory keeps keep_full chains, and the policy check
     REQUIRE(embstore::io::list_versions(run.dir, &versions) == 0);
     CHECK(versions.size() == 1);
   }
-  SECTION("a crash's leftovers go when the policy is set") {
+  SECTION("a crash's leftovers go at the next publication") {
     embstore_test::TempDir tmp;
     const std::string dir = tmp.path() + "/ckpt", serving = tmp.path() + "/serving";
     for (const char* left : {"/.tmp-00000000000000000007-0123456789abcdef",
-                             "/.tmp-retired-00000000000000000003.full"}) {
+                             "/.tmp-retired-00000000000000000003.full-0123456789abcdef"}) {
       REQUIRE(std::filesystem::create_directories(serving + left + "/tables"));
+    }
+    Trainer trainer;
+    embstore_checkpoint_policy_t p;
+    embstore_checkpoint_policy_init(&p);
+    p.dir = dir.c_str();
+    p.serving_dir = serving.c_str();
+    REQUIRE(embstore_checkpoint_set_policy(trainer.store, &p) == EMBSTORE_OK);
+    trainer.step(1);
+    trainer.checkpoint(dir, EMBSTORE_CKPT_FULL);
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(serving)) {
+      names.push_back(e.path().filename().string());
+    }
+    CHECK(std::count_if(names.begin(), names.end(),
+                        [](const std::string& n) { return n.rfind(".tmp-", 0) == 0; }) == 0);
+    CHECK(std::count(names.begin(), names.end(), version_name(1, true)) == 1);
+  }
+  SECTION("a checkpoint directory is refused as a serving_dir") {
+    embstore_test::TempDir tmp;
+    const std::string checkpoints = tmp.path() + "/ckpt", dir = tmp.path() + "/other";
+    {
+      Trainer trainer;  // writes version 1 there, and lets go of its lock
+      trainer.step(1);
+      trainer.checkpoint(checkpoints, EMBSTORE_CKPT_FULL);
     }
     embstore_store_t* s = host_store();
     embstore_checkpoint_policy_t p;
     embstore_checkpoint_policy_init(&p);
     p.dir = dir.c_str();
-    p.serving_dir = serving.c_str();
-    REQUIRE(embstore_checkpoint_set_policy(s, &p) == EMBSTORE_OK);
-    for (const auto& e : std::filesystem::directory_iterator(serving)) {
-      CHECK(e.path().filename().string().rfind(".tmp-", 0) != 0);
-    }
+    p.serving_dir = checkpoints.c_str();
+    CHECK(embstore_checkpoint_set_policy(s, &p) == EMBSTORE_INVALID_ARGUMENT);
+    CHECK(std::string(embstore_last_error()).find("not serving-only") != std::string::npos);
     embstore_store_destroy(s);
   }
   SECTION("the policy's checks") {

@@ -438,17 +438,17 @@ int cmd_verify(const std::string& dir, const std::optional<std::string>& version
   for (size_t k = 0; k < targets.size(); ++k) {
     const std::string& name = checkpoints.versions()[targets[k]].name;
     std::optional<Error> problem = plan_errors[k];
-    if (plans[k]) {
+    if (plans[k] && !serving && plans[k]->manifest().serving_only) {
+      // Restore refuses it on its manifest: nothing more to read. --serving checks it as
+      // followers read it.
+      problem = Error(EMBSTORE_INVALID_ARGUMENT,
+                      "a serving-only version (values without optimizer state): restore refuses "
+                      "it; --serving checks it as followers read it");
+    } else if (plans[k]) {
       try {
         verifier.check(*plans[k]);
       } catch (const Error& e) {
         problem = e;
-      }
-      // Checked as a follower reads it; restore refuses it, so it passes only when asked for.
-      if (!problem && !serving && plans[k]->manifest().serving_only) {
-        problem = Error(EMBSTORE_INVALID_ARGUMENT,
-                        "a serving-only version (values without optimizer state): restore refuses "
-                        "it; --serving checks it as followers read it");
       }
     }
     if (k + 1 == targets.size()) {
