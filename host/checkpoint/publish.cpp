@@ -1,8 +1,6 @@
 #include "host/checkpoint/publish.hpp"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <filesystem>
@@ -22,51 +20,14 @@ namespace {
 
 using io::detail::errno_text;
 
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-// A byte-for-byte copy of from into to (created, never replaced), for a serving directory on
-// another file system than the checkpoint's (link() gives EXDEV).
-int copy_file(const std::string& from, const std::string& to, uint64_t bytes) {
-  Fd in{::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC)};
-  if (in.fd < 0) return -errno;
-  Fd out{::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)};
-  if (out.fd < 0) return -errno;
-  std::vector<char> buffer(size_t{1} << 20);
-  uint64_t copied = 0;
-  for (;;) {
-    const ssize_t got = ::read(in.fd, buffer.data(), buffer.size());
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) return -errno;
-    if (got == 0) break;
-    for (ssize_t done = 0; done < got;) {
-      const ssize_t put = ::write(out.fd, buffer.data() + done, static_cast<size_t>(got - done));
-      if (put < 0 && errno == EINTR) continue;
-      if (put < 0) return -errno;
-      done += put;
-    }
-    copied += static_cast<uint64_t>(got);
-  }
-  // The manifest's size is what readers check; a file that changed under us is not published.
-  return copied == bytes ? 0 : -EBADMSG;
-}
-
 // Versions of serving_dir from `first` on belong to a run the trainer abandoned (its step went
 // back, after a restore of an older version): retired, newest first, before a version of the
 // new run is published, so that followers never take them for the newest and retention never
 // counts them. A delta's `first` is just above its parent (this run committed nothing between
 // them), a full's its own version. A version there that is not serving-only is not ours to
 // delete: -ENOTEMPTY.
-int retire_abandoned(const std::string& serving_dir, uint64_t first, std::string* detail) {
-  std::vector<io::VersionDir> versions;
-  if (int r = io::list_versions(serving_dir, &versions); r < 0) {
-    *detail = fmt::format("cannot list '{}': {}", serving_dir, errno_text(r));
-    return r;
-  }
+int retire_abandoned(const std::string& serving_dir, const std::vector<io::VersionDir>& versions,
+                     uint64_t first, std::string* detail) {
   for (auto v = versions.rbegin(); v != versions.rend() && v->version >= first; ++v) {
     io::Manifest m;
     if (io::read_manifest(serving_dir + "/" + v->name, &m, nullptr) == 0 && !m.serving_only) {
@@ -88,13 +49,8 @@ int retire_abandoned(const std::string& serving_dir, uint64_t first, std::string
 // The serving directory's version of the delta m's parent: its manifest, which must be
 // serving-only, of m's lineage, and published from the very version m applies on (its source
 // checksum is m's parent checksum). -ENOENT when it is not there.
-int serving_parent(const std::string& serving_dir, const io::Manifest& m, io::Manifest* out,
-                   std::string* detail) {
-  std::vector<io::VersionDir> versions;
-  if (int r = io::list_versions(serving_dir, &versions); r < 0) {
-    *detail = fmt::format("cannot list '{}': {}", serving_dir, errno_text(r));
-    return r;
-  }
+int serving_parent(const std::string& serving_dir, const std::vector<io::VersionDir>& versions,
+                   const io::Manifest& m, io::Manifest* out, std::string* detail) {
   const uint64_t version = *m.parent;
   for (const io::VersionDir& v : versions) {
     if (v.version != version) continue;
@@ -162,13 +118,18 @@ int publish_serving(const std::string& version_path, const std::string& serving_
     *detail = fmt::format("cannot remove the leftovers in '{}': {}", serving_dir, errno_text(r));
     return r;
   }
-  if (int r = retire_abandoned(serving_dir, m.full ? m.version : *m.parent + 1, detail); r < 0) {
+  std::vector<io::VersionDir> versions;
+  if (int r = io::list_versions(serving_dir, &versions); r < 0) {
+    *detail = fmt::format("cannot list '{}': {}", serving_dir, errno_text(r));
     return r;
   }
+  // (A delta's parent is below `first`: never retired.)
+  const uint64_t first = m.full ? m.version : *m.parent + 1;
+  if (int r = retire_abandoned(serving_dir, versions, first, detail); r < 0) return r;
   std::optional<uint64_t> parent_xxh3;
   if (!m.full) {
     io::Manifest parent;
-    if (int r = serving_parent(serving_dir, m, &parent, detail); r < 0) return r;
+    if (int r = serving_parent(serving_dir, versions, m, &parent, detail); r < 0) return r;
     parent_xxh3 = parent.xxh3;
   }
   std::unique_ptr<io::VersionWriter> out;
@@ -186,11 +147,7 @@ int publish_serving(const std::string& version_path, const std::string& serving_
         *detail = fmt::format("cannot create '{}': {}", parent, errno_text(r));
         return r;
       }
-      int r = ::link(from.c_str(), to.c_str()) == 0 ? 0 : -errno;
-      if (r == -EXDEV || r == -EPERM || r == -EOPNOTSUPP || r == -EMLINK) {
-        r = copy_file(from, to, t.serving[k].bytes);
-      }
-      if (r < 0) {
+      if (int r = io::link_or_copy(from, to, t.serving[k].bytes); r < 0) {
         *detail = fmt::format("cannot link or copy '{}' to '{}': {}", from, to,
                               r == -EBADMSG ? "its size is not the manifest's" : errno_text(r));
         return r;

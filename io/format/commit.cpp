@@ -14,6 +14,7 @@
 #include <cstring>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #ifndef RENAME_NOREPLACE
 #define RENAME_NOREPLACE (1 << 0)  // linux/fs.h; older libc headers lack it
@@ -306,6 +307,44 @@ int remove_tree(const std::string& path) {
   }
   if (::rmdir(path.c_str()) < 0 && errno != ENOENT && first == 0) first = neg_errno();
   return first;
+}
+
+namespace {
+
+int copy_file(const std::string& from, const std::string& to) {
+  Fd in(::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (in.get() < 0) return neg_errno();
+  Fd out(::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (out.get() < 0) return neg_errno();
+  std::vector<char> buffer(size_t{1} << 20);
+  for (;;) {
+    const ssize_t got = ::read(in.get(), buffer.data(), buffer.size());
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return neg_errno();
+    if (got == 0) break;
+    for (ssize_t done = 0; done < got;) {
+      const ssize_t put = ::write(out.get(), buffer.data() + done, static_cast<size_t>(got - done));
+      if (put < 0 && errno == EINTR) continue;
+      if (put < 0) return neg_errno();
+      done += put;
+    }
+  }
+  return out.close();
+}
+
+}  // namespace
+
+int link_or_copy(const std::string& from, const std::string& to, uint64_t bytes) {
+  int r = ::link(from.c_str(), to.c_str()) == 0 ? 0 : neg_errno();
+  if (r == -EXDEV || r == -EPERM || r == -EOPNOTSUPP || r == -EMLINK) r = copy_file(from, to);
+  if (r < 0) return r;
+  struct stat st;
+  if (::lstat(to.c_str(), &st) != 0) return neg_errno();
+  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != bytes) {
+    ::unlink(to.c_str());
+    return -EBADMSG;
+  }
+  return 0;
 }
 
 int retire_version(const std::string& parent, const std::string& name) {

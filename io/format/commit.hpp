@@ -63,6 +63,11 @@ int remove_tree(const std::string& path);
 // could not be removed are not reported as removed.
 int remove_leftovers(const std::string& parent, std::vector<std::string>* removed);
 
+// Puts the file from at the new path to (never replacing one): a hard link, or, where the file
+// systems differ or links are not allowed, a byte copy. Either way to must then hold `bytes`
+// bytes (what a manifest says of from): -EBADMSG, and to removed, when it does not.
+int link_or_copy(const std::string& from, const std::string& to, uint64_t bytes);
+
 // Deletes <parent>/<name>: renamed to <parent>/.tmp-retired-<name>-<nonce> first (so that a crash half-way
 // never leaves a damaged version for readers: remove_leftovers takes what is left), then
 // removed.

@@ -429,3 +429,18 @@ TEST_CASE("commit: a writer killed before commit leaves only a leftover", "[comm
   CHECK(entries(tmp.path()) == std::vector<std::string>{version_dir_name(1000, true)});
   check_checkpoint(tmp.file(version_dir_name(1000, true)));
 }
+
+TEST_CASE("commit: link_or_copy links, never replaces, and checks the size it was told",
+          "[commit]") {
+  TempDir tmp;
+  write_file(tmp.file("from"), "twelve bytes");
+  REQUIRE(link_or_copy(tmp.file("from"), tmp.file("to"), 12) == 0);
+  struct stat st {};
+  REQUIRE(::stat(tmp.file("to").c_str(), &st) == 0);
+  CHECK(st.st_nlink == 2);  // one file system: a link
+  CHECK(link_or_copy(tmp.file("from"), tmp.file("to"), 12) == -EEXIST);
+  // A size that is not the file's (a manifest's word against the disk's): refused, nothing left.
+  CHECK(link_or_copy(tmp.file("from"), tmp.file("other"), 13) == -EBADMSG);
+  CHECK(::access(tmp.file("other").c_str(), F_OK) != 0);
+  CHECK(link_or_copy(tmp.file("missing"), tmp.file("other"), 0) == -ENOENT);
+}

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "io/codec/block_codec.hpp"
+#include "io/format/manifest.hpp"
 #include "tests/io/io_fixtures.hpp"
 
 namespace embstore_test::serving {
@@ -96,6 +97,15 @@ struct Run {
   }
 };
 
+// The manifest of the version directory vdir, which must read.
+inline embstore::io::Manifest manifest_of(const std::string& vdir) {
+  embstore::io::Manifest m;
+  std::string detail;
+  INFO(detail);
+  REQUIRE(embstore::io::read_manifest(vdir, &m, &detail) == 0);
+  return m;
+}
+
 // A follower configuration of dir with the defaults, to adjust before follow_with.
 inline embstore_follower_config_t follower_config(const std::string& dir) {
   embstore_follower_config_t c;
@@ -158,4 +168,15 @@ inline void check_equals_restore(embstore_follower_t* f, const std::string& dir,
   }
   embstore_store_destroy(restored);
 }
+
+// A new follower of followed serves, at once, what a restore of dir's version holds (within
+// codec).
+inline void check_new_follower(const std::string& followed, const std::string& dir,
+                               uint64_t version,
+                               embstore::io::Codec codec = embstore::io::Codec::kNone) {
+  embstore_follower_t* f = follow(followed);
+  check_equals_restore(f, dir, version, 0, 1, codec);
+  embstore_follower_destroy(f);
+}
+
 }  // namespace embstore_test::serving

@@ -25,14 +25,6 @@ using embstore::io::Codec;
 
 constexpr const char* kDelta3 = "/00000000000000000003.delta";
 
-embstore::io::Manifest manifest_of(const std::string& vdir) {
-  embstore::io::Manifest m;
-  std::string detail;
-  INFO(detail);
-  REQUIRE(embstore::io::read_manifest(vdir, &m, &detail) == 0);
-  return m;
-}
-
 std::string serving_path(const std::string& dir, const char* table) {
   return dir + kDelta3 + "/" +
          embstore::io::serving_file_path(embstore::io::kManifestFormatVersion, table, 0, 1);

@@ -29,14 +29,6 @@ using embstore::io::Codec;
 
 std::string version_name(uint64_t v, bool full) { return embstore::io::version_dir_name(v, full); }
 
-embstore::io::Manifest manifest_of(const std::string& vdir) {
-  embstore::io::Manifest m;
-  std::string detail;
-  INFO(detail);
-  REQUIRE(embstore::io::read_manifest(vdir, &m, &detail) == 0);
-  return m;
-}
-
 embstore_checkpoint_stats_t checkpoint_stats(embstore_store_t* s) {
   embstore_checkpoint_stats_t st{};
   st.struct_size = sizeof st;
@@ -152,9 +144,7 @@ TEST_CASE("A serving-only directory on another file system gets copies of the fi
       CHECK(static_cast<uint64_t>(st.st_size) == c.tables[i].serving[0].bytes);
       CHECK(m.tables[i].files[0].xxh3 == c.tables[i].serving[0].xxh3);
     }
-    embstore_follower_t* f = follow(serving);
-    check_equals_restore(f, run.dir, 2, 0, 1, Codec::kBf16);
-    embstore_follower_destroy(f);
+    check_new_follower(serving, run.dir, 2, Codec::kBf16);
     CHECK(checkpoint_stats(run.trainer.store).serving_published == 2);
   }
   std::filesystem::remove_all(serving);
@@ -234,9 +224,7 @@ TEST_CASE("A failed publication never fails the checkpoint; the next full publis
   st = checkpoint_stats(run.trainer.store);
   CHECK(st.serving_published == 3);
   CHECK(st.serving_skipped == 2);
-  embstore_follower_t* f = follow(run.serving);
-  check_equals_restore(f, run.dir, 5);
-  embstore_follower_destroy(f);
+  check_new_follower(run.serving, run.dir, 5);
 }
 
 TEST_CASE("After a restore of an older version, the abandoned run leaves the serving directory",
@@ -286,9 +274,7 @@ TEST_CASE("Retention after a restore never takes the chain of the version just p
   std::vector<std::string> names;
   for (const auto& v : versions) names.push_back(v.name);
   CHECK(names == std::vector<std::string>{version_name(5, true), version_name(8, false)});
-  embstore_follower_t* f = follow(run.serving);
-  check_equals_restore(f, run.dir, 8);
-  embstore_follower_destroy(f);
+  check_new_follower(run.serving, run.dir, 8);
 }
 
 TEST_CASE("A delta is published only on the serving version of its own parent",
