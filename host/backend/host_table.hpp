@@ -101,6 +101,7 @@ class HostTable final : public Table {
   struct Group {
     uint32_t row, first, last, count;
   };
+  struct PrefetchJob;  // below, with the tier's members
 
   // A chunk's rows in a spill file: the first value_bytes and meta_bytes of arena chunk
   // `chunk`'s two buffers (its rows in use, rounded up to whole pages).
@@ -171,17 +172,24 @@ class HostTable final : public Table {
     }
   };
   // Moves down up to `count` rows, never those stamped at spare_since or later; the order is
-  // move_down_least_used's (host_table_tier.cpp).
+  // pick_cold_frames' (host_table_tier.cpp).
   void move_down_least_used(uint64_t count, uint64_t spare_since);
-  // Frames held: rows in memory and frames a prefetch's read fills.
-  uint64_t held_frames() const { return resident_ + prefetch_.rows.size(); }
-  // Ends the prefetch in flight, if any: waits for its read, then its rows are in memory (or,
-  // when the read failed, still on disk and its frames free again). Under mutex_.
+  // The frames of up to `count` rows to move down into down_frames_ (sorted): never rows stamped
+  // at spare_since or later, nor rows a prefetch moves down already.
+  void pick_cold_frames(uint64_t count, uint64_t spare_since);
+  // Frames held: rows in memory (a prefetch's rows moving down included) and the free frames a
+  // prefetch's read fills.
+  uint64_t held_frames() const { return resident_ + prefetch_.fresh_frames; }
+  // Ends the prefetch in flight, if any: waits for its thread, then the rows it moved down are on
+  // disk and the rows it read in memory. When the write failed, nothing moved and nothing was
+  // read; when the read failed, its rows are still on disk. Under mutex_.
   void finish_prefetch();
-  // Whether any of rows[0..n) is a prefetch's row in flight.
-  bool any_arriving(const uint32_t* rows, size_t n) const;
-  // The prefetch thread: reads each job's rows into its frames, beside training calls.
+  // Whether any of rows[0..n) is a row a prefetch moves, up or down.
+  bool any_moving(const uint32_t* rows, size_t n) const;
+  // The prefetch thread: writes each job's rows down, then reads its rows up into their frames,
+  // beside training calls.
   void prefetch_loop();
+  void run_prefetch_job(PrefetchJob& job);
   uint32_t take_frame();
   void place_in_frame(uint32_t r, uint32_t f);
   // A row new to the table (an insert, a restore's load) in a frame of its own, heat 1.
@@ -196,6 +204,12 @@ class HostTable final : public Table {
   // Room for releasing n rows' homes without allocating (evict_rows' "nothing can fail").
   void reserve_release(size_t n);
   void move_down(std::vector<uint32_t>& frames);
+  // Before rows in `frames` move down: the captured ones are written to the snapshot, with the
+  // value they had at the capture (moving does not change it).
+  void copy_out_before_move(const std::vector<uint32_t>& frames);
+  // After the rows in `frames` were written to disk slots `handles`: points their homes there
+  // and frees their frames, except the first `keep` (which the caller reuses).
+  void finish_move_down(const std::vector<uint32_t>& frames, const uint64_t* handles, size_t keep);
   void move_up(const std::vector<uint32_t>& rows);
   // After rows' bytes were read into frames: points their homes there, frees their disk slots
   // and writes captured ones by copy-on-write. The frames were taken; stamped with `clock`.
@@ -283,21 +297,29 @@ class HostTable final : public Table {
   std::vector<const float*> cow_values_;
   std::atomic<bool> copy_failed_{false};  // see stage_for_copy
   std::vector<float> cow_scratch_, drain_scratch_;
-  // The prefetch in flight (rows empty: none). The caller's thread takes frames for its rows on
-  // disk and hands the read to prefetch_thread_, which fills them under disk_mutex_ (the rows'
-  // homes stay on disk meanwhile: a checkpoint's drain reads them there), and the next call that
-  // needs one of them, or that may free rows, finishes it (finish_prefetch). arriving_: its rows,
-  // by row id (under mutex_). The other fields are guarded by prefetch_mutex_ once submitted.
+  // The prefetch in flight (rows empty: none). The caller's thread picks the cold rows whose
+  // frames the read needs (down_frames, down_rows: they stay in memory, their captured ones
+  // written to the snapshot first) and takes free frames for the rest (fresh_frames), then hands
+  // the job to prefetch_thread_, which under disk_mutex_ writes the cold rows to fresh slots
+  // (down_handles) and reads the rows on disk into `frames` (the cold rows' first). Every home
+  // stays as it was meanwhile (a checkpoint's drain reads the rows on disk there), and the next
+  // call that needs one of these rows, that may free rows, or that captures a snapshot finishes
+  // it (finish_prefetch). moving_: its rows, both ways, by row id (under mutex_). Once submitted,
+  // the thread writes only down_handles, handles, down_err, err and done (under prefetch_mutex_).
   struct PrefetchJob {
     std::vector<uint32_t> rows, frames;
     std::vector<char*> into;
     std::vector<uint64_t> handles;
+    std::vector<uint32_t> down_frames, down_rows;
+    std::vector<const char*> down_from;
+    std::vector<uint64_t> down_handles;
+    uint64_t fresh_frames = 0;
     uint64_t clock = 0;
     bool submitted = false, done = false;
-    int err = 0;
+    int down_err = 0, err = 0;
   };
   PrefetchJob prefetch_;
-  std::vector<uint64_t> arriving_;
+  std::vector<uint64_t> moving_;
   std::mutex prefetch_mutex_;
   std::condition_variable prefetch_cv_;
   bool prefetch_stop_ = false;

@@ -15,6 +15,9 @@ namespace embstore::host_backend {
 
 uint64_t HostTable::capture(bool full, SnapshotSink* sink, uint64_t* live_rows) {
   std::lock_guard lock(mutex_);
+  // A prefetch's read may be overwriting the frames of rows it moves down, which are still their
+  // homes: the drain would read them there. Those rows land on disk first.
+  if (!prefetch_.down_rows.empty()) finish_prefetch();
   const uint64_t words = dirty_.size();
   // Allocations before the dirty bits are touched: a failure changes nothing. The counts
   // last: once frozen, only end_snapshot settles them.

@@ -58,8 +58,9 @@ void HostTable::fail_tier(int err, const char* what, const std::string& detail) 
        what, spec().tier_dir, detail.empty() ? errno_text(err) : detail);
 }
 
-// Takes frames for the rows on disk (moving others down first, as a lookup would) and hands
-// their read to the prefetch thread: the call returns before the read is done.
+// Picks the cold rows whose frames the read needs and takes free frames for the rest, then hands
+// the job to the prefetch thread: the cold rows' write and the read happen there, and the call
+// returns before either is done.
 void HostTable::prefetch(const int64_t* keys, size_t n, void*) {
   std::lock_guard lock(mutex_);
   if (!tiered_) return;
@@ -71,12 +72,16 @@ void HostTable::prefetch(const int64_t* keys, size_t n, void*) {
   if (!stamp_resident(rows_scratch_.data(), n)) return;
   // A hint: only the rows that fit beside those of this call and the one before (the current
   // batch, whose update comes next) are read, the hottest first; the call that needs the others
-  // reads them.
+  // reads them. The frames: free room under the budget, then those of colder rows, which move
+  // down first (and an eighth of the budget beyond, as make_frames moves).
   const uint64_t budget = spec().memory_rows;
+  down_frames_.clear();
   if (held_frames() + up_rows_.size() > budget) {
-    move_down_least_used(held_frames() + up_rows_.size() - budget + budget / 8, use_clock_ - 1);
+    pick_cold_frames(held_frames() + up_rows_.size() - budget + budget / 8, use_clock_ - 1);
   }
-  const uint64_t room = budget > held_frames() ? budget - held_frames() : 0;
+  const uint64_t room = budget + down_frames_.size() > held_frames()
+                            ? budget + down_frames_.size() - held_frames()
+                            : 0;
   if (up_rows_.size() > room) {
     // The hottest of them (ties: the lower row id), read in row order.
     const auto hotter = [&](uint32_t a, uint32_t b) {
@@ -89,18 +94,37 @@ void HostTable::prefetch(const int64_t* keys, size_t n, void*) {
     std::sort(up_rows_.begin(), up_rows_.end());
   }
   if (up_rows_.empty()) return;
+  // Everything allocated before the first change: a failure leaves the table as it was.
   PrefetchJob job;
+  const size_t reads = up_rows_.size(), downs = down_frames_.size();
+  const size_t reused = std::min(reads, downs);
   job.rows = up_rows_;
-  job.frames.resize(job.rows.size());
-  job.into.resize(job.rows.size());
-  job.handles.reserve(job.rows.size());
+  job.frames.resize(reads);
+  job.into.resize(reads);
+  job.handles.reserve(reads);
+  job.down_frames = down_frames_;
+  job.down_rows.resize(downs);
+  job.down_from.resize(downs);
+  job.down_handles.reserve(downs);
+  job.fresh_frames = reads - reused;
   job.clock = use_clock_;
-  reserve_frames_for(job.rows.size());  // take_frame cannot fail now
+  reserve_frames_for(job.fresh_frames);  // take_frame cannot fail now
+  reserve_disk_rows(downs);              // nor finish_move_down
   if (!prefetch_thread_.joinable()) prefetch_thread_ = std::thread([this] { prefetch_loop(); });
-  for (size_t i = 0; i < job.rows.size(); ++i) {
-    job.frames[i] = take_frame();  // not a candidate for moving down: frame_row_ stays kNoRow
+  // The captured rows among those moving down go to the snapshot now, from their frames, before
+  // the read may overwrite them: the drain never meets them again.
+  copy_out_before_move(job.down_frames);
+  for (size_t i = 0; i < downs; ++i) {
+    const uint32_t f = job.down_frames[i];
+    job.down_rows[i] = frame_row_[f];
+    job.down_from[i] = reinterpret_cast<const char*>(arena_.row(f));
+    row::bitmap_set<false>(moving_.data(), job.down_rows[i]);
+  }
+  for (size_t i = 0; i < reads; ++i) {
+    // Not a candidate for moving down: a taken frame's frame_row_ stays kNoRow.
+    job.frames[i] = i < reused ? job.down_frames[i] : take_frame();
     job.into[i] = reinterpret_cast<char*>(arena_.row(job.frames[i]));
-    row::bitmap_set<false>(arriving_.data(), job.rows[i]);
+    row::bitmap_set<false>(moving_.data(), job.rows[i]);
   }
   job.submitted = true;
   {
@@ -118,14 +142,7 @@ void HostTable::prefetch_loop() {
     if (prefetch_.submitted && !prefetch_.done) {
       PrefetchJob& job = prefetch_;
       lock.unlock();
-      {
-        // Homes are read here, not when the job was made: compaction may have moved the rows'
-        // slots since (it writes homes under disk_mutex_ too).
-        std::lock_guard disk_lock(disk_mutex_);
-        job.handles.clear();
-        for (const uint32_t r : job.rows) job.handles.push_back(home(r) & ~kOnDisk);
-        job.err = disk_->get(job.rows.size(), job.handles.data(), job.into.data(), nullptr);
-      }
+      run_prefetch_job(job);
       lock.lock();
       job.done = true;
       prefetch_cv_.notify_all();
@@ -135,10 +152,33 @@ void HostTable::prefetch_loop() {
   }
 }
 
-bool HostTable::any_arriving(const uint32_t* rows, size_t n) const {
+// On the prefetch thread. The training thread neither reads nor writes the job's frames until
+// finish_prefetch (a call that needs one of its rows finishes the job first), so the write reads
+// the cold rows' frames and the read overwrites them without a lock on them.
+void HostTable::run_prefetch_job(PrefetchJob& job) {
+  std::lock_guard disk_lock(disk_mutex_);
+  if (!job.down_from.empty()) {
+    job.down_handles.resize(job.down_from.size());
+    job.down_err =
+        disk_->put(job.down_from.size(), job.down_from.data(), job.down_handles.data(), nullptr);
+    if (job.down_err == 0 &&
+        *std::max_element(job.down_handles.begin(), job.down_handles.end()) >= kMaxHandle) {
+      disk_->free(job.down_handles.size(), job.down_handles.data());
+      job.down_err = -ENOSPC;
+    }
+    if (job.down_err < 0) return;  // nothing moved: the read would overwrite their frames
+  }
+  // Homes are read here, not when the job was made: a compaction between then and a job with
+  // nothing to write may have moved the rows' slots (it writes homes under disk_mutex_ too).
+  job.handles.clear();
+  for (const uint32_t r : job.rows) job.handles.push_back(home(r) & ~kOnDisk);
+  job.err = disk_->get(job.rows.size(), job.handles.data(), job.into.data(), nullptr);
+}
+
+bool HostTable::any_moving(const uint32_t* rows, size_t n) const {
   if (prefetch_.rows.empty()) return false;
   for (size_t i = 0; i < n; ++i) {
-    if (rows[i] != row::kNoRow && row::bitmap_test(arriving_.data(), rows[i])) return true;
+    if (rows[i] != row::kNoRow && row::bitmap_test(moving_.data(), rows[i])) return true;
   }
   return false;
 }
@@ -152,11 +192,20 @@ void HostTable::finish_prefetch() {
     job = std::move(prefetch_);
     prefetch_ = PrefetchJob{};
   }
-  for (const uint32_t r : job.rows) row::bitmap_clear<false>(arriving_.data(), r);
+  for (const uint32_t r : job.rows) row::bitmap_clear<false>(moving_.data(), r);
+  for (const uint32_t r : job.down_rows) row::bitmap_clear<false>(moving_.data(), r);
+  const size_t reused = job.rows.size() - job.fresh_frames;
+  if (job.down_err < 0) {
+    // Nothing moved and nothing was read: the cold rows stay in their frames, the rows to read on
+    // disk (the call that needs them reads them itself, and reports the failure if it happens
+    // again); the free frames taken go back.
+    for (size_t i = reused; i < job.frames.size(); ++i) free_frames_.push_back(job.frames[i]);
+    return;
+  }
+  // The rows written down leave their frames; those the read filled are kept for it.
+  finish_move_down(job.down_frames, job.down_handles.data(), job.err < 0 ? 0 : reused);
   if (job.err < 0) {
-    // The rows stay on disk: the call that needs them reads them itself, and reports the
-    // failure if it happens again.
-    for (const uint32_t f : job.frames) free_frames_.push_back(f);
+    for (size_t i = reused; i < job.frames.size(); ++i) free_frames_.push_back(job.frames[i]);
     return;
   }
   finish_move_up(job.rows, job.frames, job.clock);
@@ -183,7 +232,7 @@ bool HostTable::stamp_resident(const uint32_t* rows, size_t n) {
 }
 
 void HostTable::bring_up(const uint32_t* rows, size_t n) {
-  if (any_arriving(rows, n)) finish_prefetch();
+  if (any_moving(rows, n)) finish_prefetch();
   if (!stamp_resident(rows, n)) return;
   make_frames(up_rows_.size());
   move_up(up_rows_);
@@ -210,19 +259,26 @@ void HostTable::settle() {
   }
 }
 
+void HostTable::move_down_least_used(uint64_t count, uint64_t spare_since) {
+  pick_cold_frames(count, spare_since);
+  move_down(down_frames_);
+}
+
 // Rows used in this call or the one before go last: a prefetch of batch i + 1 runs between
 // batch i's lookup and its update, and must not move down the rows that update needs (nor the
 // update's settling the rows just prefetched). Among the others, coldest first (a row used in
 // one call goes before one used in many, however recent: a pass over the tail of the key space
 // does not push the hot rows out), then least recently used; ties: the lowest frame.
-void HostTable::move_down_least_used(uint64_t count, uint64_t spare_since) {
+void HostTable::pick_cold_frames(uint64_t count, uint64_t spare_since) {
   constexpr uint64_t kClockBits = 54;
   constexpr uint64_t kClockMask = (uint64_t{1} << kClockBits) - 1;
   constexpr uint64_t kRecent = uint64_t{1} << 62;  // above heat (8 bits) and clock
+  const bool moving = !prefetch_.down_rows.empty();
   std::vector<std::pair<uint64_t, uint32_t>> candidates;
   for (uint64_t f = 0; f < next_frame_; ++f) {
     const uint32_t r = frame_row_[f];
     if (r == row::kNoRow || frame_used_[f] >= spare_since) continue;
+    if (moving && row::bitmap_test(moving_.data(), r)) continue;  // a prefetch writes it down
     const uint64_t recent = frame_used_[f] + 1 >= use_clock_ ? kRecent : 0;
     const uint64_t order =
         recent | uint64_t{*heat_.at(r)} << kClockBits | (frame_used_[f] & kClockMask);
@@ -235,7 +291,6 @@ void HostTable::move_down_least_used(uint64_t count, uint64_t spare_since) {
   down_frames_.clear();
   for (const auto& c : candidates) down_frames_.push_back(c.second);
   std::sort(down_frames_.begin(), down_frames_.end());
-  move_down(down_frames_);
 }
 
 uint32_t HostTable::take_frame() {
@@ -308,10 +363,18 @@ void HostTable::reserve_frames_for(uint64_t n) {
   if (n > free) reserve_frames(next_frame_ + (n - free));
 }
 
-// disk_row_ entries for the handles of n rows put now.
+// disk_row_ entries for the handles of n rows put now, and of the rows a prefetch in flight puts
+// (before or after them): finish_move_down must not allocate.
 void HostTable::reserve_disk_rows(uint64_t n) {
   const uint64_t per_page = disk_->rows_per_page();
-  const uint64_t handles = (disk_->file_pages() + n / per_page + 1) * per_page;
+  const auto pages_for = [&](uint64_t rows) { return (rows + per_page - 1) / per_page; };
+  uint64_t file_pages = 0;
+  {
+    std::lock_guard disk_lock(disk_mutex_);  // the prefetch thread may be growing the file
+    file_pages = disk_->file_pages();
+  }
+  const uint64_t handles =
+      (file_pages + pages_for(n) + pages_for(prefetch_.down_frames.size())) * per_page;
   if (disk_row_.size() < handles)
     disk_row_.resize(std::max<uint64_t>(handles, disk_row_.size() * 2));
 }
@@ -322,36 +385,46 @@ void HostTable::move_down(std::vector<uint32_t>& frames) {
   if (frames.empty()) return;
   const size_t n = frames.size();
   reserve_disk_rows(n);
-  if (captured_left_.load() > 0) {
-    cow_rows_.clear();
-    cow_rows_.reserve(n);
-    for (const uint32_t f : frames) take_for_copy(frame_row_[f]);
-    copy_out_taken();  // also waits for a drain copying one of them from its frame
-  }
+  copy_out_before_move(frames);
   row_ptrs_.resize(n);
   handles_.resize(n);
   for (size_t i = 0; i < n; ++i) row_ptrs_[i] = reinterpret_cast<char*>(arena_.row(frames[i]));
+  {
+    std::lock_guard disk_lock(disk_mutex_);
+    std::string detail;
+    if (int r = disk_->put(n, row_ptrs_.data(), handles_.data(), &detail); r < 0) {
+      fail_tier(r, "moving rows down to", detail);
+    }
+    if (*std::max_element(handles_.begin(), handles_.end()) >= kMaxHandle) {
+      disk_->free(n, handles_.data());
+      fail(EMBSTORE_OUT_OF_MEMORY, "table '{}': the SSD tier is at its limit of {} row slots",
+           spec().name, kMaxHandle);
+    }
+  }
+  finish_move_down(frames, handles_.data(), 0);
+}
+
+void HostTable::copy_out_before_move(const std::vector<uint32_t>& frames) {
+  if (captured_left_.load() == 0 || frames.empty()) return;
+  cow_rows_.clear();
+  cow_rows_.reserve(frames.size());
+  for (const uint32_t f : frames) take_for_copy(frame_row_[f]);
+  copy_out_taken();  // also waits for a drain copying one of them from its frame
+}
+
+void HostTable::finish_move_down(const std::vector<uint32_t>& frames, const uint64_t* handles,
+                                 size_t keep) {
   std::lock_guard disk_lock(disk_mutex_);
-  std::string detail;
-  if (int r = disk_->put(n, row_ptrs_.data(), handles_.data(), &detail); r < 0) {
-    fail_tier(r, "moving rows down to", detail);
-  }
-  if (handles_.empty() == false &&
-      *std::max_element(handles_.begin(), handles_.end()) >= kMaxHandle) {
-    disk_->free(n, handles_.data());
-    fail(EMBSTORE_OUT_OF_MEMORY, "table '{}': the SSD tier is at its limit of {} row slots",
-         spec().name, kMaxHandle);
-  }
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < frames.size(); ++i) {
     const uint32_t f = frames[i];
     const uint32_t r = frame_row_[f];
-    disk_row_[handles_[i]] = r;
-    set_home(r, kOnDisk | static_cast<uint32_t>(handles_[i]));
+    disk_row_[handles[i]] = r;
+    set_home(r, kOnDisk | static_cast<uint32_t>(handles[i]));
     frame_row_[f] = row::kNoRow;
-    free_frames_.push_back(f);
+    if (i >= keep) free_frames_.push_back(f);
   }
-  resident_ -= n;
-  moved_down_ += n;
+  resident_ -= frames.size();
+  moved_down_ += frames.size();
 }
 
 // Reads `rows` (on disk, distinct) into frames, then finish_move_up. Frames come from
@@ -412,7 +485,9 @@ void HostTable::finish_move_up(const std::vector<uint32_t>& rows,
 // Under disk_mutex_. Compaction is an optimization: when it fails, every row stays where it was.
 // disk_row_ is sized for every handle it can report first: once it returns, the old handles are
 // dead, and applying the moves must not fail.
+// Not while a prefetch is in flight: the rows it writes down are in slots no home names yet.
 void HostTable::compact_disk() {
+  if (!prefetch_.rows.empty()) return;
   const uint64_t per_page = disk_->rows_per_page();
   const uint64_t handles = (disk_->file_pages() + kCompactMaxPages + 1) * per_page;
   try {

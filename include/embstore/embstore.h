@@ -634,9 +634,9 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
    pass over many rows used once does not push out the rows every batch uses. Rows used by the
    last two calls go last of all (a prefetch of the next batch spares the rows that the current
    batch's update is about to use).
-   embstore_prefetch reads a coming batch's rows in the background while the current one
-   trains. In this version moves down run on the calling thread (a prefetch's included); the
-   CUDA backend has no tiers yet (device_rows and memory_rows other than 0 are UNSUPPORTED
+   embstore_prefetch moves rows down and reads a coming batch's rows in the background while the
+   current one trains. In this version a lookup's or an update's own moves run on the calling
+   thread (only a prefetch knows ahead which rows a call needs); the CUDA backend has no tiers yet (device_rows and memory_rows other than 0 are UNSUPPORTED
    there).
 
    Results do not depend on tiers: a tiered table trained on a stream holds what an untiered
@@ -656,15 +656,17 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
 /** Brings the rows of keys[0..n) up to the table's first tier ahead of a lookup or update of
     them; keys without a row (and, on a sharded store, keys of other ranks) are ignored. A table
     without tiers does nothing. On the host backend the call, under the table's lock like a
-    lookup, takes memory for the rows on disk (moving others down first, as a lookup would) and
-    returns; a thread of the table's reads them meanwhile, and the first call that needs one of
-    them (or that may evict rows, or prefetches again: one prefetch is in flight at a time)
-    waits for that read to end. Calls on other rows go on beside it. Only the rows that fit in
-    the budget beside those of the call before (the current batch's) are read; the call that
-    needs the others reads them. The rows count as moved up
-    in embstore_table_stats once a call has waited for them. A failed read is not reported here:
-    the rows stay on disk, and the call that needs them reads them itself (and reports
-    IO_ERROR if that fails too).
+    lookup, picks the memory for the rows on disk (free frames, else those of colder rows, which
+    must move down first) and returns; a thread of the table's writes the colder rows down and
+    reads the rows up meanwhile, and the first call that needs one of those rows, either way (or
+    that may evict rows, captures a checkpoint while rows move down, or prefetches again: one
+    prefetch is in flight at a time), waits for it to end. Calls on other rows go on beside it.
+    Only the rows that fit in the budget beside those of the call before (the current batch's)
+    are read; the call that needs the others reads them. The rows count as moved up and down in
+    embstore_table_stats once a call has waited for them. A failed write or read is not reported
+    here: when the write fails nothing moves and nothing is read; when the read fails the rows
+    stay on disk; the call that needs them reads them itself (and reports IO_ERROR if that fails
+    too).
     @param table the table
     @param [in] keys n keys (host memory on the host backend), or NULL when n is 0
     @param n the number of keys

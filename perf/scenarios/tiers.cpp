@@ -7,10 +7,12 @@
 //   warmed    --warmup whole steps (untimed);
 //   saved     one full checkpoint into a fresh directory, waited for (untimed);
 //   trained   --steps timed whole steps: lookup with insert, embstore_prefetch of the next
-//             step's keys (unless --no-prefetch; the warm-up steps too), apply_gradients of fixed
-//             pseudo-random gradients, embstore_step; each call timed on its own too (the host
-//             backend's calls return when done, tier moves included, except the prefetch's read,
-//             which goes on in the background until the next lookup needs its rows);
+//             step's keys (unless --no-prefetch; the warm-up steps too), --dense-ms of waiting
+//             (the dense part of a step, which a GPU runs while the host thread waits: 0 by
+//             default), apply_gradients of fixed pseudo-random gradients, embstore_step; each
+//             call timed on its own too (the host backend's calls return when done, tier moves
+//             included, except a prefetch's moves, which go on in the background until the next
+//             call that needs their rows);
 //   saved     one incremental checkpoint, timed from embstore_checkpoint to
 //             embstore_checkpoint_wait: its delta holds the rows the timed steps touched.
 // The key space is [1, --rows] by rank (keys key_of_rank(rank), as every scenario draws them):
@@ -37,6 +39,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -44,6 +47,7 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "perf/harness.hpp"
@@ -140,6 +144,12 @@ class TiersScenario final : public Scenario {
                  "each step prefetches the next step's keys after its lookup, as a pipelined "
                  "trainer does (the read overlaps the update)")
         ->capture_default_str();
+    app.add_option("--dense-ms", dense_ms_,
+                   "milliseconds each step waits between its prefetch and its update, standing "
+                   "for the dense forward and backward a GPU runs meanwhile (a prefetch's moves "
+                   "go on behind it)")
+        ->check(CLI::Range(0.0, 10000.0))
+        ->capture_default_str();
   }
 
   int run(const CommonOptions& options, Report& report) override {
@@ -208,18 +218,19 @@ class TiersScenario final : public Scenario {
       }
     }
     report.say(
-        "{} rows of dim {} ({}), {} timed steps of {} keys after {} warm-up, {}; per step: means "
-        "over the timed steps; delta: one incremental checkpoint after them, to its commit; {} "
-        "backend, {} thread(s), --dir {}",
+        "{} rows of dim {} ({}), {} timed steps of {} keys after {} warm-up, {}, {} ms of dense "
+        "compute each; per step: means over the timed steps; delta: one incremental checkpoint "
+        "after them, to its commit; {} backend, {} thread(s), --dir {}",
         rows_, o.dim, optimizer_, o.steps, o.batch, warmup_,
-        prefetch_ ? "each prefetching the next" : "no prefetch", backend_name(backend), o.threads,
-        dir_);
+        prefetch_ ? "each prefetching the next" : "no prefetch", dense_ms_, backend_name(backend),
+        o.threads, dir_);
 
     report_common(report, o, backend);
     report.set("rows", rows_);
     report.set("optimizer", optimizer_);
     report.set("warmup", warmup_);
     report.set("prefetch", prefetch_);
+    report.set("dense_ms", dense_ms_);
     report.set("dir", dir_);
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
     for (const Cell& c : cells) {
@@ -320,9 +331,14 @@ class TiersScenario final : public Scenario {
       check(embstore_prefetch(table, at(b + 1), o.batch, nullptr), "embstore_prefetch");
     };
 
+    const auto dense = [&] {
+      if (dense_ms_ > 0)
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(dense_ms_));
+    };
     for (size_t b = 0; b < warmup_; ++b) {
       lookup(b);
       prefetch_next(b);
+      dense();
       apply(b);
       next_step();
     }
@@ -340,6 +356,7 @@ class TiersScenario final : public Scenario {
       const Stopwatch p;
       prefetch_next(b);
       cell.prefetch += p.seconds();
+      dense();
       const Stopwatch a;
       apply(b);
       cell.apply += a.seconds();
@@ -390,6 +407,7 @@ class TiersScenario final : public Scenario {
   std::string optimizer_ = "adagrad";
   size_t warmup_ = 5;
   bool prefetch_ = true;
+  double dense_ms_ = 0;
   std::string dir_ = "/var/tmp";
   bool keep_ = false;
 };

@@ -108,8 +108,8 @@ inline void require_same_checkpoint(embstore_store_t* a, embstore_store_t* b,
 }
 
 // Holds the first write not made on this thread (a checkpoint writer's) until release(), so that
-// that checkpoint's snapshot stays captured while this thread trains; later writes, and the
-// tier's own (made on this thread), go ahead. As HeldWriter, which would hold a tier write, but
+// that checkpoint's snapshot stays captured while this thread trains; later writes (the tier's
+// own among them, on this thread or a prefetch's) go ahead: hold it before a prefetch. As HeldWriter, which would hold a tier write, but
 // for at most `hold` (2 s: long enough for the training calls under a sanitizer to meet the
 // captured rows while the writer is held): a training call whose copy-on-write finds staging
 // full waits for the writer, and goes on once it moves.
