@@ -46,6 +46,10 @@ constexpr uint64_t kTieredDrainRows = 1024;
 // A tiered table halves every row's heat after this many budgets' worth of row uses: long
 // enough to tell a hot row from a passing one, short enough to follow a shifting hot set.
 constexpr uint64_t kHeatPeriodBudgets = 8;
+// A tiered table that does not prefetch starts writing an eighth of its budget down in the
+// background once its free frames fall below this fraction of it (a sixteenth): the next calls
+// find room made, with the write behind the trainer's work between calls.
+constexpr uint64_t kWriteBackLowFraction = 16;
 
 // Per-row entries of a tiered table, chunked as the arena's metadata, so an entry never moves.
 template <typename T>
@@ -162,8 +166,13 @@ class HostTable final : public Table {
   // used rows (not stamped in this call) down: at least an eighth of the budget at a time.
   void make_frames(uint64_t need);
   // At the end of a call: moves the least recently used rows down until the budget holds again
-  // (after a call on more rows than it). A failure leaves them in memory: the call succeeded.
+  // (after a call on more rows than it), then write_back_ahead. A failure leaves them in memory:
+  // the call succeeded.
   void settle();
+  // When few frames are free, no job is in flight and the table has not prefetched in its last
+  // calls: hands the write of an eighth of the budget's coldest rows (not those of this call or
+  // the one before) to the prefetch thread, as a job that reads nothing.
+  void write_back_ahead();
   // Settles a tiered table when a call ends, however it ends.
   struct SettleAtExit {
     HostTable* table;
@@ -190,6 +199,11 @@ class HostTable final : public Table {
   // beside training calls.
   void prefetch_loop();
   void run_prefetch_job(PrefetchJob& job);
+  // Hands the prefetch thread a job: moving down the rows in frames `downs`, then reading rows
+  // `reads` (on disk, distinct) into their frames and free ones (each may be empty). Allocates
+  // everything first: a failure changes nothing.
+  void submit_job(const std::vector<uint32_t>& reads, const std::vector<uint32_t>& downs);
+  bool job_in_flight() const { return prefetch_.submitted; }
   uint32_t take_frame();
   void place_in_frame(uint32_t r, uint32_t f);
   // A row new to the table (an insert, a restore's load) in a frame of its own, heat 1.
@@ -297,15 +311,17 @@ class HostTable final : public Table {
   std::vector<const float*> cow_values_;
   std::atomic<bool> copy_failed_{false};  // see stage_for_copy
   std::vector<float> cow_scratch_, drain_scratch_;
-  // The prefetch in flight (rows empty: none). The caller's thread picks the cold rows whose
-  // frames the read needs (down_frames, down_rows: they stay in memory, their captured ones
-  // written to the snapshot first) and takes free frames for the rest (fresh_frames), then hands
-  // the job to prefetch_thread_, which under disk_mutex_ writes the cold rows to fresh slots
-  // (down_handles) and reads the rows on disk into `frames` (the cold rows' first). Every home
-  // stays as it was meanwhile (a checkpoint's drain reads the rows on disk there), and the next
-  // call that needs one of these rows, that may free rows, or that captures a snapshot finishes
-  // it (finish_prefetch). moving_: its rows, both ways, by row id (under mutex_). Once submitted,
-  // the thread writes only down_handles, handles, down_err, err and done (under prefetch_mutex_).
+  // The job in flight (submitted: there is one), a prefetch's or a write-back's (no rows to
+  // read). The caller's thread picks the cold rows whose frames the read needs, or an eighth of
+  // the budget's for a write-back (down_frames, down_rows: they stay in memory, their captured
+  // ones written to the snapshot first) and takes free frames for the rest (fresh_frames), then
+  // hands the job to prefetch_thread_, which under disk_mutex_ writes the cold rows to fresh
+  // slots (down_handles) and reads the rows on disk into `frames` (the cold rows' first). Every
+  // home stays as it was meanwhile (a checkpoint's drain reads the rows on disk there), and the
+  // next call that needs one of these rows or room, that may free rows, or that captures a
+  // snapshot finishes it (finish_prefetch). moving_: its rows, both ways, by row id (under mutex_).
+  // Once submitted, the thread writes only down_handles, handles, down_err, err and done (under
+  // prefetch_mutex_).
   struct PrefetchJob {
     std::vector<uint32_t> rows, frames;
     std::vector<char*> into;
@@ -320,6 +336,7 @@ class HostTable final : public Table {
   };
   PrefetchJob prefetch_;
   std::vector<uint64_t> moving_;
+  uint64_t prefetch_clock_ = 0;  // use_clock_ of the last prefetch (0: none yet)
   std::mutex prefetch_mutex_;
   std::condition_variable prefetch_cv_;
   bool prefetch_stop_ = false;

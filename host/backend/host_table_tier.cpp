@@ -69,6 +69,7 @@ void HostTable::prefetch(const int64_t* keys, size_t n, void*) {
   find_rows(keys, n, rows_scratch_.data());
   const SettleAtExit settle_at_exit{this};
   begin_tier_call();
+  prefetch_clock_ = use_clock_;
   if (!stamp_resident(rows_scratch_.data(), n)) return;
   // A hint: only the rows that fit beside those of this call and the one before (the current
   // batch, whose update comes next) are read, the hottest first; the call that needs the others
@@ -94,33 +95,36 @@ void HostTable::prefetch(const int64_t* keys, size_t n, void*) {
     std::sort(up_rows_.begin(), up_rows_.end());
   }
   if (up_rows_.empty()) return;
+  submit_job(up_rows_, down_frames_);
+}
+
+void HostTable::submit_job(const std::vector<uint32_t>& reads, const std::vector<uint32_t>& downs) {
   // Everything allocated before the first change: a failure leaves the table as it was.
   PrefetchJob job;
-  const size_t reads = up_rows_.size(), downs = down_frames_.size();
-  const size_t reused = std::min(reads, downs);
-  job.rows = up_rows_;
-  job.frames.resize(reads);
-  job.into.resize(reads);
-  job.handles.reserve(reads);
-  job.down_frames = down_frames_;
-  job.down_rows.resize(downs);
-  job.down_from.resize(downs);
-  job.down_handles.reserve(downs);
-  job.fresh_frames = reads - reused;
+  const size_t reused = std::min(reads.size(), downs.size());
+  job.rows = reads;
+  job.frames.resize(reads.size());
+  job.into.resize(reads.size());
+  job.handles.reserve(reads.size());
+  job.down_frames = downs;
+  job.down_rows.resize(downs.size());
+  job.down_from.resize(downs.size());
+  job.down_handles.reserve(downs.size());
+  job.fresh_frames = reads.size() - reused;
   job.clock = use_clock_;
   reserve_frames_for(job.fresh_frames);  // take_frame cannot fail now
-  reserve_disk_rows(downs);              // nor finish_move_down
+  reserve_disk_rows(downs.size());       // nor finish_move_down
   if (!prefetch_thread_.joinable()) prefetch_thread_ = std::thread([this] { prefetch_loop(); });
   // The captured rows among those moving down go to the snapshot now, from their frames, before
   // the read may overwrite them: the drain never meets them again.
   copy_out_before_move(job.down_frames);
-  for (size_t i = 0; i < downs; ++i) {
+  for (size_t i = 0; i < downs.size(); ++i) {
     const uint32_t f = job.down_frames[i];
     job.down_rows[i] = frame_row_[f];
     job.down_from[i] = reinterpret_cast<const char*>(arena_.row(f));
     row::bitmap_set<false>(moving_.data(), job.down_rows[i]);
   }
-  for (size_t i = 0; i < reads; ++i) {
+  for (size_t i = 0; i < reads.size(); ++i) {
     // Not a candidate for moving down: a taken frame's frame_row_ stays kNoRow.
     job.frames[i] = i < reused ? job.down_frames[i] : take_frame();
     job.into[i] = reinterpret_cast<char*>(arena_.row(job.frames[i]));
@@ -168,6 +172,7 @@ void HostTable::run_prefetch_job(PrefetchJob& job) {
     }
     if (job.down_err < 0) return;  // nothing moved: the read would overwrite their frames
   }
+  if (job.rows.empty()) return;  // a write-back
   // Homes are read here, not when the job was made: a compaction between then and a job with
   // nothing to write may have moved the rows' slots (it writes homes under disk_mutex_ too).
   job.handles.clear();
@@ -176,7 +181,7 @@ void HostTable::run_prefetch_job(PrefetchJob& job) {
 }
 
 bool HostTable::any_moving(const uint32_t* rows, size_t n) const {
-  if (prefetch_.rows.empty()) return false;
+  if (!job_in_flight()) return false;
   for (size_t i = 0; i < n; ++i) {
     if (rows[i] != row::kNoRow && row::bitmap_test(moving_.data(), rows[i])) return true;
   }
@@ -184,7 +189,7 @@ bool HostTable::any_moving(const uint32_t* rows, size_t n) const {
 }
 
 void HostTable::finish_prefetch() {
-  if (prefetch_.rows.empty()) return;
+  if (!job_in_flight()) return;
   PrefetchJob job;
   {
     std::unique_lock lock(prefetch_mutex_);
@@ -208,7 +213,7 @@ void HostTable::finish_prefetch() {
     for (size_t i = reused; i < job.frames.size(); ++i) free_frames_.push_back(job.frames[i]);
     return;
   }
-  finish_move_up(job.rows, job.frames, job.clock);
+  if (!job.rows.empty()) finish_move_up(job.rows, job.frames, job.clock);
 }
 
 bool HostTable::stamp_resident(const uint32_t* rows, size_t n) {
@@ -241,6 +246,11 @@ void HostTable::bring_up(const uint32_t* rows, size_t n) {
 void HostTable::make_frames(uint64_t need) {
   const uint64_t budget = spec().memory_rows;
   if (held_frames() + need <= budget) return;
+  // A job in flight is moving rows down: their frames may be all this call needs.
+  if (job_in_flight()) {
+    finish_prefetch();
+    if (held_frames() + need <= budget) return;
+  }
   // The rows past the budget, and an eighth of the budget beyond, so that the next calls find
   // room without a pass over the stamps. Fewer than that may be free to go (the call's own rows
   // are spared): then the call runs over the budget (take_frame) until settle().
@@ -249,14 +259,25 @@ void HostTable::make_frames(uint64_t need) {
 
 void HostTable::settle() {
   const uint64_t budget = spec().memory_rows;
-  if (held_frames() <= budget) return;
   try {
-    move_down_least_used(held_frames() - budget, UINT64_MAX);
+    if (held_frames() > budget) move_down_least_used(held_frames() - budget, UINT64_MAX);
+    write_back_ahead();
   } catch (...) {
     // The call itself succeeded (or is failing already): its rows stay in memory, over the
     // budget, and the next call that needs room meets the failure again and reports it. A
     // failed move changes nothing, and this runs from destructors too: nothing may escape.
   }
+}
+
+// A table that prefetches leaves its moves to its prefetches (a write-back would make the next
+// prefetch wait for it); one that does not gets its room made between its calls.
+void HostTable::write_back_ahead() {
+  const uint64_t budget = spec().memory_rows;
+  const uint64_t low = budget / kWriteBackLowFraction;
+  if (low == 0 || held_frames() + low <= budget || job_in_flight()) return;
+  if (prefetch_clock_ != 0 && use_clock_ <= prefetch_clock_ + 2) return;
+  pick_cold_frames(budget / 8, use_clock_ - 1);
+  if (!down_frames_.empty()) submit_job({}, down_frames_);
 }
 
 void HostTable::move_down_least_used(uint64_t count, uint64_t spare_since) {
@@ -485,9 +506,9 @@ void HostTable::finish_move_up(const std::vector<uint32_t>& rows,
 // Under disk_mutex_. Compaction is an optimization: when it fails, every row stays where it was.
 // disk_row_ is sized for every handle it can report first: once it returns, the old handles are
 // dead, and applying the moves must not fail.
-// Not while a prefetch is in flight: the rows it writes down are in slots no home names yet.
+// Not while a job is in flight: the rows it writes down are in slots no home names yet.
 void HostTable::compact_disk() {
-  if (!prefetch_.rows.empty()) return;
+  if (job_in_flight()) return;
   const uint64_t per_page = disk_->rows_per_page();
   const uint64_t handles = (disk_->file_pages() + kCompactMaxPages + 1) * per_page;
   try {

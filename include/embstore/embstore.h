@@ -635,8 +635,11 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
    last two calls go last of all (a prefetch of the next batch spares the rows that the current
    batch's update is about to use).
    embstore_prefetch moves rows down and reads a coming batch's rows in the background while the
-   current one trains. In this version a lookup's or an update's own moves run on the calling
-   thread (only a prefetch knows ahead which rows a call needs); the CUDA backend has no tiers yet (device_rows and memory_rows other than 0 are UNSUPPORTED
+   current one trains. A table that does not prefetch gets its room made between its calls: once
+   fewer than a sixteenth of its budget's frames are free, a thread of the table's writes an
+   eighth of the budget's coldest rows down, and the next call that needs room takes their
+   frames. Rows a call needs that are on disk are read in the call (only a prefetch knows them
+   ahead), and so are moves a call needs beyond that room; the CUDA backend has no tiers yet (device_rows and memory_rows other than 0 are UNSUPPORTED
    there).
 
    Results do not depend on tiers: a tiered table trained on a stream holds what an untiered

@@ -18,6 +18,30 @@ bool has_tiers() {
   return backend_has_tiers(probe.path());
 }
 
+// Tier writes seen by the write fault hook, by thread, while it lives.
+class WriterThreads {
+ public:
+  WriterThreads()
+      : guard_([this](uint64_t, size_t) {
+          std::lock_guard lock(m_);
+          threads_.insert(std::this_thread::get_id());
+          return 0;
+        }) {}
+  bool any() {
+    std::lock_guard lock(m_);
+    return !threads_.empty();
+  }
+  bool this_thread_wrote() {
+    std::lock_guard lock(m_);
+    return threads_.count(std::this_thread::get_id()) != 0;
+  }
+
+ private:
+  std::mutex m_;
+  std::set<std::thread::id> threads_;
+  FaultGuard guard_;
+};
+
 // A tiered table (64 rows in memory) beside its untiered twin, both holding the same rows:
 // `read`'s 32 on disk, `old`'s 64 in memory (dirty: updated once), old[0] used last. A prefetch
 // of `read` then needs 32 frames: it moves 40 of old's rows down (the excess and an eighth of
@@ -64,14 +88,8 @@ TEST_CASE("a prefetch moves rows down on its own thread, and its next call finis
   if (!has_tiers()) return;
   PrefetchScene scene;
   const embstore_table_stats_t before = stats(scene.tiered);
-  std::mutex m;
-  std::set<std::thread::id> writers;
   {
-    FaultGuard record([&](uint64_t, size_t) {
-      std::lock_guard lock(m);
-      writers.insert(std::this_thread::get_id());
-      return 0;
-    });
+    WriterThreads writers;
     ok(embstore_prefetch(scene.tiered, scene.read.data(), scene.read.size(), nullptr));
     // Nothing moved on this thread: the rows going down are still in memory, still counted there.
     const embstore_table_stats_t s = stats(scene.tiered);
@@ -80,9 +98,9 @@ TEST_CASE("a prefetch moves rows down on its own thread, and its next call finis
     // The lookup that needs the prefetched rows finishes both moves.
     REQUIRE(
         same_bits(lookup_ok(scene.tiered, scene.read, 0), lookup_ok(scene.plain, scene.read, 0)));
+    REQUIRE(writers.any());
+    REQUIRE_FALSE(writers.this_thread_wrote());  // every tier write on another thread
   }
-  REQUIRE_FALSE(writers.empty());
-  REQUIRE(writers.count(std::this_thread::get_id()) == 0);  // every tier write on another thread
   const embstore_table_stats_t s = stats(scene.tiered);
   REQUIRE(s.rows_moved_down == before.rows_moved_down + 40);
   REQUIRE(s.rows_moved_up == before.rows_moved_up + 32);
@@ -203,6 +221,58 @@ TEST_CASE("a prefetch whose write fails moves nothing and reads nothing, and los
   }
   scene.require_same_rows();
   require_same_checkpoint(scene.plain_store, scene.tiered_store, dir_a.path(), dir_b.path(), "emb");
+}
+
+TEST_CASE("a table that does not prefetch gets cold rows written down between its calls",
+          "[tiers]") {
+  if (!has_tiers()) return;
+  TierDir tier;
+  StoreGuard plain_store(tier_store(nullptr));
+  StoreGuard tiered_store(tier_store(tier.path().c_str()));
+  embstore_table_t* plain = make_table(plain_store, tier_config("emb", kDim, 0));
+  embstore_table_t* t = make_table(tiered_store, tier_config("emb", kDim, 64));
+  const std::vector<int64_t> full = keys_from(0, 64), fresh = keys_from(1000, 8);
+  for (embstore_table_t* table : {plain, t}) {
+    lookup_ok(table, full);  // 64 of 64 rows in memory
+    apply_ok(table, full, std::vector<float>(full.size() * kDim, 0.5f));
+  }
+  // Rows of this call and the one before stay: the update's rows are spared here.
+  lookup_ok(t, {full[0]}, 0);
+  REQUIRE(stats(t).rows_moved_down == 0);
+  SECTION("a write-back ahead of the call that needs the room") {
+    {
+      WriterThreads writers;
+      // Fewer than a sixteenth of the frames free, and rows not used by this call or the one
+      // before: an eighth of the budget goes down in the background.
+      lookup_ok(t, {full[1]}, 0);
+      embstore_table_stats_t s = stats(t);
+      REQUIRE(s.rows_moved_down == 0);  // counted when a call finishes the move
+      REQUIRE(s.rows_in_memory == 64);
+      // Eight new rows: the write-back's frames are all they need.
+      lookup_ok(t, fresh);
+      lookup_ok(plain, fresh);
+      s = stats(t);
+      REQUIRE(s.rows_moved_down == 8);
+      REQUIRE(s.rows_in_memory == 64);
+      REQUIRE(writers.any());
+      REQUIRE_FALSE(writers.this_thread_wrote());
+    }
+    REQUIRE(same_bits(lookup_ok(t, full, 0), lookup_ok(plain, full, 0)));  // the 8 come back
+  }
+  SECTION("none for a table that prefetches: its prefetches make its room") {
+    WriterThreads writers;
+    ok(embstore_prefetch(t, full.data(), 1, nullptr));  // a row in memory: nothing to read
+    lookup_ok(t, {full[1]}, 0);
+    lookup_ok(t, {full[2]}, 0);
+    REQUIRE_FALSE(writers.any());
+    lookup_ok(t, fresh);  // makes its room itself
+    lookup_ok(plain, fresh);
+    REQUIRE(writers.this_thread_wrote());
+    REQUIRE(stats(t).rows_moved_down == 8 + 8);  // what the call needs and an eighth beyond
+  }
+  std::vector<int64_t> all = full;
+  all.insert(all.end(), fresh.begin(), fresh.end());
+  REQUIRE(same_bits(lookup_ok(t, all, 0), lookup_ok(plain, all, 0)));
 }
 
 }  // namespace
