@@ -93,25 +93,46 @@ class ZipfSampler {
   double h_integral_x1_, h_integral_n_, squeeze_;
 };
 
+// An endless stream of keys: Zipf(s) ranks over [1, key_space] (s > 0), or uniform ranks (s = 0),
+// mapped through key_of_rank. Deterministic in seed; drawn as needed, so a long stream costs no
+// memory (the vectors below hold the same keys).
+class KeyStream {
+ public:
+  KeyStream(uint64_t key_space, double s, uint64_t seed)
+      : key_space_(key_space),
+        zipf_(s > 0 ? key_space : 1, s > 0 ? s : 1.0),
+        uniform_(s == 0),
+        rng_(seed) {
+    if (key_space == 0) throw std::invalid_argument("key stream: key space must be >= 1");
+  }
+  void fill(int64_t* out, size_t n) {
+    for (size_t i = 0; i < n; ++i) out[i] = key_of_rank(uniform_ ? uniform_rank() : zipf_(rng_));
+  }
+
+ private:
+  uint64_t uniform_rank() {
+    const uint64_t rank =
+        1 + static_cast<uint64_t>(rng_.next_unit() * static_cast<double>(key_space_));
+    return std::min(rank, key_space_);
+  }
+  uint64_t key_space_;
+  ZipfSampler zipf_;
+  bool uniform_;
+  SplitMix64 rng_;
+};
+
 // n keys: Zipf(s) ranks over [1, key_space] mapped through key_of_rank. Deterministic in seed.
 inline std::vector<int64_t> zipf_key_stream(size_t n, uint64_t key_space, double s, uint64_t seed) {
-  const ZipfSampler sampler(key_space, s);
-  SplitMix64 rng(seed);
+  if (!(s > 0.0)) throw std::invalid_argument("zipf: exponent must be > 0");
   std::vector<int64_t> keys(n);
-  for (int64_t& k : keys) k = key_of_rank(sampler(rng));
+  KeyStream(key_space, s, seed).fill(keys.data(), n);
   return keys;
 }
 
 // n keys: ranks uniform over [1, key_space], mapped through key_of_rank. Deterministic in seed.
 inline std::vector<int64_t> uniform_key_stream(size_t n, uint64_t key_space, uint64_t seed) {
-  if (key_space == 0) throw std::invalid_argument("uniform: key space must be >= 1");
-  SplitMix64 rng(seed);
   std::vector<int64_t> keys(n);
-  for (int64_t& k : keys) {
-    const uint64_t rank =
-        1 + static_cast<uint64_t>(rng.next_unit() * static_cast<double>(key_space));
-    k = key_of_rank(std::min(rank, key_space));
-  }
+  KeyStream(key_space, 0, seed).fill(keys.data(), n);
   return keys;
 }
 

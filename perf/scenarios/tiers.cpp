@@ -18,7 +18,8 @@
 // The key space is [1, --rows] by rank (keys key_of_rank(rank), as every scenario draws them):
 // the fill inserts all of it and the streams (perf/zipf.hpp) draw from it, so the table never
 // grows while timed. --key-space is not used: the report's key_space is --rows. Every share of
-// a distribution trains on the same keys, drawn before the cells.
+// a distribution trains on the same keys, drawn as the steps go (the batch and the next one held,
+// so that the key stream adds nothing to the resident memory reported).
 //
 // Reported per cell: steps/s and its ratio to the untiered table's steps/s of the same
 // distribution (taken in the same run; never asserted); the mean time per step of lookup,
@@ -190,15 +191,11 @@ class TiersScenario final : public Scenario {
     std::vector<Cell> cells;
     embstore_backend_t backend = EMBSTORE_BACKEND_HOST;
     for (const std::string& dist : dists_) {
-      const size_t total = (warmup_ + o.steps) * o.batch;
-      const std::vector<int64_t> keys =
-          dist == "uniform"
-              ? uniform_key_stream(total, rows_, o.seed)
-              : zipf_key_stream(total, rows_, std::strtod(dist.c_str(), nullptr), o.seed);
+      const double exponent = dist == "uniform" ? 0 : std::strtod(dist.c_str(), nullptr);
       double baseline = NAN;
       for (const double share : shares) {
         const std::string ckpt_dir = fmt::format("{}/ckpt-{}-{}", work.path(), dist, share);
-        Cell c = run_cell(o, dist, share, keys, grads, tier_dir, ckpt_dir, &backend);
+        Cell c = run_cell(o, dist, share, exponent, grads, tier_dir, ckpt_dir, &backend);
         std::error_code ec;
         if (!keep_) fs::remove_all(ckpt_dir, ec);
         if (c.memory_rows == 0) baseline = c.steps_per_second;
@@ -285,10 +282,10 @@ class TiersScenario final : public Scenario {
   }
 
  private:
-  Cell run_cell(const CommonOptions& o, const std::string& dist, double share,
-                const std::vector<int64_t>& keys, const std::vector<float>& grads,
-                const std::string& tier_dir, const std::string& ckpt_dir,
-                embstore_backend_t* backend_out) {
+  // exponent: of the Zipf key stream; 0: uniform keys.
+  Cell run_cell(const CommonOptions& o, const std::string& dist, double share, double exponent,
+                const std::vector<float>& grads, const std::string& tier_dir,
+                const std::string& ckpt_dir, embstore_backend_t* backend_out) {
     Cell cell;
     cell.dist = dist;
     cell.share = share;
@@ -315,7 +312,14 @@ class TiersScenario final : public Scenario {
 
     std::vector<float> out(o.batch * o.dim);
     uint64_t step = 0;
-    auto at = [&](size_t b) { return keys.data() + b * o.batch; };
+    // Batch b's keys; drawn in order, two batches held (a step's and the next, prefetched).
+    KeyStream stream(rows_, exponent, o.seed);
+    std::vector<int64_t> window(2 * o.batch);
+    size_t drawn = 0;
+    auto at = [&](size_t b) {
+      for (; drawn <= b; ++drawn) stream.fill(window.data() + (drawn % 2) * o.batch, o.batch);
+      return window.data() + (b % 2) * o.batch;
+    };
     auto lookup = [&](size_t b) {
       check(embstore_lookup(table, at(b), o.batch, out.data(), EMBSTORE_LOOKUP_INSERT, nullptr),
             "embstore_lookup");
