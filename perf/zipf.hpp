@@ -99,17 +99,23 @@ class ZipfSampler {
 class KeyStream {
  public:
   KeyStream(uint64_t key_space, double s, uint64_t seed)
-      : key_space_(key_space),
-        zipf_(s > 0 ? key_space : 1, s > 0 ? s : 1.0),
+      : key_space_(checked_key_space(key_space)),
+        zipf_(s > 0 ? key_space : 1, s > 0 && std::isfinite(s) ? s : 1.0),
         uniform_(s == 0),
         rng_(seed) {
-    if (key_space == 0) throw std::invalid_argument("key stream: key space must be >= 1");
+    if (!(s >= 0) || !std::isfinite(s)) {
+      throw std::invalid_argument("key stream: the exponent must be > 0, or 0 for uniform keys");
+    }
   }
   void fill(int64_t* out, size_t n) {
     for (size_t i = 0; i < n; ++i) out[i] = key_of_rank(uniform_ ? uniform_rank() : zipf_(rng_));
   }
 
  private:
+  static uint64_t checked_key_space(uint64_t key_space) {
+    if (key_space == 0) throw std::invalid_argument("key stream: key space must be >= 1");
+    return key_space;
+  }
   uint64_t uniform_rank() {
     const uint64_t rank =
         1 + static_cast<uint64_t>(rng_.next_unit() * static_cast<double>(key_space_));

@@ -50,6 +50,8 @@ constexpr uint64_t kHeatPeriodBudgets = 8;
 // background once its free frames fall below this fraction of it (a sixteenth): the next calls
 // find room made, with the write behind the trainer's work between calls.
 constexpr uint64_t kWriteBackLowFraction = 16;
+// The name of a tiered table's thread (prefetches, write-backs).
+inline constexpr char kTierThreadName[] = "embstore-tier";
 
 // Per-row entries of a tiered table, chunked as the arena's metadata, so an entry never moves.
 template <typename T>
@@ -75,7 +77,7 @@ inline void prefetch_row(const float* row, uint32_t floats) {
 class HostTable final : public Table {
  public:
   HostTable(TableSpec spec, ThreadPool& pool);
-  // Waits for a prefetch's read in flight (its rows stay on disk).
+  // Waits for the job the tier thread is running, if any (one not started is dropped).
   ~HostTable() override;
 
   void prefault_initial_capacity() override;
@@ -340,7 +342,7 @@ class HostTable final : public Table {
   std::mutex prefetch_mutex_;
   std::condition_variable prefetch_cv_;
   bool prefetch_stop_ = false;
-  std::thread prefetch_thread_;  // started by the first prefetch that reads
+  std::thread prefetch_thread_;  // kTierThreadName, started by the first job
   // The fault-in of the rows asked for at create, or of those a restore loads (reserve());
   // last, so it stops before the memory goes.
   Prefaulter prefaulter_;

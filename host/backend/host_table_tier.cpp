@@ -12,7 +12,10 @@
 //
 // Failures. Nothing changes before the I/O of a move succeeds: a failed write leaves the rows in
 // their frames, a failed read leaves them on disk; the call fails with IO_ERROR and no row is
-// lost.
+// lost. A job on the table's thread (a prefetch's, a write-back) reports nothing: the call that
+// needs its rows or room moves them itself, and reports a failure then.
+#include <pthread.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <mutex>
@@ -139,10 +142,15 @@ void HostTable::submit_job(const std::vector<uint32_t>& reads, const std::vector
 }
 
 void HostTable::prefetch_loop() {
+  // Named for debuggers and top -H (and the tests, which tell its tier writes from a
+  // checkpoint writer's by it).
+  pthread_setname_np(pthread_self(), kTierThreadName);
   std::unique_lock lock(prefetch_mutex_);
   for (;;) {
     prefetch_cv_.wait(lock,
                       [&] { return prefetch_stop_ || (prefetch_.submitted && !prefetch_.done); });
+    // A table going away skips a job not started: its frames go with the table.
+    if (prefetch_stop_) return;
     if (prefetch_.submitted && !prefetch_.done) {
       PrefetchJob& job = prefetch_;
       lock.unlock();
@@ -150,9 +158,7 @@ void HostTable::prefetch_loop() {
       lock.lock();
       job.done = true;
       prefetch_cv_.notify_all();
-      continue;
     }
-    if (prefetch_stop_) return;
   }
 }
 
@@ -173,8 +179,8 @@ void HostTable::run_prefetch_job(PrefetchJob& job) {
     if (job.down_err < 0) return;  // nothing moved: the read would overwrite their frames
   }
   if (job.rows.empty()) return;  // a write-back
-  // Homes are read here, not when the job was made: a compaction between then and a job with
-  // nothing to write may have moved the rows' slots (it writes homes under disk_mutex_ too).
+  // The rows' homes cannot change while the job is in flight (compaction waits for it, and any
+  // other move of them finishes it first): read under disk_mutex_ with the rest of the I/O.
   job.handles.clear();
   for (const uint32_t r : job.rows) job.handles.push_back(home(r) & ~kOnDisk);
   job.err = disk_->get(job.rows.size(), job.handles.data(), job.into.data(), nullptr);
@@ -479,8 +485,6 @@ void HostTable::finish_move_up(const std::vector<uint32_t>& rows,
   cow_rows_.reserve(n);
   handles_.resize(n);
   {
-    // Homes are read again (move_up read them too): a prefetch's rows may have been moved by a
-    // compaction between its read and now.
     std::lock_guard disk_lock(disk_mutex_);
     for (size_t i = 0; i < n; ++i) {
       handles_[i] = home(rows[i]) & ~kOnDisk;

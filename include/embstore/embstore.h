@@ -663,7 +663,9 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
     must move down first) and returns; a thread of the table's writes the colder rows down and
     reads the rows up meanwhile, and the first call that needs one of those rows, either way (or
     that may evict rows, captures a checkpoint while rows move down, or prefetches again: one
-    prefetch is in flight at a time), waits for it to end. Calls on other rows go on beside it.
+    prefetch is in flight at a time), waits for it to end. Calls on other rows in memory go on
+    beside it; a call that needs room, or reads or writes the tier itself, waits for it (the
+    tier's file takes one batch at a time), and so does embstore_table_stats.
     Only the rows that fit in the budget beside those of the call before (the current batch's)
     are read; the call that needs the others reads them. The rows count as moved up and down in
     embstore_table_stats once a call has waited for them. A failed write or read is not reported

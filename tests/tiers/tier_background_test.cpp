@@ -45,29 +45,36 @@ class WriterThreads {
 // A tiered table (64 rows in memory) beside its untiered twin, both holding the same rows:
 // `read`'s 32 on disk, `old`'s 64 in memory (dirty: updated once), old[0] used last. A prefetch
 // of `read` then needs 32 frames: it moves 40 of old's rows down (the excess and an eighth of
-// the budget), old[0] spared as the current batch's. Both tables evict rows idle for
-// evict_idle_steps (0: never).
+// the budget), old[0] spared as the current batch's.
+struct SceneOptions {
+  uint64_t evict_idle_steps = 0;  // both tables' idle rule (0: none)
+  size_t filler = 0;              // rows inserted first (lower row ids), on disk in the tiered
+  size_t staging_bytes = 0;       // the stores' (0: the default)
+};
+
 struct PrefetchScene {
   TierDir tier;
-  StoreGuard plain_store{tier_store(nullptr)};
-  StoreGuard tiered_store{tier_store(tier.path().c_str())};
+  StoreGuard plain_store, tiered_store;
   embstore_table_t* plain = nullptr;
   embstore_table_t* tiered = nullptr;
   const std::vector<int64_t> read = keys_from(1000, 32), old = keys_from(0, 64);
 
-  explicit PrefetchScene(uint64_t evict_idle_steps = 0) {
+  explicit PrefetchScene(const SceneOptions& o = {})
+      : plain_store(tier_store(nullptr, o.staging_bytes)),
+        tiered_store(tier_store(tier.path().c_str(), o.staging_bytes)) {
     embstore_table_config_t c = tier_config("emb", kDim, 0);
-    c.evict_idle_steps = evict_idle_steps;
+    c.evict_idle_steps = o.evict_idle_steps;
     plain = make_table(plain_store, c);
     c.memory_rows = 64;
     tiered = make_table(tiered_store, c);
     for (embstore_table_t* t : {plain, tiered}) {
+      if (o.filler != 0) lookup_ok(t, keys_from(100000, o.filler));
       lookup_ok(t, read);
       lookup_ok(t, old);  // read's rows go down
       apply_ok(t, old, grads(old.size(), 0.5f));
       lookup_ok(t, {old[0]}, 0);  // the current batch
     }
-    REQUIRE(stats(tiered).rows_on_disk == 32);
+    REQUIRE(stats(tiered).rows_on_disk == 32 + o.filler);
     REQUIRE(stats(tiered).rows_in_memory == 64);
   }
   static std::vector<float> grads(size_t rows, float g) {
@@ -138,7 +145,7 @@ TEST_CASE("calls and checkpoints that meet rows a prefetch moves down see their 
 
 TEST_CASE("rows a prefetch moves down can be evicted before it ends", "[tiers]") {
   if (!has_tiers()) return;
-  PrefetchScene scene(100);
+  PrefetchScene scene({.evict_idle_steps = 100});
   ok(embstore_prefetch(scene.tiered, scene.read.data(), scene.read.size(), nullptr));
   // Every row is idle since step 0: all go, the 40 moving down among them.
   for (embstore_store_t* s : {scene.plain_store.store, scene.tiered_store.store}) {
@@ -156,13 +163,16 @@ TEST_CASE("rows a prefetch moves down can be evicted before it ends", "[tiers]")
 TEST_CASE("rows captured by a checkpoint in flight go to it before a prefetch moves them down",
           "[tiers]") {
   if (!has_tiers()) return;
-  PrefetchScene scene;
+  // 30,000 rows of lower row ids than old's, and 1 MiB of staging: with the writer held, the
+  // drain fills the staging before it reaches old's rows, which stay captured.
+  PrefetchScene scene({.filler = 30000, .staging_bytes = size_t{1} << 20});
   TempDir dir_a, dir_b;
   const uint64_t va = checkpoint_ok(scene.plain_store, dir_a.path());
   uint64_t vb = 0;
   {
-    // The tiered store's checkpoint writer is held: its rows stay captured while the prefetch
-    // takes 40 of them down and reads other rows into their frames.
+    // The tiered store's checkpoint writer is held: the prefetch takes 40 of old's captured rows
+    // down and reads other rows into their frames; it must write them to the snapshot first (it
+    // waits for staging: the writer goes on after at most the hold).
     HeldCheckpointWriter held;
     ok(embstore_checkpoint(scene.tiered_store, dir_b.path().c_str(), EMBSTORE_CKPT_FULL, &vb));
     held.wait_held();
@@ -174,6 +184,10 @@ TEST_CASE("rows captured by a checkpoint in flight go to it before a prefetch mo
     held.release();
     ok(embstore_checkpoint_wait(scene.tiered_store, vb));
   }
+  embstore_checkpoint_stats_t cs;
+  cs.struct_size = sizeof(cs);
+  ok(embstore_checkpoint_stats(scene.tiered_store, &cs));
+  REQUIRE(cs.copy_on_write_rows >= 40);  // old's 40 at least (read's 32 too, when updated)
   REQUIRE(stats(scene.tiered).rows_moved_down >= 40);
   const auto want = read_rows(version_dir(dir_a.path(), va) + "/" + row_file("emb"));
   const auto got = read_rows(version_dir(dir_b.path(), vb) + "/" + row_file("emb"));

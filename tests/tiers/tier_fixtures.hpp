@@ -3,6 +3,7 @@
 #pragma once
 
 #include <embstore/embstore.h>
+#include <pthread.h>
 
 #include <catch2/catch.hpp>
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "host/backend/host_table.hpp"
 #include "tests/checkpoint/checkpoint_fixtures.hpp"
 
 namespace embstore_test::tiers {
@@ -108,16 +110,21 @@ inline void require_same_checkpoint(embstore_store_t* a, embstore_store_t* b,
 }
 
 // Holds the first write not made on this thread (a checkpoint writer's) until release(), so that
-// that checkpoint's snapshot stays captured while this thread trains; later writes (the tier's
-// own among them, on this thread or a prefetch's) go ahead: hold it before a prefetch. As HeldWriter, which would hold a tier write, but
-// for at most `hold` (2 s: long enough for the training calls under a sanitizer to meet the
-// captured rows while the writer is held): a training call whose copy-on-write finds staging
-// full waits for the writer, and goes on once it moves.
+// that checkpoint's snapshot stays captured while this thread trains; later writes, and the
+// tier's own (on this thread or the table's tier thread, told by its name), go ahead. As
+// HeldWriter, which would hold a tier write, but for at most `hold` (2 s: long enough for the
+// training calls under a sanitizer to meet the captured rows while the writer is held): a training
+// call whose copy-on-write finds staging full waits for the writer, and goes on once it moves.
 class HeldCheckpointWriter {
  public:
+  static bool on_tier_thread() {
+    char name[16] = {};
+    pthread_getname_np(pthread_self(), name, sizeof(name));
+    return std::string(name) == embstore::host_backend::kTierThreadName;
+  }
   explicit HeldCheckpointWriter(std::chrono::milliseconds hold = std::chrono::seconds(2))
       : trainer_(std::this_thread::get_id()), hold_(hold), guard_([this](uint64_t, size_t) {
-          if (std::this_thread::get_id() == trainer_) return 0;
+          if (std::this_thread::get_id() == trainer_ || on_tier_thread()) return 0;
           std::unique_lock lock(m_);
           if (held_) return 0;
           held_ = true;
