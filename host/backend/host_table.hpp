@@ -193,8 +193,10 @@ class HostTable final : public Table {
   uint64_t held_frames() const { return resident_ + prefetch_.fresh_frames; }
   // Ends the prefetch in flight, if any: waits for its thread, then the rows it moved down are on
   // disk and the rows it read in memory. When the write failed, nothing moved and nothing was
-  // read; when the read failed, its rows are still on disk. Under mutex_.
-  void finish_prefetch();
+  // read; when the read failed, its rows are still on disk. A write-back's rows among
+  // wanted[0..n_wanted) (a call's, kNoRow skipped) stay in memory. Under mutex_.
+  void finish_prefetch(const uint32_t* wanted = nullptr, size_t n_wanted = 0);
+  void keep_wanted_rows(PrefetchJob& job, const uint32_t* wanted, size_t n);
   // Whether any of rows[0..n) is a row a prefetch moves, up or down.
   bool any_moving(const uint32_t* rows, size_t n) const;
   // The prefetch thread: writes each job's rows down, then reads its rows up into their frames,

@@ -194,7 +194,7 @@ bool HostTable::any_moving(const uint32_t* rows, size_t n) const {
   return false;
 }
 
-void HostTable::finish_prefetch() {
+void HostTable::finish_prefetch(const uint32_t* wanted, size_t n_wanted) {
   if (!job_in_flight()) return;
   PrefetchJob job;
   {
@@ -203,6 +203,7 @@ void HostTable::finish_prefetch() {
     job = std::move(prefetch_);
     prefetch_ = PrefetchJob{};
   }
+  if (job.rows.empty() && job.down_err == 0) keep_wanted_rows(job, wanted, n_wanted);
   for (const uint32_t r : job.rows) row::bitmap_clear<false>(moving_.data(), r);
   for (const uint32_t r : job.down_rows) row::bitmap_clear<false>(moving_.data(), r);
   const size_t reused = job.rows.size() - job.fresh_frames;
@@ -220,6 +221,38 @@ void HostTable::finish_prefetch() {
     return;
   }
   if (!job.rows.empty()) finish_move_up(job.rows, job.frames, job.clock);
+}
+
+// A write-back leaves its rows' frames intact (nothing is read into them): those the call needs
+// stay there, their new slots freed, rather than go down only to be read back.
+void HostTable::keep_wanted_rows(PrefetchJob& job, const uint32_t* wanted, size_t n) {
+  size_t kept = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t r = wanted[i];
+    if (r != row::kNoRow && row::bitmap_test(moving_.data(), r)) {
+      row::bitmap_clear<false>(moving_.data(), r);  // marks it: it stays
+      ++kept;
+    }
+  }
+  if (kept == 0) return;
+  // The rows that go down first, those that stay after (order does not matter: nothing reuses
+  // a write-back's frames).
+  size_t going = 0;
+  for (size_t i = 0; i < job.down_rows.size(); ++i) {
+    if (row::bitmap_test(moving_.data(), job.down_rows[i])) {
+      std::swap(job.down_rows[i], job.down_rows[going]);
+      std::swap(job.down_frames[i], job.down_frames[going]);
+      std::swap(job.down_handles[i], job.down_handles[going]);
+      ++going;
+    }
+  }
+  {
+    std::lock_guard disk_lock(disk_mutex_);
+    disk_->free(job.down_handles.size() - going, job.down_handles.data() + going);
+  }
+  job.down_rows.resize(going);
+  job.down_frames.resize(going);
+  job.down_handles.resize(going);
 }
 
 bool HostTable::stamp_resident(const uint32_t* rows, size_t n) {
@@ -243,7 +276,7 @@ bool HostTable::stamp_resident(const uint32_t* rows, size_t n) {
 }
 
 void HostTable::bring_up(const uint32_t* rows, size_t n) {
-  if (any_moving(rows, n)) finish_prefetch();
+  if (any_moving(rows, n)) finish_prefetch(rows, n);
   if (!stamp_resident(rows, n)) return;
   make_frames(up_rows_.size());
   move_up(up_rows_);

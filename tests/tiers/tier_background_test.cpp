@@ -273,6 +273,18 @@ TEST_CASE("a table that does not prefetch gets cold rows written down between it
     }
     REQUIRE(same_bits(lookup_ok(t, full, 0), lookup_ok(plain, full, 0)));  // the 8 come back
   }
+  SECTION("a call that needs rows of a write-back keeps them in memory") {
+    lookup_ok(t, {full[1]}, 0);  // the write-back of 8 rows of full starts
+    const embstore_table_stats_t before = stats(t);
+    // Every row of full: the 8 stay where they are, nothing is read back.
+    REQUIRE(same_bits(lookup_ok(t, full, 0), lookup_ok(plain, full, 0)));
+    const embstore_table_stats_t s = stats(t);
+    REQUIRE(s.tier_bytes_written > 0);  // the write-back was written
+    REQUIRE(s.rows_moved_down == 0);    // and dropped
+    REQUIRE(s.rows_moved_up == 0);
+    REQUIRE(s.tier_bytes_read == before.tier_bytes_read);
+    REQUIRE(s.rows_in_memory == 64);
+  }
   SECTION("none for a table that prefetches: its prefetches make its room") {
     WriterThreads writers;
     ok(embstore_prefetch(t, full.data(), 1, nullptr));  // a row in memory: nothing to read
