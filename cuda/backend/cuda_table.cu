@@ -40,11 +40,7 @@ CudaTable::CudaTable(TableSpec spec, int device)
     arena_.dim = this->spec().dim;
     arena_.stride = this->spec().stride();
 
-    const uint64_t rows0 = row::chunk_rows(0, base_shift);
-    values_[0] = DeviceBuffer(rows0 * arena_.stride * sizeof(float), "arena values");
-    meta_[0] = DeviceBuffer(rows0 * sizeof(row::RowMeta), "arena metadata");
-    arena_.values[0] = values_[0].get<float>();
-    arena_.meta[0] = meta_[0].get<row::RowMeta>();
+    add_chunk(0, &arena_);
     chunks_ = 1;
 
     dirty_words_ = row::bitmap_words(capacity_rows());
@@ -82,6 +78,8 @@ CudaTable::~CudaTable() {
 
 void CudaTable::release() noexcept {
   for (auto& b : values_) b.reset();
+  for (auto& b : host_values_) b.reset();
+  wanted_.reset();
   for (auto& b : meta_) b.reset();
   index_.reset();
   dirty_.reset();
@@ -195,6 +193,27 @@ uint64_t CudaTable::count_new_keys(const int64_t* keys, size_t n, cudaStream_t s
   return read_counters(stream).new_keys;
 }
 
+// Allocates arena chunk `chunk` and points `arena` at it: its metadata in device memory, its
+// values where the device budget puts them (row::place_chunk): device memory, mapped host
+// memory, or the first rows in one and the rest in the other.
+void CudaTable::add_chunk(uint32_t chunk, row::ArenaRef* arena) {
+  const row::ChunkPlacement place = row::place_chunk(chunk, arena->base_shift, spec().device_rows);
+  const size_t row_bytes = size_t{arena->stride} * sizeof(float);
+  values_[chunk] = DeviceBuffer(place.device_rows * row_bytes, "arena values");
+  host_values_[chunk] =
+      MappedHostBuffer(place.host_rows * row_bytes, "arena values beyond device_rows");
+  meta_[chunk] = DeviceBuffer(row::chunk_rows(chunk, arena->base_shift) * sizeof(row::RowMeta),
+                              "arena metadata");
+  arena->values[chunk] =
+      place.device_rows != 0 ? values_[chunk].get<float>() : host_values_[chunk].device<float>();
+  if (place.device_rows != 0 && place.host_rows != 0) {
+    arena->split_chunk = chunk;
+    arena->split_offset = place.device_rows;
+    arena->split_values = host_values_[chunk].device<float>();
+  }
+  arena->meta[chunk] = meta_[chunk].get<row::RowMeta>();
+}
+
 // Adds arena chunks until `need` rows fit, with the dirty bitmap and the index sized to the
 // new capacity; rows never move, the index is rebuilt from the rows' keys. The stream is idle
 // (the caller synchronized it). Nothing is committed until every allocation has succeeded.
@@ -208,11 +227,7 @@ void CudaTable::grow(uint64_t need, uint64_t rows, cudaStream_t stream) {
       fail(EMBSTORE_CAPACITY_EXCEEDED, "table '{}': the arena cannot hold {} rows", spec().name,
            need);
     }
-    const uint64_t chunk = row::chunk_rows(chunks, arena.base_shift);
-    values_[chunks] = DeviceBuffer(chunk * arena.stride * sizeof(float), "arena values");
-    meta_[chunks] = DeviceBuffer(chunk * sizeof(row::RowMeta), "arena metadata");
-    arena.values[chunks] = values_[chunks].get<float>();
-    arena.meta[chunks] = meta_[chunks].get<row::RowMeta>();
+    add_chunk(chunks, &arena);
     ++chunks;
   }
   const uint64_t capacity = row::arena_capacity(chunks, arena.base_shift);
@@ -279,6 +294,7 @@ void CudaTable::lookup(const int64_t* keys, size_t n, float* values_out, bool in
   check_batch(n);
   Call call(*this, stream_ptr);
   const cudaStream_t stream = call.stream;
+  last_step_ = std::max(last_step_, step);
   if (!insert) {
     ScratchLayout layout;
     const size_t rows_at = layout.take(n * sizeof(uint32_t));
@@ -427,9 +443,9 @@ TableCounters CudaTable::counters() {
 
   unsigned long long* dirty_total = &device_counters()->dirty_rows;
   check(cudaMemsetAsync(dirty_total, 0, sizeof(*dirty_total), own_stream_), "cudaMemsetAsync");
-  count_dirty_kernel<kBlock><<<blocks_for(dirty_words_), kBlock, 0, own_stream_>>>(
-      dirty_.get<uint64_t>(), dirty_words_, dirty_total);
-  check_launch("count_dirty_kernel");
+  count_bits_kernel<kBlock><<<blocks_for(dirty_words_), kBlock, 0, own_stream_>>>(
+      dirty_.get<uint64_t>(), dirty_words_ * 64, dirty_total);
+  check_launch("count_bits_kernel");
   const DeviceCounters d = read_counters(own_stream_);
   rows_bound_ = d.rows;  // exact now: nothing of this table is in flight
 
@@ -442,6 +458,26 @@ TableCounters CudaTable::counters() {
   c.evicted = ledger_.evicted_total();
   c.pending_admission = ledger_.pending_admission();
   c.skipped_keys = d.skipped_keys;
+  // The device tier: live rows below device_rows in device memory, the rest in mapped host
+  // memory. Evicted rows below it wait on the free list and are not counted.
+  const uint64_t budget = spec().device_rows;
+  if (budget == 0 || budget >= d.rows) {
+    c.rows_in_device = c.rows;
+  } else {
+    uint64_t freed_below = 0;
+    if (freed_.get() != nullptr && d.free_rows != 0) {
+      unsigned long long* total = &device_counters()->selected;
+      check(cudaMemsetAsync(total, 0, sizeof(*total), own_stream_), "cudaMemsetAsync");
+      count_bits_kernel<kBlock><<<blocks_for(row::bitmap_words(budget)), kBlock, 0, own_stream_>>>(
+          freed_.get<uint64_t>(), budget, total);
+      check_launch("count_bits_kernel");
+      freed_below = read_counters(own_stream_).selected;
+    }
+    c.rows_in_device = budget - freed_below;
+    c.rows_in_memory = c.rows - c.rows_in_device;
+  }
+  c.rows_moved_up = d.tier_moved;  // each trade moves one row up and one down
+  c.rows_moved_down = d.tier_moved;
   return c;
 }
 

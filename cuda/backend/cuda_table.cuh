@@ -55,6 +55,13 @@
 
 namespace embstore::cuda_backend {
 
+// The device tier's moves: a device row may make room for a hot one once it has not been
+// inserted or updated for this many steps (the latest step a call gave and the one before), and
+// is not wanted by this prefetch or the one before it (the current batch, whose update comes
+// after); a prefetch of n keys searches at most max(this x n, 1024) device ids for such rows.
+inline constexpr uint64_t kDeviceTierIdleSteps = 2;
+inline constexpr uint64_t kDeviceTierWindowPerKey = 4;
+
 class CudaTable final : public Table {
  public:
   CudaTable(TableSpec spec, int device);
@@ -65,6 +72,9 @@ class CudaTable final : public Table {
   void apply_gradients(const int64_t* keys, const float* grads, size_t n, uint64_t step,
                        void* stream) override;
   TableCounters counters() override;
+  // The device tier (cuda_device_tier.cu): moves the rows of keys in host memory up to the
+  // device, each trading ids with an idle device row; nothing without device_rows.
+  void prefetch(const int64_t* keys, size_t n, void* stream) override;
   void set_dirty_tracking(bool on) override {
     std::lock_guard lock(mutex_);
     dirty_tracking_ = on;
@@ -175,6 +185,7 @@ class CudaTable final : public Table {
   uint64_t count_new_keys(const int64_t* keys, size_t n, cudaStream_t stream);
   uint64_t mark_new_keys(const int64_t* keys, size_t n, uint32_t* keep, uint32_t* row,
                          cudaStream_t stream);
+  void add_chunk(uint32_t chunk, row::ArenaRef* arena);
   void grow(uint64_t need, uint64_t rows, cudaStream_t stream);
   void release() noexcept;
   char* stage(size_t bytes, cudaStream_t stream);
@@ -195,7 +206,10 @@ class CudaTable final : public Table {
   std::mutex drain_mutex_;
   row::ArenaRef arena_{};
   uint32_t chunks_ = 0;
+  // A chunk's values: rows below spec().device_rows in values_, the rest in host_values_
+  // (device_rows == 0: all in values_); see add_chunk.
   std::array<DeviceBuffer, row::kMaxChunks> values_;
+  std::array<MappedHostBuffer, row::kMaxChunks> host_values_;
   std::array<DeviceBuffer, row::kMaxChunks> meta_;
   DeviceBuffer index_;
   uint64_t index_slots_ = 0;
@@ -243,6 +257,15 @@ class CudaTable final : public Table {
   // part-way); 0: no copy-on-write. Lowered by drain() and copy-on-write, each after its records
   // are in the sink.
   std::atomic<uint64_t> captured_left_{0};
+
+  // The device tier (tables with device_rows; cuda_device_tier.cu): the latest step a call
+  // gave, the device id where the next prefetch's search for idle rows starts, the generation
+  // of the latest prefetch, and per row id the generation of the latest prefetch that wanted it
+  // (uint32, grown on use to the capacity).
+  uint64_t last_step_ = 0;
+  uint64_t tier_cursor_ = 0;
+  uint32_t tier_generation_ = 0;
+  DeviceBuffer wanted_;
 
   // The drain, under drain_mutex_: its stream, its device buffer (listing scratch and two
   // staging pieces of records, about 2 x kStageBytes, kept from the first snapshot on) and

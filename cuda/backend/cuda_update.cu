@@ -29,6 +29,7 @@ void CudaTable::apply_gradients(const int64_t* keys, const float* grads, size_t 
   check_batch(n);
   Call call(*this, stream_ptr);
   const cudaStream_t stream = call.stream;
+  last_step_ = std::max(last_step_, step);
   const int count = static_cast<int>(n);
   const uint32_t dim = arena_.dim;
 

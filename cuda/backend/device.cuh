@@ -40,6 +40,9 @@ struct DeviceCounters {
   unsigned long long captured;      // result slot of capture()
   unsigned long long cow_rows;      // result slot of one copy-on-write pass
   unsigned long long selected;      // result slot of a row selection (eviction, admission)
+  unsigned long long tier_up;       // a prefetch's rows in host memory to move up
+  unsigned long long tier_down;     // a prefetch's idle device rows that may make room
+  unsigned long long tier_moved;    // rows traded between device and host memory, ever
 };
 
 // The drain's own result slots (it runs on its own stream, beside the table's calls): one

@@ -1,5 +1,6 @@
 // Host-side helpers of the CUDA backend: CUDA errors as embstore errors, the current device for
-// a scope, owning device allocations, and the layout of a call's scratch buffer.
+// a scope, owning device allocations (and of mapped host memory), and the layout of a call's
+// scratch buffer.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -104,6 +105,66 @@ class DeviceBuffer {
 
  private:
   void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Owning allocation of page-locked host memory mapped into the device's address space
+// (cudaHostAlloc with cudaHostAllocMapped): kernels read and write it over the bus, as they do
+// device memory, through its device pointer. The device tier's rows beyond its budget.
+class MappedHostBuffer {
+ public:
+  MappedHostBuffer() = default;
+  MappedHostBuffer(size_t bytes, const char* what) {
+    if (bytes == 0) return;
+    void* p = nullptr;
+    cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e == cudaSuccess) {
+      host_ = p;
+      e = cudaHostGetDevicePointer(&device_, p, 0);
+      if (e == cudaSuccess) {
+        bytes_ = bytes;
+        return;
+      }
+      reset();
+    }
+    (void)cudaGetLastError();
+    fail(e == cudaErrorMemoryAllocation ? EMBSTORE_OUT_OF_MEMORY : EMBSTORE_DEVICE_ERROR,
+         "cudaHostAlloc (mapped) of {} bytes of host memory for {}: {}", bytes, what,
+         cudaGetErrorString(e));
+  }
+  ~MappedHostBuffer() { reset(); }
+  MappedHostBuffer(MappedHostBuffer&& o) noexcept
+      : host_(std::exchange(o.host_, nullptr)),
+        device_(std::exchange(o.device_, nullptr)),
+        bytes_(std::exchange(o.bytes_, 0)) {}
+  MappedHostBuffer& operator=(MappedHostBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      host_ = std::exchange(o.host_, nullptr);
+      device_ = std::exchange(o.device_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+  }
+  MappedHostBuffer(const MappedHostBuffer&) = delete;
+  MappedHostBuffer& operator=(const MappedHostBuffer&) = delete;
+
+  void reset() noexcept {
+    if (host_ != nullptr) (void)cudaFreeHost(host_);
+    host_ = nullptr;
+    device_ = nullptr;
+    bytes_ = 0;
+  }
+  // The pointer kernels use.
+  template <typename T = void>
+  T* device() const {
+    return static_cast<T*>(device_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* host_ = nullptr;
+  void* device_ = nullptr;
   size_t bytes_ = 0;
 };
 

@@ -39,4 +39,13 @@ EMBSTORE_HD uint64_t bitmap_count(const uint64_t* words, uint64_t first_word, ui
   return n;
 }
 
+// The set bits of word w that lie among the bitmap's first `bits` bits.
+EMBSTORE_HD uint64_t bitmap_count_word_below(const uint64_t* words, uint64_t w, uint64_t bits) {
+  const uint64_t first = w * 64;
+  if (first >= bits) return 0;
+  const uint64_t word =
+      bits - first >= 64 ? words[w] : words[w] & ((uint64_t{1} << (bits - first)) - 1);
+  return popcount64(word);
+}
+
 }  // namespace embstore::row

@@ -52,6 +52,19 @@ struct IndexRef {
     }
   }
 
+  // Points the entry of a key the index holds at another row. Safe beside other such calls for
+  // other keys and beside find(): an entry's slot, and its occupancy, do not change.
+  EMBSTORE_HD void repoint(int64_t key, uint32_t row) const {
+    for (uint64_t s = home(key);; s = next(s)) {
+      Slot& slot = slots[s];
+      if (slot.row == kEmptyRow) return;  // absent: nothing to repoint
+      if (slot.key == key) {
+        slot.row = row;
+        return;
+      }
+    }
+  }
+
   // Single-writer find-or-insert in one probe: the key's row, or new_row placed in the first
   // empty slot of its probe sequence (*inserted set) when the key is absent.
   EMBSTORE_HD uint32_t find_or_insert_serial(int64_t key, uint32_t new_row, bool* inserted) const {

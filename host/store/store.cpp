@@ -165,10 +165,11 @@ std::unique_ptr<embstore::Table> embstore_store::make_table_impl(embstore::Table
   // A user's table gets the store's tier_dir here; one a restore builds keeps the existing
   // table's spec (and so its budgets and directory) or has no budgets (a manifest's).
   if (spec.tier_dir.empty()) spec.tier_dir = tier_dir;
-  if (backend == EMBSTORE_BACKEND_CUDA && (spec.device_rows != 0 || spec.memory_rows != 0)) {
+  // The CUDA backend's tiers stop at mapped host memory (device_rows): no SSD tier below it yet.
+  if (backend == EMBSTORE_BACKEND_CUDA && spec.memory_rows != 0) {
     fail(EMBSTORE_UNSUPPORTED,
-         "table '{}': device_rows and memory_rows (tiers) are not built for the CUDA backend in "
-         "this version",
+         "table '{}': memory_rows (an SSD tier below host memory) is not built for the CUDA "
+         "backend in this version; device_rows keeps the rows beyond it in host memory",
          spec.name);
   }
   if (spec.tiered() && spec.tier_dir.empty()) {

@@ -1,4 +1,5 @@
 // White-box tests of the per-row logic shared by the host backend and the CUDA kernels.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -148,6 +149,21 @@ TEST_CASE("bitmap set, test and count", "[row]") {
   bitmap_set<true>(words.data(), 100);
   bitmap_set<true>(words.data(), 100);
   REQUIRE(bitmap_count(words.data(), 0, words.size()) == 5);
+  // Bits among the first n: rows 0, 63, 64, 100, 199 set.
+  auto below = [&](uint64_t bits) {
+    uint64_t n = 0;
+    for (uint64_t w = 0; w < words.size(); ++w) n += bitmap_count_word_below(words.data(), w, bits);
+    return n;
+  };
+  REQUIRE(below(0) == 0);
+  REQUIRE(below(1) == 1);
+  REQUIRE(below(63) == 1);
+  REQUIRE(below(64) == 2);
+  REQUIRE(below(65) == 3);
+  REQUIRE(below(101) == 4);
+  REQUIRE(below(199) == 4);
+  REQUIRE(below(200) == 5);
+  REQUIRE(below(256) == 5);
   REQUIRE(bitmap_test(words.data(), 63));
   REQUIRE(bitmap_test(words.data(), 100));
   REQUIRE_FALSE(bitmap_test(words.data(), 62));
@@ -216,6 +232,49 @@ TEST_CASE("whole-row state init equals the per-element one", "[row]") {
       }
       REQUIRE(state.back() == -9.0f);  // nothing written past the state
       REQUIRE(initial_state_is_zero(p) == all_zero);
+    }
+  }
+}
+
+TEST_CASE("a device budget places each row once, and a split chunk's rows at its second part",
+          "[row]") {
+  const uint32_t base_shift = 6;
+  for (uint64_t budget : {0ull, 1ull, 63ull, 64ull, 100ull, 192ull, 1000ull}) {
+    INFO("device_rows " << budget);
+    // Every row of six chunks, in a record of one float: value = row id, wherever it lives.
+    std::vector<std::vector<float>> device(6), host(6);
+    ArenaRef arena{};
+    arena.base_shift = base_shift;
+    arena.dim = 1;
+    arena.stride = 1;
+    uint64_t on_device = 0;
+    for (uint32_t c = 0; c < 6; ++c) {
+      const ChunkPlacement p = place_chunk(c, base_shift, budget);
+      REQUIRE(p.device_rows + p.host_rows == chunk_rows(c, base_shift));
+      on_device += p.device_rows;
+      device[c].resize(p.device_rows);
+      host[c].resize(p.host_rows);
+      if (p.device_rows != 0 && p.host_rows != 0) {
+        REQUIRE(arena.split_chunk == static_cast<uint32_t>(kMaxChunks));  // one split at most
+        arena.split_chunk = c;
+        arena.split_offset = p.device_rows;
+        arena.split_values = host[c].data();
+      }
+      arena.values[c] = p.device_rows != 0 ? device[c].data() : host[c].data();
+    }
+    const uint64_t rows = arena_capacity(6, base_shift);
+    REQUIRE(on_device == (budget == 0 ? rows : std::min<uint64_t>(budget, rows)));
+    for (uint64_t r = 0; r < rows; ++r) *arena.row(r) = static_cast<float>(r);
+    uint64_t r = 0;
+    for (uint32_t c = 0; c < 6; ++c) {
+      for (float v : device[c]) REQUIRE(v == static_cast<float>(r++));
+      for (float v : host[c]) REQUIRE(v == static_cast<float>(r++));
+    }
+    REQUIRE(r == rows);
+    // The device's rows are the arena's first ones.
+    for (uint64_t k = 0; k < on_device; ++k) {
+      const ChunkPos p = chunk_of(k, base_shift);
+      REQUIRE(arena.row(k) == device[p.chunk].data() + (p.offset));
     }
   }
 }

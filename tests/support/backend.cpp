@@ -107,6 +107,18 @@ embstore_status_t apply_gradients(embstore_table_t* table, const std::vector<int
   return embstore_apply_gradients(table, keys.data(), grads.data(), keys.size(), nullptr);
 }
 
+embstore_status_t prefetch(embstore_table_t* table, const std::vector<int64_t>& keys) {
+#if defined(EMBSTORE_HAVE_CUDA)
+  if (g_backend == EMBSTORE_BACKEND_CUDA) {
+    DeviceCopy<int64_t> d_keys(keys);
+    const embstore_status_t st = embstore_prefetch(table, d_keys.get(), keys.size(), nullptr);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    return st;
+  }
+#endif
+  return embstore_prefetch(table, keys.data(), keys.size(), nullptr);
+}
+
 embstore_status_t follower_lookup(embstore_follower_t* follower, const char* table,
                                   const std::vector<int64_t>& keys, uint32_t dim,
                                   std::vector<float>* out) {
@@ -136,6 +148,12 @@ std::vector<float> lookup_ok(embstore_table_t* table, const std::vector<int64_t>
 void apply_ok(embstore_table_t* table, const std::vector<int64_t>& keys,
               const std::vector<float>& grads) {
   const embstore_status_t st = apply_gradients(table, keys, grads);
+  INFO(embstore_last_error());
+  REQUIRE(st == EMBSTORE_OK);
+}
+
+void prefetch_ok(embstore_table_t* table, const std::vector<int64_t>& keys) {
+  const embstore_status_t st = prefetch(table, keys);
   INFO(embstore_last_error());
   REQUIRE(st == EMBSTORE_OK);
 }

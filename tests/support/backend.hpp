@@ -45,11 +45,15 @@ embstore_status_t follower_lookup(embstore_follower_t* follower, const char* tab
                                   const std::vector<int64_t>& keys, uint32_t dim,
                                   std::vector<float>* out);
 
+// embstore_prefetch of keys; on CUDA through a device copy, kept until the device is done with it.
+embstore_status_t prefetch(embstore_table_t* table, const std::vector<int64_t>& keys);
+
 // Shorthands that require OK.
 std::vector<float> lookup_ok(embstore_table_t* table, const std::vector<int64_t>& keys,
                              uint32_t flags = EMBSTORE_LOOKUP_INSERT);
 void apply_ok(embstore_table_t* table, const std::vector<int64_t>& keys,
               const std::vector<float>& grads);
 embstore_table_stats_t stats(embstore_table_t* table);
+void prefetch_ok(embstore_table_t* table, const std::vector<int64_t>& keys);
 
 }  // namespace embstore_test

@@ -68,14 +68,18 @@ TEST_CASE("a bad tier directory fails the table's creation with a message naming
   }
 }
 
-TEST_CASE("the CUDA backend refuses tier budgets until it has tiers", "[tiers][failure]") {
+TEST_CASE("the CUDA backend takes a device budget and refuses an SSD tier below host memory",
+          "[tiers][failure]") {
   if (backend() != EMBSTORE_BACKEND_CUDA) return;
   TierDir tier;
   StoreGuard store(tier_store(tier.path().c_str()));
-  embstore_table_config_t c = tier_config("emb", 8, 0);
+  embstore_table_config_t c = tier_config("emb", 8, 100);
   c.device_rows = 100;
   embstore_table_t* t = nullptr;
-  require_status(embstore_table_create(store, &c, &t), EMBSTORE_UNSUPPORTED, "device_rows");
+  require_status(embstore_table_create(store, &c, &t), EMBSTORE_UNSUPPORTED, "memory_rows");
+  c.memory_rows = 0;
+  ok(embstore_table_create(store, &c, &t));
+  REQUIRE(stats(t).rows == 0);
 }
 
 TEST_CASE("a failed write to the tier fails the call and loses no row", "[tiers][failure]") {

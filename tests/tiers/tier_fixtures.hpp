@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +34,35 @@ inline embstore_table_config_t tier_config(const char* name, uint32_t dim, uint6
   embstore_table_config_t c = config_for(name, dim, opt);
   c.memory_rows = memory_rows;
   return c;
+}
+
+// A case of the bit-for-bit training tests: a first-tier budget (memory_rows on the host,
+// device_rows on CUDA), an optimizer, admission and eviction.
+struct TrainCase {
+  uint64_t budget;
+  embstore_optimizer_t opt;
+  uint32_t admit_after;
+  uint64_t evict_idle_steps;
+  uint64_t max_capacity = 0;  // with evict_when_full
+
+  // The untiered twin's config (dim 8) of this case.
+  embstore_table_config_t untiered_config() const {
+    embstore_table_config_t c = tier_config("emb", 8, 0, opt);
+    c.admit_after = admit_after;
+    c.evict_idle_steps = evict_idle_steps;
+    if (max_capacity != 0) {
+      c.initial_capacity = 64;
+      c.max_capacity = max_capacity;
+      c.evict_when_full = 1;
+    }
+    return c;
+  }
+  bool evicts() const { return evict_idle_steps != 0 || max_capacity != 0; }
+};
+
+inline std::ostream& operator<<(std::ostream& os, const TrainCase& c) {
+  return os << "budget " << c.budget << ", optimizer " << c.opt << ", admit_after " << c.admit_after
+            << ", evict_idle_steps " << c.evict_idle_steps << ", max_capacity " << c.max_capacity;
 }
 
 // Keys first, first + 1, ..., n of them.
@@ -85,7 +115,7 @@ struct Twins {
       std::vector<int64_t> next_keys;
       std::vector<float> next_grads;
       step_batch(s + 1, keys, batch, embstore_table_dim(plain), &next_keys, &next_grads);
-      ok(embstore_prefetch(tiered, next_keys.data(), next_keys.size(), nullptr));
+      prefetch_ok(tiered, next_keys);
     }
     apply_ok(plain, k, g);
     apply_ok(tiered, k, g);

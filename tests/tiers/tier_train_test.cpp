@@ -8,45 +8,28 @@
 namespace embstore_test::tiers {
 namespace {
 
-struct Case {
-  uint64_t memory_rows;
-  embstore_optimizer_t opt;
-  uint32_t admit_after;
-  uint64_t evict_idle_steps;
-  uint64_t max_capacity = 0;  // with evict_when_full
-};
-
 TEST_CASE("a tiered table trains bit for bit as an untiered one, at budgets down to one row",
           "[tiers]") {
   TierDir tier;
   if (!backend_has_tiers(tier.path())) return;
-  const Case c =
-      GENERATE(Case{1, EMBSTORE_OPT_ADAGRAD, 1, 0}, Case{7, EMBSTORE_OPT_ADAM, 1, 0},
-               Case{64, EMBSTORE_OPT_SGD, 1, 0}, Case{100, EMBSTORE_OPT_ROWWISE_ADAGRAD, 2, 0},
-               Case{300, EMBSTORE_OPT_ADAGRAD, 1, 3}, Case{40, EMBSTORE_OPT_ADAGRAD, 1, 0, 400});
+  const TrainCase c = GENERATE(
+      TrainCase{1, EMBSTORE_OPT_ADAGRAD, 1, 0}, TrainCase{7, EMBSTORE_OPT_ADAM, 1, 0},
+      TrainCase{64, EMBSTORE_OPT_SGD, 1, 0}, TrainCase{100, EMBSTORE_OPT_ROWWISE_ADAGRAD, 2, 0},
+      TrainCase{300, EMBSTORE_OPT_ADAGRAD, 1, 3}, TrainCase{40, EMBSTORE_OPT_ADAGRAD, 1, 0, 400});
   const bool prefetch_next = GENERATE(false, true);
-  INFO("memory_rows " << c.memory_rows << ", optimizer " << c.opt << ", admit_after "
-                      << c.admit_after << ", evict_idle_steps " << c.evict_idle_steps
-                      << ", max_capacity " << c.max_capacity << ", prefetch " << prefetch_next);
+  INFO("memory_rows: " << c << ", prefetch " << prefetch_next);
   TempDir dir_a, dir_b;
   StoreGuard a(tier_store(nullptr));
   StoreGuard b(tier_store(tier.path().c_str()));
-  embstore_table_config_t ca = tier_config("emb", 8, 0, c.opt);
-  ca.admit_after = c.admit_after;
-  ca.evict_idle_steps = c.evict_idle_steps;
-  if (c.max_capacity != 0) {
-    ca.initial_capacity = 64;
-    ca.max_capacity = c.max_capacity;
-    ca.evict_when_full = 1;
-  }
+  const embstore_table_config_t ca = c.untiered_config();
   embstore_table_config_t cb = ca;
-  cb.memory_rows = c.memory_rows;
+  cb.memory_rows = c.budget;
   Twins twins{a, b, make_table(a, ca), make_table(b, cb), prefetch_next};
   const int64_t keys = 1000;
   for (uint64_t s = 1; s <= 12; ++s) twins.step(s, keys, 200);
   const embstore_table_stats_t sa = stats(twins.plain);
   const embstore_table_stats_t sb = stats(twins.tiered);
-  REQUIRE(sb.rows_in_memory <= c.memory_rows);  // the budget holds between calls
+  REQUIRE(sb.rows_in_memory <= c.budget);  // the budget holds between calls
   REQUIRE(sa.rows == sb.rows);
   REQUIRE(sa.dirty_rows == sb.dirty_rows);
   REQUIRE(sa.evicted == sb.evicted);
@@ -61,13 +44,13 @@ TEST_CASE("a tiered table trains bit for bit as an untiered one, at budgets down
   REQUIRE(sb.rows_moved_up > 0);
   REQUIRE(sb.tier_bytes_written >= sb.rows_moved_down * 8 * 4);
   REQUIRE(sb.tier_bytes_read > 0);
-  if (c.evict_idle_steps != 0 || c.max_capacity != 0) REQUIRE(sb.evicted > 0);
+  if (c.evicts()) REQUIRE(sb.evicted > 0);
   if (c.max_capacity != 0) REQUIRE(sb.rows <= c.max_capacity);
   if (c.admit_after > 1) REQUIRE(sb.pending_admission > 0);
   // Every key, including those with no row (zeros without insert).
   const std::vector<int64_t> all = key_range(keys + 40);
   REQUIRE(same_bits(lookup_ok(twins.plain, all, 0), lookup_ok(twins.tiered, all, 0)));
-  REQUIRE(stats(twins.tiered).rows_in_memory <= c.memory_rows);
+  REQUIRE(stats(twins.tiered).rows_in_memory <= c.budget);
   require_same_checkpoint(a, b, dir_a.path(), dir_b.path(), "emb");
 }
 

@@ -205,12 +205,15 @@ static __global__ void __launch_bounds__(BlockSize)
   }
 }
 
+// Adds the set bits among a bitmap's first `bits` to *total (dirty rows; evicted rows below the
+// device tier's budget).
 template <int BlockSize>
 static __global__ void __launch_bounds__(BlockSize)
-    count_dirty_kernel(const uint64_t* words, uint64_t n_words, unsigned long long* total) {
+    count_bits_kernel(const uint64_t* words, uint64_t bits, unsigned long long* total) {
   unsigned long long local = 0;
+  const uint64_t n_words = row::bitmap_words(bits);
   for (uint64_t w = grid_thread<BlockSize>(); w < n_words; w += grid_threads<BlockSize>()) {
-    local += row::bitmap_count(words, w, w + 1);
+    local += row::bitmap_count_word_below(words, w, bits);
   }
   block_add<BlockSize>(local, total);
 }
