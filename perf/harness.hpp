@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -293,16 +294,30 @@ class BackendBuffer {
   T* device_ = nullptr;
 };
 
+// The order of fill_table's inserts: by rank (the hottest keys of the Zipf streams first), or
+// scattered (rank = a * i mod rows + 1 for the i-th insert, a coprime to rows near 0.618 rows:
+// every rank once, in an order unrelated to heat).
+enum class FillOrder { kRank, kScattered };
+
 // Inserts the rows of ranks 1..rows (key_of_rank) into table, at their initial values.
 inline void fill_table(embstore_table_t* table, embstore_backend_t backend, uint64_t rows,
-                       uint32_t dim) {
+                       uint32_t dim, FillOrder order = FillOrder::kRank) {
   const size_t chunk = 1 << 16;
   std::vector<int64_t> keys(chunk);
   BackendBuffer<int64_t> d_keys(backend, chunk);
   BackendBuffer<float> d_out(backend, chunk * dim);
+  uint64_t stride = 1;
+  if (order == FillOrder::kScattered && rows > 2) {
+    stride = static_cast<uint64_t>(static_cast<double>(rows) * 0.6180339887) | 1;
+    while (std::gcd(stride, rows) != 1) stride += 2;
+  }
   for (uint64_t first = 0; first < rows; first += chunk) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, rows - first));
-    for (size_t i = 0; i < n; ++i) keys[i] = key_of_rank(first + i + 1);
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t at = first + i;
+      const auto rank = static_cast<uint64_t>((static_cast<unsigned __int128>(at) * stride) % rows);
+      keys[i] = key_of_rank(rank + 1);
+    }
     d_keys.upload(keys.data(), n);
     check(embstore_lookup(table, d_keys.data(), n, d_out.data(), EMBSTORE_LOOKUP_INSERT, nullptr),
           "embstore_lookup");

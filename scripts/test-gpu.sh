@@ -9,7 +9,7 @@
 #             against DIR's library (tests/python, test_cuda.py's CUDA paths among them), the
 #             kill-and-resume demo and the train-and-serve demo on the default backend (CUDA)
 #   perf      on CUDA: the training step's breakdown (embstore-perf step), the fused update
-#             (optimizer), train with incremental checkpoints every 10, 100 and 1000 steps,
+#             (optimizer), the device tier (tiers, 10% of the rows on the device), train with incremental checkpoints every 10, 100 and 1000 steps,
 #             with admission (--admit-after 3), and with a policy set but no checkpoint due;
 #             the embedding step against nn.Embedding(sparse=True) + Adagrad (and FBGEMM's TBE
 #             where installed) with the Python door's cost per call
@@ -53,7 +53,7 @@ summary=$out/summary.txt
 deadline=$((SECONDS + budget))
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/embstore-gpu-XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-behaviour=(api optimizer table checkpoint eviction admission serving_backend)
+behaviour=(api optimizer table checkpoint eviction admission serving_backend tier)
 
 left() { echo $((deadline - SECONDS)); }
 
@@ -103,6 +103,13 @@ if [ "$perf" = 1 ]; then
     --json "$out/perf-step-cuda.json"
   check perf-optimizer-cuda "$(( $(left) / 8 ))" "$p" optimizer --backend cuda \
     --json "$out/perf-optimizer-cuda.json"
+  # The device tier: 10% of the rows on the device against all of them, the rows created in
+  # rank order (the hottest first: its best case) and scattered (its fair case).
+  for order in scattered rank; do
+    check "perf-tiers-cuda-$order" "$(( $(left) / 8 ))" "$p" tiers --backend cuda \
+      --shares 1,0.1 --dists 1.1,uniform --batch 65536 --steps 50 --fill-order "$order" \
+      --json "$out/perf-tiers-cuda-$order.json"
+  done
   for k in 10 100 1000; do
     check "perf-train-cuda-k$k" "$(( $(left) / 8 ))" "$p" train --backend cuda \
       --dir "$tmp/train" --incremental-every "$k" --steps "$(( k >= 1000 ? 4000 : 1000 ))" \

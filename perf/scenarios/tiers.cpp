@@ -1,9 +1,14 @@
-// Scenario `tiers`: what the host backend's SSD tier costs a training loop. For each key
-// distribution in --dists (Zipf exponents or 'uniform') and each first-tier share in --shares,
-// a fresh store and table of --rows rows (memory_rows = share x rows; share 1 is the untiered
-// table, memory_rows = 0, and the baseline of its distribution) is:
+// Scenario `tiers`: what a table's tiers cost a training loop: the host backend's SSD tier below
+// memory_rows, or the CUDA backend's host memory below device_rows (rows there read and written
+// by the kernels over the bus). For each key distribution in --dists (Zipf exponents or
+// 'uniform') and each first-tier share in --shares, a fresh store and table of --rows rows (the
+// budget = share x rows; share 1 is the untiered table, budget 0, and the baseline of its
+// distribution) is:
 //   filled    every key of the key space inserted by lookups with EMBSTORE_LOOKUP_INSERT, in
-//             batches of 65536 (untimed; the tiered tables move most rows down on the way);
+//             batches of 65536 (untimed; the host's tiered tables move most rows down on the
+//             way), in rank order (the hottest keys first) or, with --fill-order scattered, in
+//             an order unrelated to heat: the CUDA device tier keeps the rows created first,
+//             so rank order is its best case and scattered its fair one;
 //   warmed    --warmup whole steps (untimed);
 //   saved     one full checkpoint into a fresh directory, waited for (untimed);
 //   trained   --steps timed whole steps: lookup with insert, embstore_prefetch of the next
@@ -12,7 +17,8 @@
 //             default), apply_gradients of fixed pseudo-random gradients, embstore_step; each
 //             call timed on its own too (the host backend's calls return when done, tier moves
 //             included, except a prefetch's moves, which go on in the background until the next
-//             call that needs their rows);
+//             call that needs their rows; on CUDA each call is followed by a device
+//             synchronization, inside its time);
 //   saved     one incremental checkpoint, timed from embstore_checkpoint to
 //             embstore_checkpoint_wait: its delta holds the rows the timed steps touched.
 // The key space is [1, --rows] by rank (keys key_of_rank(rank), as every scenario draws them):
@@ -87,14 +93,16 @@ void require_disk(const std::string& dir) {
 struct Cell {
   std::string dist;
   double share = 1;
-  uint64_t memory_rows = 0;  // 0: untiered
+  uint64_t budget = 0;  // memory_rows (host) or device_rows (CUDA); 0: untiered
   double fill_seconds = 0;
   double steps_per_second = 0;
   double ratio = NAN;  // to the untiered table of dist; NaN: none ran
-  double lookup = 0, prefetch = 0, apply = 0, step = 0;     // seconds per timed step
-  double moved_up = 0, moved_down = 0;                      // rows per timed step
-  double bytes_read = 0, bytes_written = 0;                 // SSD tier, per timed step
-  uint64_t rows = 0, rows_in_memory = 0, rows_on_disk = 0;  // at the end
+  double lookup = 0, prefetch = 0, apply = 0, step = 0;  // seconds per timed step
+  double moved_up = 0, moved_down = 0;                   // rows per timed step
+  double bytes_read = 0, bytes_written = 0;              // SSD tier, per timed step
+  // At the end: rows, those in the first tier (memory on the host, device memory on CUDA) and
+  // below it (the SSD tier on the host, host memory on CUDA).
+  uint64_t rows = 0, rows_in_first = 0, rows_below = 0;
   uint64_t rss_filled = 0, rss_end = 0;
   double delta_seconds = 0;
   uint64_t delta_bytes = 0, delta_rows = 0;
@@ -108,11 +116,12 @@ class TiersScenario final : public Scenario {
   const char* name() const override { return "tiers"; }
   const char* description() const override {
     return "training steps/s, tier moves and SSD bytes per step, memory and an incremental "
-           "checkpoint of a table with its memory budget at shares of its rows (host backend)";
+           "checkpoint of a table with its first tier (memory_rows on the host backend, "
+           "device_rows on CUDA) at shares of its rows";
   }
 
   void set_defaults(CommonOptions& o) const override {
-    o.backend = "host";  // the CUDA backend has no tiers yet
+    o.backend = "host";  // the SSD tier; --backend cuda: the device tier
     o.batch = 16384;
     o.steps = 20;
   }
@@ -151,6 +160,11 @@ class TiersScenario final : public Scenario {
                    "go on behind it)")
         ->check(CLI::Range(0.0, 10000.0))
         ->capture_default_str();
+    app.add_option("--fill-order", fill_order_,
+                   "order of the fill's inserts: 'rank' (the hottest keys first) or 'scattered' "
+                   "(unrelated to heat)")
+        ->check(CLI::IsMember({"rank", "scattered"}))
+        ->capture_default_str();
   }
 
   int run(const CommonOptions& options, Report& report) override {
@@ -164,9 +178,6 @@ class TiersScenario final : public Scenario {
     for (const double s : shares_) {
       if (!(s > 0 && s <= 1))
         throw std::runtime_error(fmt::format("--shares: {} not in (0, 1]", s));
-    }
-    if (o.backend == "cuda") {
-      throw std::runtime_error("the CUDA backend has no tiers yet: use --backend host");
     }
     // The untiered baseline first, so that every tiered cell's ratio is known when printed.
     std::vector<double> shares = shares_;
@@ -185,8 +196,8 @@ class TiersScenario final : public Scenario {
     report.say(
         "{:>7} {:>5} {:>8} | {:>8} {:>5} | {:>7} {:>6} {:>7} {:>7} | {:>7} {:>7} | {:>8} {:>8} | "
         "{:>7} | {:>8} {:>8} | {:>7} {:>8}",
-        "dist", "share", "mem rows", "steps/s", "ratio", "look ms", "pf ms", "apply ms", "step ms",
-        "up/st", "down/st", "wr B/st", "rd B/st", "in mem", "RSS fill", "RSS end", "delta s",
+        "dist", "share", "budget", "steps/s", "ratio", "look ms", "pf ms", "apply ms", "step ms",
+        "up/st", "down/st", "wr B/st", "rd B/st", "in 1st", "RSS fill", "RSS end", "delta s",
         "delta B");
     std::vector<Cell> cells;
     embstore_backend_t backend = EMBSTORE_BACKEND_HOST;
@@ -198,17 +209,16 @@ class TiersScenario final : public Scenario {
         Cell c = run_cell(o, dist, share, exponent, grads, tier_dir, ckpt_dir, &backend);
         std::error_code ec;
         if (!keep_) fs::remove_all(ckpt_dir, ec);
-        if (c.memory_rows == 0) baseline = c.steps_per_second;
+        if (c.budget == 0) baseline = c.steps_per_second;
         c.ratio = c.steps_per_second / baseline;
         report.say(
             "{:>7} {:>5} {:>8} | {:>8.2f} {:>5} | {:>7.1f} {:>6.1f} {:>8.1f} {:>7.2f} | {:>7} "
             "{:>7} | "
             "{:>8} {:>8} | {:>7} | {:>8} {:>8} | {:>7.3f} {:>8}",
-            dist, share, c.memory_rows == 0 ? std::string("all") : si(c.memory_rows),
-            c.steps_per_second,
+            dist, share, c.budget == 0 ? std::string("all") : si(c.budget), c.steps_per_second,
             std::isnan(c.ratio) ? std::string("-") : fmt::format("{:.2f}", c.ratio), c.lookup * 1e3,
             c.prefetch * 1e3, c.apply * 1e3, c.step * 1e3, si(c.moved_up), si(c.moved_down),
-            si(c.bytes_written), si(c.bytes_read), si(c.rows_in_memory),
+            si(c.bytes_written), si(c.bytes_read), si(c.rows_in_first),
             si(static_cast<double>(c.rss_filled)), si(static_cast<double>(c.rss_end)),
             c.delta_seconds, si(static_cast<double>(c.delta_bytes)));
         cells.push_back(std::move(c));
@@ -217,10 +227,12 @@ class TiersScenario final : public Scenario {
     report.say(
         "{} rows of dim {} ({}), {} timed steps of {} keys after {} warm-up, {}, {} ms of dense "
         "compute each; per step: means over the timed steps; delta: one incremental checkpoint "
-        "after them, to its commit; {} backend, {} thread(s), --dir {}",
+        "after them, to its commit; {} backend ({}), {} thread(s), fill in {} order, --dir {}",
         rows_, o.dim, optimizer_, o.steps, o.batch, warmup_,
         prefetch_ ? "each prefetching the next" : "no prefetch", dense_ms_, backend_name(backend),
-        o.threads, dir_);
+        backend == EMBSTORE_BACKEND_CUDA ? "budget: device_rows, the rest in host memory"
+                                         : "budget: memory_rows, the rest on disk",
+        o.threads, fill_order_, dir_);
 
     report_common(report, o, backend);
     report.set("rows", rows_);
@@ -229,12 +241,16 @@ class TiersScenario final : public Scenario {
     report.set("prefetch", prefetch_);
     report.set("dense_ms", dense_ms_);
     report.set("dir", dir_);
+    report.set("fill_order", fill_order_);
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
     for (const Cell& c : cells) {
       nlohmann::ordered_json j;
       j["dist"] = c.dist;
       j["share"] = c.share;
-      j["memory_rows"] = c.memory_rows;
+      // Each backend's names: memory_rows, rows_in_memory and rows_on_disk on the host;
+      // device_rows, rows_in_device and rows_in_memory on CUDA.
+      const bool cuda = backend == EMBSTORE_BACKEND_CUDA;
+      j[cuda ? "device_rows" : "memory_rows"] = c.budget;
       j["fill_seconds"] = c.fill_seconds;
       j["steps_per_second"] = c.steps_per_second;
       if (std::isnan(c.ratio)) {
@@ -251,8 +267,8 @@ class TiersScenario final : public Scenario {
       j["tier_bytes_written_per_step"] = c.bytes_written;
       j["tier_bytes_read_per_step"] = c.bytes_read;
       j["rows"] = c.rows;
-      j["rows_in_memory"] = c.rows_in_memory;
-      j["rows_on_disk"] = c.rows_on_disk;
+      j[cuda ? "rows_in_device" : "rows_in_memory"] = c.rows_in_first;
+      j[cuda ? "rows_in_memory" : "rows_on_disk"] = c.rows_below;
       j["rss_bytes_after_fill"] = c.rss_filled;
       j["rss_bytes_end"] = c.rss_end;
       j["incremental_checkpoint_seconds"] = c.delta_seconds;
@@ -266,15 +282,15 @@ class TiersScenario final : public Scenario {
 
     int code = 0;
     for (const Cell& c : cells) {
-      const bool budget_kept =
-          c.memory_rows == 0 ? c.rows_on_disk == 0 : c.rows_in_memory <= c.memory_rows;
-      if (c.rows != rows_ || c.rows_in_memory + c.rows_on_disk != c.rows || !budget_kept ||
+      const bool budget_kept = c.budget == 0 ? c.rows_below == 0 : c.rows_in_first <= c.budget;
+      if (c.rows != rows_ || c.rows_in_first + c.rows_below != c.rows || !budget_kept ||
           c.skipped != 0 || !c.delta_incremental) {
         report.say(
-            "MISMATCH: dist {}, share {}: {} rows ({} in memory, {} on disk; of {}, budget {}), "
+            "MISMATCH: dist {}, share {}: {} rows ({} in the first tier, {} below; of {}, budget "
+            "{}), "
             "{} skipped keys, delta taken as {}",
-            c.dist, c.share, c.rows, c.rows_in_memory, c.rows_on_disk, rows_, c.memory_rows,
-            c.skipped, c.delta_incremental ? "incremental" : "full");
+            c.dist, c.share, c.rows, c.rows_in_first, c.rows_below, rows_, c.budget, c.skipped,
+            c.delta_incremental ? "incremental" : "full");
         code = kExitMismatch;
       }
     }
@@ -289,50 +305,62 @@ class TiersScenario final : public Scenario {
     Cell cell;
     cell.dist = dist;
     cell.share = share;
-    cell.memory_rows = share >= 1 ? 0
-                                  : std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(
-                                                              share * static_cast<double>(rows_))));
+    cell.budget = share >= 1 ? 0
+                             : std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(
+                                                         share * static_cast<double>(rows_))));
 
     embstore_store_config_t config = Store::default_config();
     config.tier_dir = tier_dir.c_str();
     Store store(o, config);
     const embstore_backend_t backend = store.backend();
     *backend_out = backend;
-    if (backend != EMBSTORE_BACKEND_HOST) {
-      throw std::runtime_error("the CUDA backend has no tiers yet: use --backend host");
-    }
-    embstore_table_t* table =
-        create_table(store, "perf_tiers", o.dim, optimizer_from_name(optimizer_),
-                     [&](embstore_table_config_t& c) { c.memory_rows = cell.memory_rows; });
+    const bool cuda = backend == EMBSTORE_BACKEND_CUDA;
+    embstore_table_t* table = create_table(
+        store, "perf_tiers", o.dim, optimizer_from_name(optimizer_),
+        [&](embstore_table_config_t& c) { (cuda ? c.device_rows : c.memory_rows) = cell.budget; });
 
     const Stopwatch fill;
-    fill_table(table, backend, rows_, o.dim);
+    fill_table(table, backend, rows_, o.dim,
+               fill_order_ == "scattered" ? FillOrder::kScattered : FillOrder::kRank);
     cell.fill_seconds = fill.seconds();
     cell.rss_filled = resident_bytes();
 
-    std::vector<float> out(o.batch * o.dim);
+    // Where the backend reads them: host memory, or device memory on CUDA.
+    BackendBuffer<float> out(backend, o.batch * o.dim);
+    BackendBuffer<float> device_grads(backend, grads.size());
+    device_grads.upload(grads.data(), grads.size());
     uint64_t step = 0;
     // Batch b's keys; drawn in order, two batches held (a step's and the next, prefetched).
     KeyStream stream(rows_, exponent, o.seed);
-    std::vector<int64_t> window(2 * o.batch);
+    std::vector<int64_t> drawn_keys(o.batch);
+    BackendBuffer<int64_t> window(backend, 2 * o.batch);
     size_t drawn = 0;
     auto at = [&](size_t b) {
-      for (; drawn <= b; ++drawn) stream.fill(window.data() + (drawn % 2) * o.batch, o.batch);
+      for (; drawn <= b; ++drawn) {
+        stream.fill(drawn_keys.data(), o.batch);
+        window.upload(drawn_keys.data(), o.batch, (drawn % 2) * o.batch);
+      }
       return window.data() + (b % 2) * o.batch;
     };
     auto lookup = [&](size_t b) {
       check(embstore_lookup(table, at(b), o.batch, out.data(), EMBSTORE_LOOKUP_INSERT, nullptr),
             "embstore_lookup");
+      backend_sync(backend);
     };
     auto apply = [&](size_t b) {
-      check(embstore_apply_gradients(table, at(b), grads.data(), o.batch, nullptr),
+      check(embstore_apply_gradients(table, at(b), device_grads.data(), o.batch, nullptr),
             "embstore_apply_gradients");
+      backend_sync(backend);
     };
     auto next_step = [&] { check(embstore_step(store.get(), ++step), "embstore_step"); };
     const size_t batches = warmup_ + o.steps;
-    auto prefetch_next = [&](size_t b) {
-      if (!prefetch_ || b + 1 == batches) return;
-      check(embstore_prefetch(table, at(b + 1), o.batch, nullptr), "embstore_prefetch");
+    auto prefetch_next = [&](size_t b) -> double {  // the call's seconds
+      if (!prefetch_ || b + 1 == batches) return 0;
+      const int64_t* keys = at(b + 1);  // drawn (and copied) outside the call's time
+      const Stopwatch p;
+      check(embstore_prefetch(table, keys, o.batch, nullptr), "embstore_prefetch");
+      backend_sync(backend);
+      return p.seconds();
     };
 
     const auto dense = [&] {
@@ -354,12 +382,11 @@ class TiersScenario final : public Scenario {
     const embstore_table_stats_t before = table_stats(table);
     const Stopwatch timed;
     for (size_t b = warmup_; b < warmup_ + o.steps; ++b) {
+      at(b);  // the batch's keys, drawn and copied before the timed call
       const Stopwatch l;
       lookup(b);
       cell.lookup += l.seconds();
-      const Stopwatch p;
-      prefetch_next(b);
-      cell.prefetch += p.seconds();
+      cell.prefetch += prefetch_next(b);
       dense();
       const Stopwatch a;
       apply(b);
@@ -398,8 +425,8 @@ class TiersScenario final : public Scenario {
     const embstore_table_stats_t end = table_stats(table);
     cell.delta_tier_bytes_read = end.tier_bytes_read - after.tier_bytes_read;
     cell.rows = end.rows;
-    cell.rows_in_memory = end.rows_in_memory;
-    cell.rows_on_disk = end.rows_on_disk;
+    cell.rows_in_first = cuda ? end.rows_in_device : end.rows_in_memory;
+    cell.rows_below = cuda ? end.rows_in_memory : end.rows_on_disk;
     cell.skipped = end.skipped_keys;
     cell.rss_end = resident_bytes();
     return cell;
@@ -414,6 +441,7 @@ class TiersScenario final : public Scenario {
   double dense_ms_ = 0;
   std::string dir_ = "/var/tmp";
   bool keep_ = false;
+  std::string fill_order_ = "rank";
 };
 
 }  // namespace
