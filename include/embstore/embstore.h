@@ -304,9 +304,9 @@ typedef struct embstore_table_config {
                                   EMBSTORE_MAX_ADMIT_BLOOM_BYTES */
   /* Fields below came after 0.5: tier budgets (see "Tiers"). Not part of a checkpoint: a
      restore keeps an existing table's budgets, and a table a restore creates has none. */
-  uint64_t device_rows; /**< CUDA: rows kept in device memory; 0 (default): every row. Ignored
-                            by the host backend. The CUDA backend has no tiers yet: a value
-                            other than 0 there is UNSUPPORTED */
+  uint64_t device_rows; /**< CUDA: rows kept in device memory; the rest live in mapped host
+                            memory, which the kernels read and write over the bus (see
+                            "Tiers"). 0 (default): every row. Ignored by the host backend */
   uint64_t memory_rows; /**< rows kept in host memory (the host backend's first tier); the rest
                             live in the store's tier_dir. 0 (default): every row in memory. A
                             call on more distinct rows than this holds them all in memory while
@@ -347,8 +347,8 @@ EMBSTORE_API void embstore_table_config_init(embstore_table_config_t* config);
     state_codec or serving_codec, or state_codec INT8; memory_rows without the
     store's tier_dir, or a tier_dir that is missing, not a directory or on tmpfs: see "Tiers");
     ALREADY_EXISTS; OUT_OF_MEMORY (also at once for a Bloom filter larger than the memory
-    available); IO_ERROR (no file can be created in tier_dir); UNSUPPORTED (device_rows or
-    memory_rows on the CUDA backend); DEVICE_ERROR. */
+    available); IO_ERROR (no file can be created in tier_dir); UNSUPPORTED (memory_rows on the
+    CUDA backend); DEVICE_ERROR. */
 EMBSTORE_API embstore_status_t embstore_table_create(embstore_store_t* store,
                                                      const embstore_table_config_t* config,
                                                      embstore_table_t** table_out);
@@ -528,8 +528,9 @@ typedef struct embstore_table_stats {
   uint64_t admitted; /**< rows that training lookups inserted (restored rows are not
                          counted); without admission, every new key */
   /* Fields below came after 0.5 (see "Tiers"); a smaller struct_size gets the fields above. */
-  uint64_t rows_in_device;     /**< live rows in device memory (CUDA) */
-  uint64_t rows_in_memory;     /**< live rows in host memory (host backend) */
+  uint64_t rows_in_device;     /**< live rows in device memory (CUDA: every row, without
+                                    device_rows) */
+  uint64_t rows_in_memory;     /**< live rows in host memory: on CUDA those beyond device_rows */
   uint64_t rows_on_disk;       /**< live rows in the SSD tier */
   uint64_t rows_moved_up;      /**< rows brought up from a lower tier, ever */
   uint64_t rows_moved_down;    /**< rows moved down to a lower tier, ever */
@@ -618,7 +619,8 @@ EMBSTORE_API embstore_status_t embstore_table_stats(embstore_table_t* table,
 EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uint64_t* evicted_out);
 
 /** @defgroup tiers Tiers
-   Tables larger than memory: a memory budget over an SSD tier.
+   Tables larger than memory: a memory budget over an SSD tier (host backend); tables larger
+   than the GPU: a device budget over host memory (CUDA backend).
 
    Tiers (host backend). A table with memory_rows = M > 0 keeps at most M rows in host memory
    between calls and the rest in a file of the store's tier_dir (unnamed, read and written
@@ -639,8 +641,24 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
    fewer than a sixteenth of its budget's frames are free, a thread of the table's writes an
    eighth of the budget's coldest rows down, and the next call that needs room takes their
    frames. Rows a call needs that are on disk are read in the call (only a prefetch knows them
-   ahead), and so are moves a call needs beyond that room; the CUDA backend has no tiers yet (device_rows and memory_rows other than 0 are UNSUPPORTED
-   there).
+   ahead), and so are moves a call needs beyond that room.
+
+   Device tier (CUDA backend). A table with device_rows = D > 0 keeps the values and optimizer
+   state of its first D rows (row ids, in the order rows are created; an evicted row's id goes
+   to a later key) in device memory and those of the rest in page-locked host memory mapped
+   into the device's address space, which the lookup, update, checkpoint and restore kernels
+   read and write in place over the bus (HierarchicalKV's hybrid mode). The index, the keys,
+   the dirty bits and the admission counts of every row stay in device memory (about 50 bytes a
+   row). Rows are placed by id, in the order they are created (in training, the keys seen
+   first, which on skewed streams are mostly hot ones; after a restore, the checkpoint's first
+   rows). embstore_prefetch moves a coming batch's rows that are in host memory to the device:
+   each trades places with a device row not inserted or updated for two steps (steps as given
+   to embstore_step) and not in the current batch, found by a sweep over the device rows, round
+   robin; rows of a checkpoint in flight do not move. At max_capacity with evict_when_full,
+   which of equally old rows go depends on row ids on CUDA (handed out in parallel, changed by
+   these moves), as between two untiered CUDA tables. Lookups and updates move nothing: a host-memory row costs a transfer
+   over the bus at each use. memory_rows (an SSD tier below host memory) is UNSUPPORTED
+   on CUDA in this version. Compiled and tested on the host only: no GPU has run it yet.
 
    Results do not depend on tiers: a tiered table trained on a stream holds what an untiered
    one holds, bit for bit, and its checkpoints hold the same rows (a delta the same dirty rows,
@@ -666,6 +684,11 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
     prefetch is in flight at a time), waits for it to end. Calls on other rows in memory go on
     beside it; a call that needs room, or reads or writes the tier itself, waits for it (the
     tier's file takes one batch at a time), and so does embstore_table_stats.
+    On CUDA with device_rows, the call enqueues the moves on stream and returns (it waits for
+    the device only when its scratch grows): the rows of keys in host memory trade places with
+    device rows not inserted or updated for two steps and not wanted by this prefetch or the one
+    before (the current batch's), up to one per key, searched among at most max(4n, 1024)
+    device rows a call, in turn; rows of a checkpoint in flight do not trade.
     Only the rows that fit in the budget beside those of the call before (the current batch's)
     are read; the call that needs the others reads them. The rows count as moved up and down in
     embstore_table_stats once a call has waited for them. A failed write or read is not reported
@@ -673,7 +696,8 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
     stay on disk; the call that needs them reads them itself (and reports IO_ERROR if that fails
     too).
     @param table the table
-    @param [in] keys n keys (host memory on the host backend), or NULL when n is 0
+    @param [in] keys n keys (host memory on the host backend; device memory on CUDA, read on
+                stream: keep them until that work is done), or NULL when n is 0
     @param n the number of keys
     @param stream unused on the host backend; stream-ordered on CUDA
     @return OK; INVALID_ARGUMENT (NULL table or keys); BUSY (a restore is replacing the table);
