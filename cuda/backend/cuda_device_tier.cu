@@ -3,12 +3,38 @@
 // host memory up by trading ids with idle device rows, as stages on the caller's stream: resolve
 // the batch's rows, mark them wanted and list those in host memory, select idle device rows in
 // a window that sweeps the device ids round robin, trade pairs. Nothing waits for the device
-// unless the call's scratch or the wanted generations must grow.
+// unless the call's scratch or the wanted generations must grow (the first calls, a larger
+// batch, a grown table).
 #include "cuda/backend/cuda_table.cuh"
 #include "cuda/backend/kernels/device_tier.cuh"
 #include "cuda/backend/kernels/lookup.cuh"
 
 namespace embstore::cuda_backend {
+
+// Per row id, the generation of the latest prefetch that wanted it (0: none), so that a
+// prefetch spares the rows of the one before (the current batch's). Grows with the table,
+// keeping its stamps; cleared when the generations wrap (after 2^32 prefetches).
+uint32_t* CudaTable::wanted_generations(cudaStream_t stream) {
+  const size_t bytes = capacity_rows() * sizeof(uint32_t);
+  if (wanted_.bytes() < bytes) {
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    DeviceBuffer grown(std::max(bytes, wanted_.bytes() + wanted_.bytes() / 2),
+                       "device tier's wanted generations");
+    check(cudaMemsetAsync(grown.get(), 0, grown.bytes(), stream), "cudaMemsetAsync");
+    if (wanted_.bytes() != 0) {
+      check(cudaMemcpyAsync(grown.get(), wanted_.get(), wanted_.bytes(), cudaMemcpyDeviceToDevice,
+                            stream),
+            "cudaMemcpyAsync");
+    }
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");  // before the old one goes
+    wanted_ = std::move(grown);
+  }
+  if (tier_generation_ == 0 || tier_generation_ == UINT32_MAX) {
+    check(cudaMemsetAsync(wanted_.get(), 0, wanted_.bytes(), stream), "cudaMemsetAsync");
+    tier_generation_ = 1;  // generations from 2 on: generation - 1 is never 0, "none"
+  }
+  return wanted_.get<uint32_t>();
+}
 
 void CudaTable::prefetch(const int64_t* keys, size_t n, void* stream_ptr) {
   const uint64_t budget = spec().device_rows;
@@ -16,25 +42,12 @@ void CudaTable::prefetch(const int64_t* keys, size_t n, void* stream_ptr) {
   check_batch(n);
   Call call(*this, stream_ptr);
   const cudaStream_t stream = call.stream;
-  // Row ids >= budget exist only once rows_bound_ passes it (it bounds the ids handed out);
-  // a row may move down once it has been idle for kDeviceTierIdleSteps steps.
-  if (rows_bound_ <= budget || last_step_ < kDeviceTierIdleSteps) return;
-  const uint64_t cutoff_step = last_step_ + 1 - kDeviceTierIdleSteps;
+  uint32_t* wanted = wanted_generations(stream);
+  const uint32_t generation = ++tier_generation_;
   if (tier_cursor_ >= budget) tier_cursor_ = 0;
   const uint64_t window = std::min<uint64_t>(budget - tier_cursor_,
                                              std::max<uint64_t>(kDeviceTierWindowPerKey * n, 1024));
-
-  // Which prefetch wanted each row id last (0: none), so that this one keeps the rows of the
-  // one before (the current batch's). Grown with the table and cleared then, and when the
-  // generations wrap.
-  const size_t wanted_bytes = capacity_rows() * sizeof(uint32_t);
-  if (wanted_.bytes() < wanted_bytes || tier_generation_ == UINT32_MAX) {
-    grow_only(wanted_, wanted_bytes, "device tier's wanted generations", stream);
-    check(cudaMemsetAsync(wanted_.get(), 0, wanted_.bytes(), stream), "cudaMemsetAsync");
-    tier_generation_ = 1;
-  }
-  const uint32_t generation = ++tier_generation_;
-  auto* wanted = wanted_.get<uint32_t>();
+  const uint64_t cutoff_step = last_step_ + 1 - std::min(last_step_ + 1, kDeviceTierIdleSteps);
 
   const uint64_t* snapshot = snapshot_active_ ? snapshot_set_.get<uint64_t>() : nullptr;
   const MayMoveDown may_move{
@@ -57,12 +70,17 @@ void CudaTable::prefetch(const int64_t* keys, size_t n, void* stream_ptr) {
   auto* down = reinterpret_cast<uint32_t*>(base + down_at);
   check(cudaMemsetAsync(up_count, 0, sizeof(*up_count), stream), "cudaMemsetAsync");
 
+  // Every prefetch stamps its rows, so that the next one spares them.
   resolve_rows_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
       index_ref(), keys, n, row::kNoRow, rows, nullptr, nullptr);
   check_launch("resolve_rows_kernel");
   want_rows_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
       rows, n, budget, wanted, generation, snapshot, up, up_count);
   check_launch("want_rows_kernel");
+  // Row ids >= budget exist only once rows_bound_ passes it (it bounds the ids handed out); a
+  // row may move down once it has been idle for kDeviceTierIdleSteps steps.
+  if (rows_bound_ <= budget || last_step_ < kDeviceTierIdleSteps) return;
+
   check(cub::DeviceSelect::If(base + temp_at, temp_bytes, ids, down, down_count,
                               static_cast<int64_t>(window), may_move, stream),
         "cub::DeviceSelect::If");

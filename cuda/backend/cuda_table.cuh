@@ -186,6 +186,7 @@ class CudaTable final : public Table {
   uint64_t mark_new_keys(const int64_t* keys, size_t n, uint32_t* keep, uint32_t* row,
                          cudaStream_t stream);
   void add_chunk(uint32_t chunk, row::ArenaRef* arena);
+  uint32_t* wanted_generations(cudaStream_t stream);
   void grow(uint64_t need, uint64_t rows, cudaStream_t stream);
   void release() noexcept;
   char* stage(size_t bytes, cudaStream_t stream);
@@ -261,7 +262,7 @@ class CudaTable final : public Table {
   // The device tier (tables with device_rows; cuda_device_tier.cu): the latest step a call
   // gave, the device id where the next prefetch's search for idle rows starts, the generation
   // of the latest prefetch, and per row id the generation of the latest prefetch that wanted it
-  // (uint32, grown on use to the capacity).
+  // (uint32, grown on use to the capacity: wanted_generations).
   uint64_t last_step_ = 0;
   uint64_t tier_cursor_ = 0;
   uint32_t tier_generation_ = 0;

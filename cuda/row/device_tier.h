@@ -16,12 +16,12 @@ namespace embstore::row {
 // Whether device row r may give its place to a hot row: untouched since before cutoff_step, not
 // wanted by the prefetch asking (generation `generation`) or the one before it (the current
 // batch's, whose update has not come yet; wanted[r] is the latest generation that wanted row
-// r, 0: none), not in the snapshot in flight (snapshot: its rows as captured, NULL when none is
-// in flight), and live (not freed).
+// r, 0: none; generations start at 2), not in the snapshot in flight (snapshot: its rows as
+// captured, NULL when none is in flight), and live (not freed).
 EMBSTORE_HD bool may_move_down(uint64_t r, uint64_t last_step, uint64_t cutoff_step,
                                const uint32_t* wanted, uint32_t generation,
                                const uint64_t* snapshot, const uint64_t* freed) {
-  if (last_step >= cutoff_step || wanted[r] + 1 >= generation) return false;
+  if (last_step >= cutoff_step || wanted[r] >= generation - 1) return false;
   if (snapshot != nullptr && bitmap_test(snapshot, r)) return false;
   return freed == nullptr || !bitmap_test(freed, r);
 }

@@ -653,8 +653,8 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
    first, which on skewed streams are mostly hot ones; after a restore, the checkpoint's first
    rows). embstore_prefetch moves a coming batch's rows that are in host memory to the device:
    each trades places with a device row not inserted or updated for two steps (steps as given
-   to embstore_step) and not in the current batch, found by a sweep over the device rows, round
-   robin; rows of a checkpoint in flight do not move. At max_capacity with evict_when_full,
+   to embstore_step) and not wanted by this prefetch or the one before (the current batch's),
+   found by a sweep over the device rows, round robin; rows of a checkpoint in flight do not move. At max_capacity with evict_when_full,
    which of equally old rows go depends on row ids on CUDA (handed out in parallel, changed by
    these moves), as between two untiered CUDA tables. Lookups and updates move nothing: a host-memory row costs a transfer
    over the bus at each use. memory_rows (an SSD tier below host memory) is UNSUPPORTED
@@ -685,7 +685,7 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
     beside it; a call that needs room, or reads or writes the tier itself, waits for it (the
     tier's file takes one batch at a time), and so does embstore_table_stats.
     On CUDA with device_rows, the call enqueues the moves on stream and returns (it waits for
-    the device only when its scratch grows): the rows of keys in host memory trade places with
+    the device only when its scratch, or the table, has grown): the rows of keys in host memory trade places with
     device rows not inserted or updated for two steps and not wanted by this prefetch or the one
     before (the current batch's), up to one per key, searched among at most max(4n, 1024)
     device rows a call, in turn; rows of a checkpoint in flight do not trade.

@@ -3,6 +3,7 @@
 #include "cuda/row/device_tier.h"
 
 #include <catch2/catch.hpp>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <vector>
@@ -126,4 +127,14 @@ TEST_CASE("only live, idle rows outside the snapshot and the last two batches mo
   REQUIRE(may(6, 0, nullptr, freed.data()));
   REQUIRE_FALSE(may(7, 0, snapshot.data(), freed.data()));
   REQUIRE(may(7, 0, snapshot.data(), nullptr));
+  // The last generation before the wrap: its own rows and its predecessor's stay.
+  wanted[4] = UINT32_MAX;
+  wanted[8] = UINT32_MAX - 1;
+  wanted[9] = UINT32_MAX - 2;
+  auto may_last = [&](uint64_t r) {
+    return may_move_down(r, 0, cutoff, wanted.data(), UINT32_MAX, nullptr, nullptr);
+  };
+  REQUIRE_FALSE(may_last(4));
+  REQUIRE_FALSE(may_last(8));
+  REQUIRE(may_last(9));
 }

@@ -5,6 +5,12 @@
 // across. embstore_prefetch moves a batch's rows in host memory up, each trading places with a
 // device row idle for two steps, never with rows of a checkpoint in flight. The host backend
 // ignores device_rows: the same cases hold there with every row in memory and nothing moved.
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
 #include "tests/tiers/tier_fixtures.hpp"
 
 namespace embstore_test::tiers {
@@ -77,8 +83,9 @@ TEST_CASE("a table with a device budget trains bit for bit as one without, down 
   REQUIRE(sb.rows_moved_down == sb.rows_moved_up);  // trades: one row each way
   if (!prefetch_next || backend() != EMBSTORE_BACKEND_CUDA) {
     REQUIRE(sb.rows_moved_up == 0);
-  } else if (c.budget < sb.rows) {
-    REQUIRE(sb.rows_moved_up > 0);  // some of 11 prefetches found idle device rows
+  } else if (c.budget >= 7 && c.budget < sb.rows) {
+    // Some of 11 prefetches found idle device rows (a single device row may stay busy).
+    REQUIRE(sb.rows_moved_up > 0);
   }
   if (c.evicts()) REQUIRE(sb.evicted > 0);
   require_rows_per_tier(twins.plain, 0, c.evicts());
@@ -259,11 +266,47 @@ TEST_CASE("a prefetch moves no row of a checkpoint in flight, and moves them onc
   REQUIRE(same_bits(lookup_ok(get_table(c, "emb"), all, 0), lookup_ok(twins.plain, all, 0)));
 }
 
-TEST_CASE("rows of an incremental checkpoint in flight keep their places while others trade",
+// Holds the first checkpoint write (a write made neither on this thread nor on a tier thread)
+// until fail_all(); from then on such writes fail with EIO, until the guard goes.
+class HeldThenFailingWriter {
+ public:
+  HeldThenFailingWriter()
+      : trainer_(std::this_thread::get_id()), guard_([this](uint64_t, size_t) {
+          if (std::this_thread::get_id() == trainer_ || HeldCheckpointWriter::on_tier_thread()) {
+            return 0;
+          }
+          std::unique_lock lock(m_);
+          held_ = true;
+          cv_.notify_all();
+          cv_.wait_for(lock, std::chrono::seconds(30), [&] { return failing_; });
+          return -EIO;
+        }) {}
+  ~HeldThenFailingWriter() { fail_all(); }
+  void wait_held() {
+    std::unique_lock lock(m_);
+    REQUIRE(cv_.wait_for(lock, std::chrono::seconds(30), [&] { return held_; }));
+  }
+  void fail_all() {
+    {
+      std::lock_guard lock(m_);
+      failing_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::thread::id trainer_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool held_ = false, failing_ = false;
+  FaultGuard guard_;
+};
+
+TEST_CASE("rows of an incremental checkpoint in flight keep their ids while others trade",
           "[tiers][device][checkpoint]") {
   TempDir dir_a, dir_b;
-  StoreGuard a(tier_store(nullptr, size_t{1} << 20));
-  StoreGuard b(tier_store(nullptr, size_t{1} << 20));
+  StoreGuard a(tier_store(nullptr));
+  StoreGuard b(tier_store(nullptr));
   no_rebaseline(a);
   no_rebaseline(b);
   Twins twins{a, b, make_table(a, device_config("emb", 64, 0)),
@@ -273,17 +316,17 @@ TEST_CASE("rows of an incremental checkpoint in flight keep their places while o
   for (uint64_t s = 6; s <= 7; ++s) twins.step(s, 2000, 300);  // the delta's rows
   // Another set of keys, mostly in host memory and mostly not in the delta, to bring up while
   // it is in flight; the hot set trains meanwhile, so that the delta's rows (untouched since
-  // step 7) are idle and would be chosen to move down but for the snapshot.
+  // step 7) are idle and would be chosen to move down but for the snapshot. Both deltas then
+  // fail, and each table marks the rows of its set dirty again by id: had a row of the set
+  // traded, another key would be marked, and the next deltas would differ.
   const std::vector<int64_t> warm = keys_from(-1000, 50);
   const std::vector<float> grads(hot.size() * 64, 0.0625f);
   const uint64_t moved_before = stats(twins.tiered).rows_moved_up;
-  uint64_t va = 0, vb = 0;
   {
-    HeldCheckpointWriter held;
+    HeldThenFailingWriter writers;
+    uint64_t vb = 0, va = 0;
     ok(embstore_checkpoint(b, dir_b.path().c_str(), EMBSTORE_CKPT_INCREMENTAL, &vb));
-    held.wait_held();
-    ok(embstore_checkpoint(a, dir_a.path().c_str(), EMBSTORE_CKPT_INCREMENTAL, &va));
-    REQUIRE(va == vb);
+    writers.wait_held();
     for (uint64_t s = 8; s <= 9; ++s) {
       REQUIRE(same_bits(lookup_ok(twins.plain, hot), lookup_ok(twins.tiered, hot)));
       apply_ok(twins.plain, hot, grads);
@@ -292,16 +335,21 @@ TEST_CASE("rows of an incremental checkpoint in flight keep their places while o
       ok(embstore_step(b, s));
     }
     prefetch_ok(twins.tiered, warm);
-    held.release();
+    if (backend() == EMBSTORE_BACKEND_CUDA) {
+      REQUIRE(stats(twins.tiered).rows_moved_up > moved_before);
+    }
+    writers.fail_all();
+    require_status(embstore_checkpoint_wait(b, vb), EMBSTORE_IO_ERROR, "");
+    ok(embstore_checkpoint(a, dir_a.path().c_str(), EMBSTORE_CKPT_INCREMENTAL, &va));
+    require_status(embstore_checkpoint_wait(a, va), EMBSTORE_IO_ERROR, "");
   }
-  ok(embstore_checkpoint_wait(a, va));
-  ok(embstore_checkpoint_wait(b, vb));
-  if (backend() == EMBSTORE_BACKEND_CUDA) REQUIRE(stats(twins.tiered).rows_moved_up > moved_before);
-  const std::string file = "/" + row_file("emb");
-  REQUIRE(read_rows(delta_dir(dir_a.path(), va) + file) ==
-          read_rows(delta_dir(dir_b.path(), vb) + file));
+  REQUIRE(stats(twins.tiered).dirty_rows == stats(twins.plain).dirty_rows);
   twins.step(10, 2000, 300);
-  REQUIRE(incremental_ok(a, dir_a.path()) == incremental_ok(b, dir_b.path()));
+  REQUIRE(incremental_ok(a, dir_a.path()) == 10);
+  REQUIRE(incremental_ok(b, dir_b.path()) == 10);
+  const std::string file = "/" + row_file("emb");
+  REQUIRE(read_rows(delta_dir(dir_a.path(), 10) + file) ==
+          read_rows(delta_dir(dir_b.path(), 10) + file));
   StoreGuard c(tier_store(nullptr));
   REQUIRE(restore_ok(c, dir_b.path(), 10) == 10);
   const std::vector<int64_t> all = key_range(2000);
