@@ -149,7 +149,10 @@ TEST_CASE("rows in host memory captured by a checkpoint in flight are copied bef
   const std::vector<float> at_capture = lookup_ok(twins.plain, all, 0);
   uint64_t va = 0, vb = 0;
   {
-    HeldCheckpointWriter held;
+    // Held for up to 8 s: the first update must meet captured rows before the writer goes on
+    // (under a sanitizer on a loaded machine the fixture's default 2 s ran out first), and it
+    // waits for the writer once its copies fill staging.
+    HeldCheckpointWriter held(std::chrono::seconds(8));
     ok(embstore_checkpoint(b, dir_b.path().c_str(), EMBSTORE_CKPT_FULL, &vb));
     held.wait_held();  // b's writer: the table's snapshot waits, its rows captured
     ok(embstore_checkpoint(a, dir_a.path().c_str(), EMBSTORE_CKPT_FULL, &va));
