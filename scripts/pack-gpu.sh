@@ -26,13 +26,16 @@ bash scripts/setup.sh
 build=build-gpu
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
   -DEMBSTORE_MPI=OFF -DEMBSTORE_NCCL=OFF >/dev/null
-cmake --build "$build" -j"$(nproc)"
-
-# What test-gpu.sh runs: the behaviour tests, the tools and demos, embstore-perf, the library.
+# What test-gpu.sh runs: the behaviour tests, the tools and demos, embstore-perf, the library;
+# only these are built.
+tests=(api optimizer table checkpoint eviction admission serving_backend tier)
+targets=(embstore embstore-ckpt embstore-demo embstore-follow embstore-perf)
 files=()
-for t in api optimizer table checkpoint eviction admission serving_backend; do
+for t in "${tests[@]}"; do
+  targets+=("${t}_test")
   files+=("$build/tests/${t}_test")
 done
+cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 files+=("$build/embstore-ckpt" "$build/embstore-demo" "$build/embstore-follow"
         "$build/perf/embstore-perf")
 for f in "${files[@]}"; do strip "$f"; done

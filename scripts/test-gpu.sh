@@ -8,12 +8,13 @@
 #   cuda      the behaviour tests with --backend cuda (in parallel), the Python package's tests
 #             against DIR's library (tests/python, test_cuda.py's CUDA paths among them), the
 #             kill-and-resume demo and the train-and-serve demo on the default backend (CUDA)
-#   perf      on CUDA: the training step's breakdown (embstore-perf step), the fused update
-#             (optimizer), the device tier (tiers, 10% of the rows on the device), train with incremental checkpoints every 10, 100 and 1000 steps,
-#             with admission (--admit-after 3), and with a policy set but no checkpoint due;
-#             the embedding step against nn.Embedding(sparse=True) + Adagrad (and FBGEMM's TBE
-#             where installed) with the Python door's cost per call
-#             (perf/peers/embedding_step.py); restore. With --host-perf also the host
+#   perf      on CUDA, most wanted first: the training step's breakdown (embstore-perf step);
+#             the embedding step against nn.Embedding(sparse=True) + Adagrad (and FBGEMM's
+#             TBE where installed) with the Python door's cost per call
+#             (perf/peers/embedding_step.py); the device tier (tiers, 10% of the rows on the
+#             device); the fused update (optimizer); train with incremental checkpoints every
+#             100 steps, with admission (--admit-after 3), every 10 and 1000 steps, and with a
+#             policy set but no checkpoint due; restore. With --host-perf also the host
 #             backend's training with 1, 4 and all cores, checkpoints on and off
 #   sanitize  compute-sanitizer: memcheck over every behaviour test, racecheck and synccheck
 #             over some, until the budget runs out (a check cut off is reported as such)
@@ -98,34 +99,41 @@ wait
 # -- perf: alone on the machine --
 if [ "$perf" = 1 ]; then
   p="$build/perf/embstore-perf"
-  # The training step's breakdown first: the figures a lent GPU is most wanted for.
+  # In the order of what a lent GPU is most wanted for, each given a share of what is left:
+  # the training step's breakdown, the embedding step against PyTorch's, the device tier (10%
+  # of the rows on the device against all of them; the rows created scattered, the fair case,
+  # then in rank order, the hottest first: its best case), the fused update alone, training
+  # with checkpoints, restore.
   check perf-step-cuda "$(( $(left) / 6 ))" "$p" step --backend cuda --steps 50 \
     --json "$out/perf-step-cuda.json"
+  check peers-embedding-step "$(( $(left) / 6 ))" env PYTHONPATH="$PWD/python" \
+    EMBSTORE_LIBRARY="$build/libembstore.so" "$python" perf/peers/embedding_step.py \
+    --device cuda --steps 100 --warmup 10 --repeat 3 --calls 1000 \
+    --out "$out/peers-embedding-step.json"
+  check perf-tiers-cuda-scattered "$(( $(left) / 7 ))" "$p" tiers --backend cuda \
+    --shares 1,0.1 --dists 1.1,uniform --batch 65536 --steps 50 --fill-order scattered \
+    --json "$out/perf-tiers-cuda-scattered.json"
   check perf-optimizer-cuda "$(( $(left) / 8 ))" "$p" optimizer --backend cuda \
     --json "$out/perf-optimizer-cuda.json"
-  # The device tier: 10% of the rows on the device against all of them, the rows created in
-  # rank order (the hottest first: its best case) and scattered (its fair case).
-  for order in scattered rank; do
-    check "perf-tiers-cuda-$order" "$(( $(left) / 8 ))" "$p" tiers --backend cuda \
-      --shares 1,0.1 --dists 1.1,uniform --batch 65536 --steps 50 --fill-order "$order" \
-      --json "$out/perf-tiers-cuda-$order.json"
-  done
-  for k in 10 100 1000; do
-    check "perf-train-cuda-k$k" "$(( $(left) / 8 ))" "$p" train --backend cuda \
+  check perf-tiers-cuda-rank "$(( $(left) / 8 ))" "$p" tiers --backend cuda \
+    --shares 1,0.1 --dists 1.1 --batch 65536 --steps 50 --fill-order rank \
+    --json "$out/perf-tiers-cuda-rank.json"
+  check perf-train-cuda-k100 "$(( $(left) / 7 ))" "$p" train --backend cuda \
+    --dir "$tmp/train" --incremental-every 100 --steps 1000 --repeat 2 \
+    --json "$out/perf-train-cuda-k100.json"
+  check perf-train-cuda-admit3 "$(( $(left) / 6 ))" "$p" train --backend cuda \
+    --dir "$tmp/train" --admit-after 3 --incremental-every 100 --steps 1000 --repeat 2 \
+    --json "$out/perf-train-cuda-admit3.json"
+  for k in 10 1000; do
+    check "perf-train-cuda-k$k" "$(( $(left) / 6 ))" "$p" train --backend cuda \
       --dir "$tmp/train" --incremental-every "$k" --steps "$(( k >= 1000 ? 4000 : 1000 ))" \
       --repeat 2 --json "$out/perf-train-cuda-k$k.json"
   done
-  check perf-train-cuda-admit3 "$(( $(left) / 8 ))" "$p" train --backend cuda \
-    --dir "$tmp/train" --admit-after 3 --incremental-every 100 --steps 1000 --repeat 2 \
-    --json "$out/perf-train-cuda-admit3.json"
   # A policy set, no checkpoint due: what merely setting one costs a short run.
-  check perf-train-cuda-policy "$(( $(left) / 8 ))" "$p" train --backend cuda \
+  check perf-train-cuda-policy "$(( $(left) / 6 ))" "$p" train --backend cuda \
     --dir "$tmp/train" --zipf 0.8 --incremental-every 1000000 --steps 600 --repeat 3 \
     --json "$out/perf-train-cuda-policy.json"
-  check peers-embedding-step "$(( $(left) / 6 ))" env PYTHONPATH="$PWD/python" \
-    EMBSTORE_LIBRARY="$build/libembstore.so" "$python" perf/peers/embedding_step.py \
-    --device cuda --out "$out/peers-embedding-step.json"
-  check perf-restore-cuda "$(( $(left) / 6 ))" "$p" restore --backend cuda --dir "$tmp/restore" \
+  check perf-restore-cuda "$(( $(left) / 5 ))" "$p" restore --backend cuda --dir "$tmp/restore" \
     --rows 4000000 --deltas 0,4 --repeat 2 --json "$out/perf-restore-cuda.json"
   if [ "$host_perf" = 1 ]; then
     for threads in 1 4 0; do
@@ -143,7 +151,7 @@ if [ "$sanitize" = 1 ] && command -v compute-sanitizer >/dev/null; then
     check "memcheck-$t" "$phase" compute-sanitizer --tool memcheck --error-exitcode 99 \
       --print-limit 20 "$build/tests/${t}_test" --backend cuda &
   done
-  for t in eviction serving_backend admission; do
+  for t in tier eviction serving_backend admission; do
     check "racecheck-$t" "$phase" compute-sanitizer --tool racecheck --error-exitcode 99 \
       --print-limit 20 "$build/tests/${t}_test" --backend cuda &
   done

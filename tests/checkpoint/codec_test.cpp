@@ -185,6 +185,7 @@ TEST_CASE("codecs: warm start and followers read encoded checkpoints", "[checkpo
   embstore_follower_config_t fc;
   embstore_follower_config_init(&fc);
   fc.dir = dir.path().c_str();
+  fc.backend = backend();  // follower_lookup passes device pointers on CUDA
   embstore_follower_t* follower = nullptr;
   ok(embstore_follower_create(&fc, &follower));
   std::vector<float> served;
