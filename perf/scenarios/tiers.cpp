@@ -29,7 +29,9 @@
 //
 // Reported per cell: steps/s and its ratio to the untiered table's steps/s of the same
 // distribution (taken in the same run; never asserted); the mean time per step of lookup,
-// apply_gradients and embstore_step; rows moved up and down and the SSD tier's bytes read and
+// apply_gradients and embstore_step, and outside them, of drawing a batch's keys and of copying
+// them to the backend (steps/s counts both: on a GPU a gap between the calls' sum and the step
+// shows there); rows moved up and down and the SSD tier's bytes read and
 // written per timed step (deltas of the table's stats); rows in memory at the end; the
 // process's resident memory (VmRSS) after the fill and at the end; the incremental
 // checkpoint's time and bytes (embstore_checkpoint_info). A cell's working files (the tier's
@@ -98,8 +100,11 @@ struct Cell {
   double steps_per_second = 0;
   double ratio = NAN;  // to the untiered table of dist; NaN: none ran
   double lookup = 0, prefetch = 0, apply = 0, step = 0;  // seconds per timed step
-  double moved_up = 0, moved_down = 0;                   // rows per timed step
-  double bytes_read = 0, bytes_written = 0;              // SSD tier, per timed step
+  // Outside the calls, per timed step: drawing a batch's keys, and copying them to where the
+  // backend reads them (a device copy on CUDA).
+  double draw = 0, upload = 0;
+  double moved_up = 0, moved_down = 0;       // rows per timed step
+  double bytes_read = 0, bytes_written = 0;  // SSD tier, per timed step
   // At the end: rows, those in the first tier (memory on the host, device memory on CUDA) and
   // below it (the SSD tier on the host, host memory on CUDA).
   uint64_t rows = 0, rows_in_first = 0, rows_below = 0;
@@ -194,11 +199,11 @@ class TiersScenario final : public Scenario {
     for (float& g : grads) g = static_cast<float>(rng.next_unit() * 0.02 - 0.01);
 
     report.say(
-        "{:>7} {:>5} {:>8} | {:>8} {:>5} | {:>7} {:>6} {:>7} {:>7} | {:>7} {:>7} | {:>8} {:>8} | "
-        "{:>7} | {:>8} {:>8} | {:>7} {:>8}",
+        "{:>7} {:>5} {:>8} | {:>8} {:>5} | {:>7} {:>6} {:>7} {:>7} | {:>7} {:>6} | {:>7} {:>7} | "
+        "{:>8} {:>8} | {:>7} | {:>8} {:>8} | {:>7} {:>8}",
         "dist", "share", "budget", "steps/s", "ratio", "look ms", "pf ms", "apply ms", "step ms",
-        "up/st", "down/st", "wr B/st", "rd B/st", "in 1st", "RSS fill", "RSS end", "delta s",
-        "delta B");
+        "draw ms", "up ms", "up/st", "down/st", "wr B/st", "rd B/st", "in 1st", "RSS fill",
+        "RSS end", "delta s", "delta B");
     std::vector<Cell> cells;
     embstore_backend_t backend = EMBSTORE_BACKEND_HOST;
     for (const std::string& dist : dists_) {
@@ -212,15 +217,16 @@ class TiersScenario final : public Scenario {
         if (c.budget == 0) baseline = c.steps_per_second;
         c.ratio = c.steps_per_second / baseline;
         report.say(
-            "{:>7} {:>5} {:>8} | {:>8.2f} {:>5} | {:>7.1f} {:>6.1f} {:>8.1f} {:>7.2f} | {:>7} "
-            "{:>7} | "
+            "{:>7} {:>5} {:>8} | {:>8.2f} {:>5} | {:>7.1f} {:>6.1f} {:>8.1f} {:>7.2f} | "
+            "{:>7.2f} {:>6.2f} | {:>7} {:>7} | "
             "{:>8} {:>8} | {:>7} | {:>8} {:>8} | {:>7.3f} {:>8}",
             dist, share, c.budget == 0 ? std::string("all") : si(c.budget), c.steps_per_second,
             std::isnan(c.ratio) ? std::string("-") : fmt::format("{:.2f}", c.ratio), c.lookup * 1e3,
-            c.prefetch * 1e3, c.apply * 1e3, c.step * 1e3, si(c.moved_up), si(c.moved_down),
-            si(c.bytes_written), si(c.bytes_read), si(c.rows_in_first),
-            si(static_cast<double>(c.rss_filled)), si(static_cast<double>(c.rss_end)),
-            c.delta_seconds, si(static_cast<double>(c.delta_bytes)));
+            c.prefetch * 1e3, c.apply * 1e3, c.step * 1e3, c.draw * 1e3, c.upload * 1e3,
+            si(c.moved_up), si(c.moved_down), si(c.bytes_written), si(c.bytes_read),
+            si(c.rows_in_first), si(static_cast<double>(c.rss_filled)),
+            si(static_cast<double>(c.rss_end)), c.delta_seconds,
+            si(static_cast<double>(c.delta_bytes)));
         cells.push_back(std::move(c));
       }
     }
@@ -262,6 +268,8 @@ class TiersScenario final : public Scenario {
       j["prefetch_seconds_per_step"] = c.prefetch;
       j["apply_seconds_per_step"] = c.apply;
       j["step_call_seconds_per_step"] = c.step;
+      j["draw_keys_seconds_per_step"] = c.draw;
+      j["upload_keys_seconds_per_step"] = c.upload;
       j["rows_moved_up_per_step"] = c.moved_up;
       j["rows_moved_down_per_step"] = c.moved_down;
       j["tier_bytes_written_per_step"] = c.bytes_written;
@@ -335,10 +343,18 @@ class TiersScenario final : public Scenario {
     std::vector<int64_t> drawn_keys(o.batch);
     BackendBuffer<int64_t> window(backend, 2 * o.batch);
     size_t drawn = 0;
+    bool timing = false;  // the timed steps' draws and copies are summed into the cell
     auto at = [&](size_t b) {
       for (; drawn <= b; ++drawn) {
+        const Stopwatch d;
         stream.fill(drawn_keys.data(), o.batch);
+        const double drew = d.seconds();
+        const Stopwatch u;
         window.upload(drawn_keys.data(), o.batch, (drawn % 2) * o.batch);
+        if (timing) {
+          cell.draw += drew;
+          cell.upload += u.seconds();
+        }
       }
       return window.data() + (b % 2) * o.batch;
     };
@@ -381,6 +397,7 @@ class TiersScenario final : public Scenario {
 
     const embstore_table_stats_t before = table_stats(table);
     const Stopwatch timed;
+    timing = true;
     for (size_t b = warmup_; b < warmup_ + o.steps; ++b) {
       at(b);  // the batch's keys, drawn and copied before the timed call
       const Stopwatch l;
@@ -396,6 +413,7 @@ class TiersScenario final : public Scenario {
       cell.step += s.seconds();
     }
     const double seconds = timed.seconds();
+    timing = false;
     const embstore_table_stats_t after = table_stats(table);
     const double n = static_cast<double>(o.steps);
     cell.steps_per_second = n / seconds;
@@ -403,6 +421,8 @@ class TiersScenario final : public Scenario {
     cell.prefetch /= n;
     cell.apply /= n;
     cell.step /= n;
+    cell.draw /= n;
+    cell.upload /= n;
     cell.moved_up = static_cast<double>(after.rows_moved_up - before.rows_moved_up) / n;
     cell.moved_down = static_cast<double>(after.rows_moved_down - before.rows_moved_down) / n;
     cell.bytes_read = static_cast<double>(after.tier_bytes_read - before.tier_bytes_read) / n;

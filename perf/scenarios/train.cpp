@@ -26,6 +26,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,10 @@ struct Run {
   double seconds = 0;  // the timed loop
   std::vector<double> step_seconds;
   std::vector<double> capture_call_seconds;  // on: the embstore_step calls that captured
+  // Sums over the steps of each part of a step: copying the keys to the backend, the training
+  // calls (lookup, apply_gradients and the device synchronization), embstore_step, and the
+  // embstore_checkpoint_info that asks whether that step captured one (on runs only).
+  double upload = 0, calls = 0, step_call = 0, info = 0;
   std::vector<embstore_checkpoint_info_t> checkpoints;
   embstore_checkpoint_stats_t stats{};
   uint64_t rows = 0;
@@ -123,14 +128,27 @@ class TrainScenario final : public Scenario {
       all.pending += r.pending;
       all.skipped += r.skipped;
     };
+    nlohmann::ordered_json parts_off = nlohmann::ordered_json::array();
+    nlohmann::ordered_json parts_on = nlohmann::ordered_json::array();
     for (unsigned i = 0; i < repeat_; ++i) {
       double pair_sps[2] = {0, 0};  // off, on
       for (const bool checkpointing : {i % 2 == 1, i % 2 == 0}) {
         const std::string run_dir = fmt::format("{}/{}", dir, i);
         Run r = train(o, stream, grads, checkpointing ? run_dir : "");
         pair_sps[checkpointing ? 1 : 0] = o.steps / r.seconds;
-        report.say("  run {} checkpointing {}: {:.2f} steps/s", i + 1, checkpointing ? "on" : "off",
-                   o.steps / r.seconds);
+        // Where a step's time goes, per step: a cost that the calls do not show is the
+        // machine's (on a GPU, the copies and the driver), not the store's.
+        const double per = 1e6 / static_cast<double>(o.steps);
+        report.say(
+            "  run {} checkpointing {}: {:.2f} steps/s (per step: keys copied {:.1f} us, "
+            "lookup + apply {:.1f} us, embstore_step {:.1f} us, info {:.1f} us)",
+            i + 1, checkpointing ? "on" : "off", o.steps / r.seconds, r.upload * per, r.calls * per,
+            r.step_call * per, r.info * per);
+        (checkpointing ? parts_on : parts_off)
+            .push_back({{"upload_seconds_per_step", r.upload / o.steps},
+                        {"calls_seconds_per_step", r.calls / o.steps},
+                        {"step_call_seconds_per_step", r.step_call / o.steps},
+                        {"info_seconds_per_step", r.info / o.steps}});
         add(checkpointing ? on : off, std::move(r));
         std::error_code ec;
         if (!keep_) std::filesystem::remove_all(run_dir, ec);
@@ -180,6 +198,8 @@ class TrainScenario final : public Scenario {
     // one pair's cost says little; the median and the range say how far to trust it.
     report.set("steps_per_second_runs_off", sps_runs_off);
     report.set("steps_per_second_runs_on", sps_runs_on);
+    report.set("step_parts_runs_off", std::move(parts_off));
+    report.set("step_parts_runs_on", std::move(parts_on));
     report.set("cost_fraction_pairs", paired_costs);
     report.set("cost_fraction_paired_median", median(paired_costs));
     report.set("cost_fraction_paired_min",
@@ -288,21 +308,28 @@ class TrainScenario final : public Scenario {
     for (uint64_t s = 1; s <= o.steps; ++s) {
       const Stopwatch w;
       d_keys.upload(stream.data() + (s - 1) * o.batch, o.batch);
+      const double uploaded = w.seconds();
+      run.upload += uploaded;
       check(embstore_lookup(table, d_keys.data(), o.batch, d_out.data(), EMBSTORE_LOOKUP_INSERT,
                             nullptr),
             "embstore_lookup");
       check(embstore_apply_gradients(table, d_keys.data(), d_grads.data(), o.batch, nullptr),
             "embstore_apply_gradients");
       backend_sync(backend_);
+      run.calls += w.seconds() - uploaded;
       const Stopwatch step_call;
       check(embstore_step(store.get(), s), "embstore_step");
       const double step_call_seconds = step_call.seconds();
+      run.step_call += step_call_seconds;
       run.step_seconds.push_back(w.seconds());
       if (!dir.empty()) {
         // A policy checkpoint taken at this step is named by it.
         embstore_checkpoint_info_t info;
         info.struct_size = sizeof(info);
-        if (embstore_checkpoint_info(store.get(), s, &info) == EMBSTORE_OK) {
+        const Stopwatch asked;
+        const embstore_status_t found = embstore_checkpoint_info(store.get(), s, &info);
+        run.info += asked.seconds();
+        if (found == EMBSTORE_OK) {
           run.capture_call_seconds.push_back(step_call_seconds);
           run.checkpoints.push_back(info);
         }
