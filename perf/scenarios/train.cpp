@@ -208,6 +208,10 @@ class TrainScenario final : public Scenario {
                *std::max_element(paired_costs.begin(), paired_costs.end()));
     report.set("step_seconds_p99_off", percentile(off.step_seconds, 0.99));
     report.set("step_seconds_p99_on", percentile(on.step_seconds, 0.99));
+    // The slowest step: a one-time cost (pinning the staging ring when the policy is set, on a
+    // thread beside training) that a short run's steps/s spreads over every step.
+    report.set("step_seconds_max_off", percentile(off.step_seconds, 1.0));
+    report.set("step_seconds_max_on", percentile(on.step_seconds, 1.0));
     report.set("checkpoints", on.checkpoints.size());
     report.set("checkpoints_full", fulls);
     report.set("checkpoints_incremental", deltas);
@@ -257,6 +261,8 @@ class TrainScenario final : public Scenario {
         100.0 * *std::max_element(paired_costs.begin(), paired_costs.end()));
     report.say("training-thread stall per checkpoint: p99 {:.2f} ms, max {:.2f} ms",
                stall_p99 * 1e3, stall_max * 1e3);
+    report.say("slowest step: off {:.2f} ms, on {:.2f} ms", percentile(off.step_seconds, 1.0) * 1e3,
+               percentile(on.step_seconds, 1.0) * 1e3);
     for (const embstore_checkpoint_info_t& c : on.checkpoints) {
       if (c.status != EMBSTORE_OK) {
         report.say("MISMATCH: checkpoint {} failed: {}", c.version, embstore_status_name(c.status));
