@@ -658,7 +658,8 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
    which of equally old rows go depends on row ids on CUDA (handed out in parallel, changed by
    these moves), as between two untiered CUDA tables. Lookups and updates move nothing: a host-memory row costs a transfer
    over the bus at each use. memory_rows (an SSD tier below host memory) is UNSUPPORTED
-   on CUDA in this version. Compiled and tested on the host only: no GPU has run it yet.
+   on CUDA in this version. Its tests passed on one H200 (2026-11-28); its speed there is
+   short of the goal (docs/tiers.md).
 
    Results do not depend on tiers: a tiered table trained on a stream holds what an untiered
    one holds, bit for bit, and its checkpoints hold the same rows (a delta the same dirty rows,
