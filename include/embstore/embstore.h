@@ -892,8 +892,10 @@ EMBSTORE_API void embstore_checkpoint_policy_init(embstore_checkpoint_policy_t* 
     an older part of a chain, never a delta without its parent. The step schedule restarts at
     set_policy and at a restore. dir NULL with everything off turns the policy off; a dir is
     created and its writer lock taken here, and a policy with a schedule has the checkpoint's
-    staging_bytes of staging allocated (and pinned, on CUDA) in the background from here on,
-    so that the step taking its first checkpoint does not pay for it. A serving_dir is created
+    staging_bytes of staging allocated, so that the step taking its first checkpoint does not
+    pay for it: on the host in the background from here on; on CUDA allocated and pinned
+    before this call returns (about 0.1 s for 256 MiB), since pinning stalls the device's other
+    calls and would otherwise land on the training steps. A serving_dir is created
     and its writer lock taken here too. @return OK; INVALID_ARGUMENT (NULL pointer, struct_size
     too small, negative or NaN seconds, a schedule, or a serving_dir, without dir; serving_dir
     is dir or holds a version that is not serving-only; serving_deltas not 0 or 1); BUSY (another writer holds dir or serving_dir); IO_ERROR
