@@ -353,6 +353,14 @@ struct Elapsed {
   }
 };
 
+// The calling thread's CPU seconds: below the wall time of a stretch of pure computation when
+// the thread waited for a core.
+inline double thread_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 class Stopwatch {
  public:
   Stopwatch() : wall_(std::chrono::steady_clock::now()), cpu_(cpu_now()) {}

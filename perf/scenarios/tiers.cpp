@@ -103,6 +103,10 @@ struct Cell {
   // Outside the calls, per timed step: drawing a batch's keys, and copying them to where the
   // backend reads them (a device copy on CUDA).
   double draw = 0, upload = 0;
+  // The draw's CPU time on its thread, per timed step (below its wall time: the thread waited
+  // for a core), and the process's CPU time over the timed steps per wall second (above 1:
+  // other threads of the process were busy meanwhile).
+  double draw_cpu = 0, cpu_per_wall = 0;
   double moved_up = 0, moved_down = 0;       // rows per timed step
   double bytes_read = 0, bytes_written = 0;  // SSD tier, per timed step
   // At the end: rows, those in the first tier (memory on the host, device memory on CUDA) and
@@ -199,11 +203,12 @@ class TiersScenario final : public Scenario {
     for (float& g : grads) g = static_cast<float>(rng.next_unit() * 0.02 - 0.01);
 
     report.say(
-        "{:>7} {:>5} {:>8} | {:>8} {:>5} | {:>7} {:>6} {:>7} {:>7} | {:>7} {:>6} | {:>7} {:>7} | "
+        "{:>7} {:>5} {:>8} | {:>8} {:>5} | {:>7} {:>6} {:>7} {:>7} | {:>7} {:>6} {:>8} | {:>7} "
+        "{:>7} | "
         "{:>8} {:>8} | {:>7} | {:>8} {:>8} | {:>7} {:>8}",
         "dist", "share", "budget", "steps/s", "ratio", "look ms", "pf ms", "apply ms", "step ms",
-        "draw ms", "up ms", "up/st", "down/st", "wr B/st", "rd B/st", "in 1st", "RSS fill",
-        "RSS end", "delta s", "delta B");
+        "draw ms", "up ms", "cpu/wall", "up/st", "down/st", "wr B/st", "rd B/st", "in 1st",
+        "RSS fill", "RSS end", "delta s", "delta B");
     std::vector<Cell> cells;
     embstore_backend_t backend = EMBSTORE_BACKEND_HOST;
     for (const std::string& dist : dists_) {
@@ -218,12 +223,12 @@ class TiersScenario final : public Scenario {
         c.ratio = c.steps_per_second / baseline;
         report.say(
             "{:>7} {:>5} {:>8} | {:>8.2f} {:>5} | {:>7.1f} {:>6.1f} {:>8.1f} {:>7.2f} | "
-            "{:>7.2f} {:>6.2f} | {:>7} {:>7} | "
+            "{:>7.2f} {:>6.2f} {:>8.2f} | {:>7} {:>7} | "
             "{:>8} {:>8} | {:>7} | {:>8} {:>8} | {:>7.3f} {:>8}",
             dist, share, c.budget == 0 ? std::string("all") : si(c.budget), c.steps_per_second,
             std::isnan(c.ratio) ? std::string("-") : fmt::format("{:.2f}", c.ratio), c.lookup * 1e3,
             c.prefetch * 1e3, c.apply * 1e3, c.step * 1e3, c.draw * 1e3, c.upload * 1e3,
-            si(c.moved_up), si(c.moved_down), si(c.bytes_written), si(c.bytes_read),
+            c.cpu_per_wall, si(c.moved_up), si(c.moved_down), si(c.bytes_written), si(c.bytes_read),
             si(c.rows_in_first), si(static_cast<double>(c.rss_filled)),
             si(static_cast<double>(c.rss_end)), c.delta_seconds,
             si(static_cast<double>(c.delta_bytes)));
@@ -270,6 +275,8 @@ class TiersScenario final : public Scenario {
       j["step_call_seconds_per_step"] = c.step;
       j["draw_keys_seconds_per_step"] = c.draw;
       j["upload_keys_seconds_per_step"] = c.upload;
+      j["draw_keys_thread_cpu_seconds_per_step"] = c.draw_cpu;
+      j["process_cpu_seconds_per_wall_second"] = c.cpu_per_wall;
       j["rows_moved_up_per_step"] = c.moved_up;
       j["rows_moved_down_per_step"] = c.moved_down;
       j["tier_bytes_written_per_step"] = c.bytes_written;
@@ -347,12 +354,15 @@ class TiersScenario final : public Scenario {
     auto at = [&](size_t b) {
       for (; drawn <= b; ++drawn) {
         const Stopwatch d;
+        const double cpu_before = thread_cpu_seconds();
         stream.fill(drawn_keys.data(), o.batch);
         const double drew = d.seconds();
+        const double drew_cpu = thread_cpu_seconds() - cpu_before;
         const Stopwatch u;
         window.upload(drawn_keys.data(), o.batch, (drawn % 2) * o.batch);
         if (timing) {
           cell.draw += drew;
+          cell.draw_cpu += drew_cpu;
           cell.upload += u.seconds();
         }
       }
@@ -412,7 +422,9 @@ class TiersScenario final : public Scenario {
       next_step();
       cell.step += s.seconds();
     }
-    const double seconds = timed.seconds();
+    const Elapsed timed_elapsed = timed.elapsed();
+    const double seconds = timed_elapsed.wall;
+    cell.cpu_per_wall = timed_elapsed.cpu / seconds;
     timing = false;
     const embstore_table_stats_t after = table_stats(table);
     const double n = static_cast<double>(o.steps);
@@ -422,6 +434,7 @@ class TiersScenario final : public Scenario {
     cell.apply /= n;
     cell.step /= n;
     cell.draw /= n;
+    cell.draw_cpu /= n;
     cell.upload /= n;
     cell.moved_up = static_cast<double>(after.rows_moved_up - before.rows_moved_up) / n;
     cell.moved_down = static_cast<double>(after.rows_moved_down - before.rows_moved_down) / n;
