@@ -353,13 +353,16 @@ struct Elapsed {
   }
 };
 
-// The calling thread's CPU seconds: below the wall time of a stretch of pure computation when
-// the thread waited for a core.
-inline double thread_cpu_seconds() {
+// Seconds of a CPU-time clock (CLOCK_PROCESS_CPUTIME_ID, CLOCK_THREAD_CPUTIME_ID).
+inline double cpu_clock_seconds(clockid_t clock) {
   timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  clock_gettime(clock, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
+
+// The calling thread's CPU seconds: below the wall time of a stretch of pure computation when
+// the thread waited for a core.
+inline double thread_cpu_seconds() { return cpu_clock_seconds(CLOCK_THREAD_CPUTIME_ID); }
 
 class Stopwatch {
  public:
@@ -371,11 +374,7 @@ class Stopwatch {
   double seconds() const { return elapsed().wall; }
 
  private:
-  static double cpu_now() {
-    timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-  }
+  static double cpu_now() { return cpu_clock_seconds(CLOCK_PROCESS_CPUTIME_ID); }
 
   std::chrono::steady_clock::time_point wall_;
   double cpu_;

@@ -28,7 +28,8 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$a
   -DEMBSTORE_MPI=OFF -DEMBSTORE_NCCL=OFF >/dev/null
 # What test-gpu.sh runs: the behaviour tests, the tools and demos, embstore-perf, the library;
 # only these are built.
-tests=(api optimizer table checkpoint eviction admission serving_backend tier)
+source scripts/gpu-tests.sh
+tests=("${gpu_behaviour_tests[@]}")
 targets=(embstore embstore-ckpt embstore-demo embstore-follow embstore-perf)
 files=()
 for t in "${tests[@]}"; do

@@ -54,7 +54,8 @@ summary=$out/summary.txt
 deadline=$((SECONDS + budget))
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/embstore-gpu-XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-behaviour=(api optimizer table checkpoint eviction admission serving_backend tier)
+source scripts/gpu-tests.sh
+behaviour=("${gpu_behaviour_tests[@]}")
 
 left() { echo $((deadline - SECONDS)); }
 

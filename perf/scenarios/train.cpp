@@ -208,8 +208,8 @@ class TrainScenario final : public Scenario {
                *std::max_element(paired_costs.begin(), paired_costs.end()));
     report.set("step_seconds_p99_off", percentile(off.step_seconds, 0.99));
     report.set("step_seconds_p99_on", percentile(on.step_seconds, 0.99));
-    // The slowest step: a one-time cost (pinning the staging ring when the policy is set, on a
-    // thread beside training) that a short run's steps/s spreads over every step.
+    // The slowest step: a one-time cost (on CUDA before 8b9b572, pinning the staging ring on a
+    // thread beside training) shows there, where a short run's steps/s spreads it over all.
     report.set("step_seconds_max_off", percentile(off.step_seconds, 1.0));
     report.set("step_seconds_max_on", percentile(on.step_seconds, 1.0));
     report.set("checkpoints", on.checkpoints.size());
