@@ -6,7 +6,6 @@
 #include <mutex>
 #include <thread>
 
-#include "cuda/row/codec.h"
 #include "cuda/row/snapshot.h"
 #include "host/error.hpp"
 #include "io/engine/engine.hpp"
@@ -92,12 +91,9 @@ void open_files(Job& job) {
       fail(EMBSTORE_IO_ERROR, "{}", detail);
     }
     if (!job.serving) continue;
-    // BF16 for serving is the fewest bytes within bf16's bound: the values rounded here, then
-    // stored losslessly, so that the zero low halves and the exponents compress away.
-    if (t.spec.serving_codec == io::Codec::kBf16) t.rounded.resize(t.spec.dim);
     if (int r = job.out->open_serving_rows(t.spec.name, t.spec.dim, t.captured, t.tombstones.size(),
                                            job.writer_options, &t.serving, &detail,
-                                           io::serving_storage_codec(t.spec.serving_codec));
+                                           t.spec.serving_codec);
         r < 0) {
       fail(EMBSTORE_IO_ERROR, "{}", detail);
     }
@@ -105,17 +101,6 @@ void open_files(Job& job) {
 }
 
 namespace {
-
-// Appends a row to t's values-only file, its values rounded first for the serving codec BF16.
-int add_serving_row(TableJob& t, int64_t key, const float* value) {
-  if (!t.rounded.empty()) {
-    for (uint32_t j = 0; j < t.spec.dim; ++j) {
-      t.rounded[j] = row::float_from_bf16(row::bf16_from_float(value[j]));
-    }
-    value = t.rounded.data();
-  }
-  return t.serving->add(key, value, nullptr);
-}
 
 // The writer thread of drain(): writes full chunks to the row files and frees them. It never
 // waits for a table, so a training call that waits for staging room (holding its table) always
@@ -186,7 +171,7 @@ class ChunkWriter {
         return;
       }
       if (t.serving) {
-        if (int r = add_serving_row(t, key, value); r < 0) {
+        if (int r = t.serving->add(key, value, nullptr); r < 0) {
           fail_with(
               EMBSTORE_IO_ERROR,
               fmt::format("writing {}: {}", job_.out->serving_entry(t.spec.name, *t.serving).path,

@@ -50,7 +50,6 @@ struct TableJob {
   std::unique_ptr<io::RowFileWriter> writer;
   // With Job::serving: the values-only copy of the row file.
   std::unique_ptr<io::RowFileWriter> serving;
-  std::vector<float> rounded;  // a row's values rounded to bf16 for it (serving codec BF16)
   uint64_t captured = 0;
   uint64_t live_rows = 0;  // the table's rows at capture
   // Deltas: keys evicted since the parent; the writer drops those it meets as rows.

@@ -131,6 +131,10 @@ bool codec_from_name(std::string_view name, Codec* out) {
 
 bool codec_is_known(uint32_t value) { return value <= static_cast<uint32_t>(Codec::kInt8); }
 
+void round_to_bf16(float* values, size_t n) {
+  for (size_t i = 0; i < n; ++i) values[i] = row::float_from_bf16(row::bf16_from_float(values[i]));
+}
+
 bool within_bound(Codec codec, const float* want, const float* got, size_t rows, uint32_t width) {
   const size_t n = rows * width;
   switch (codec) {

@@ -44,12 +44,9 @@ bool codec_is_known(uint32_t value);
 inline bool codec_is_lossless(Codec codec) {
   return codec == Codec::kNone || codec == Codec::kLossless;
 }
-// How values-only files store a table's serving codec: BF16 as values rounded to bf16 (by the
-// writer's caller) and then stored LOSSLESS, the fewest bytes within bf16's bound; the others
-// as they are.
-inline Codec serving_storage_codec(Codec serving) {
-  return serving == Codec::kBf16 ? Codec::kLossless : serving;
-}
+// Rounds each of values[0..n) to the nearest bf16 (ties to even), kept as a float: what the
+// BF16 codec's decoding gives back, so rounding twice changes nothing.
+void round_to_bf16(float* values, size_t n);
 
 // Whether got (rows x width floats, row-major) is what decoding codec's encoding of want may
 // give: bit for bit for the lossless codecs, else each value (bf16) or row (int8) within the

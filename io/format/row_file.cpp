@@ -130,6 +130,9 @@ int RowFileWriter::start_block(RowBlockKind kind) {
 int RowFileWriter::encode_block(Block& b, Coder* coder, char* h, uint64_t* payload_bytes) const {
   char* const payload = b.buf + kRowBlockHeaderBytes;
   const uint64_t key_bytes = uint64_t{b.count} * sizeof(int64_t);
+  if (codecs_.round_values_to_bf16) {
+    round_to_bf16(reinterpret_cast<float*>(payload + key_bytes), size_t{b.count} * dim_);
+  }
   const struct Column {
     Codec codec;
     uint32_t width;

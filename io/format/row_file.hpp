@@ -109,8 +109,25 @@ struct RowCodecs {
   // Threads that encode blocks while the caller fills the next ones (blocks are still written
   // in order); 0: one per core, at most 4. Unused without a codec.
   unsigned threads = 0;
-  bool any() const { return values != Codec::kNone || state != Codec::kNone; }
+  // Values rounded to bf16 (round_to_bf16) before their codec encodes them, on the encoder
+  // threads: how values-only files store the serving codec BF16 (serving_row_codecs). Not
+  // recorded in the file: its blocks say only how the rounded values are stored.
+  bool round_values_to_bf16 = false;
+  bool any() const {
+    return values != Codec::kNone || state != Codec::kNone || round_values_to_bf16;
+  }
 };
+
+// How a values-only file (no state) stores a table's serving codec: BF16 as values rounded to
+// bf16 and then stored LOSSLESS, whose byte shuffle and zstd take the zero low halves away, the
+// fewest bytes within bf16's bound; the others as they are. Rows read back from such a file are
+// bf16 values already, so writing them again this way stores the same values.
+inline RowCodecs serving_row_codecs(Codec serving) {
+  RowCodecs codecs;
+  codecs.values = serving == Codec::kBf16 ? Codec::kLossless : serving;
+  codecs.round_values_to_bf16 = serving == Codec::kBf16;
+  return codecs;
+}
 
 // One block as the reader hands it out; the pointers stay valid until the next call to
 // next_block(). values and state are null for tombstones (and state when state_dim is 0).

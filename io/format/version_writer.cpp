@@ -94,9 +94,9 @@ int VersionWriter::open_rows(const std::string& table, uint32_t dim, uint32_t st
 int VersionWriter::open_serving_rows(const std::string& table, uint32_t dim, uint64_t rows,
                                      uint64_t tombstones, WriterOptions options,
                                      std::unique_ptr<RowFileWriter>* out, std::string* detail,
-                                     Codec codec) {
+                                     Codec serving) {
   return open_row_file(table, serving_file_path(kFormat, table, rank_, world_size_), dim, 0, rows,
-                       tombstones, options, out, detail, RowCodecs{codec, Codec::kNone});
+                       tombstones, options, out, detail, serving_row_codecs(serving));
 }
 
 int VersionWriter::open_row_file(const std::string& table, const std::string& rel, uint32_t dim,

@@ -63,10 +63,10 @@ class VersionWriter {
                 uint64_t tombstones, WriterOptions options, std::unique_ptr<RowFileWriter>* out,
                 std::string* detail, RowCodecs codecs = {});
   // Opens the values-only copy of table's row file (state_dim 0: serving_deltas, serving_dir),
-  // its values encoded with codec.
+  // its values stored as serving_row_codecs(serving) says (BF16's rounded by the writer).
   int open_serving_rows(const std::string& table, uint32_t dim, uint64_t rows, uint64_t tombstones,
                         WriterOptions options, std::unique_ptr<RowFileWriter>* out,
-                        std::string* detail, Codec codec);
+                        std::string* detail, Codec serving);
   // The manifest's entry of table's row file once rows->finish() returned 0.
   FileEntry rows_entry(const std::string& table, const RowFileWriter& rows) const;
   // The same for the values-only copy.

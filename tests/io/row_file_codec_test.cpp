@@ -375,6 +375,62 @@ TEST_CASE("row file codecs: a block that would decode past the reader's bound is
         "block at offset 0: an encoded block of 1048576 rows, more than a writer's block holds");
 }
 
+TEST_CASE("row file codecs: serving BF16 is values rounded by the writer, stored losslessly",
+          "[rowfile][codec]") {
+  TempDir dir;
+  const uint32_t dim = 16;
+  const auto round = [](const std::vector<float>& v) {
+    std::vector<float> r(v);
+    round_to_bf16(r.data(), r.size());
+    return r;
+  };
+  SECTION("trained values: encoded blocks of rounded values, written again unchanged") {
+    const Rows rows = trained_rows(3000, dim, 0, 11);
+    const RowCodecs codecs = serving_row_codecs(Codec::kBf16);
+    CHECK(codecs.values == Codec::kLossless);
+    CHECK(codecs.state == Codec::kNone);
+    write_rows(dir.file("serving.rows"), rows, dim, 0, codecs);
+    const ReadBack back = read_rows(dir.file("serving.rows"), odd_reader(), true);
+    REQUIRE(back.result == 0);
+    CHECK(back.rows.keys == rows.keys);
+    // Exactly the rounded values, not just within bf16's bound: every low half is zero.
+    CHECK(same_bits(back.rows.values, round(rows.values)));
+    CHECK_FALSE(same_bits(back.rows.values, rows.values));
+    REQUIRE(!back.stored.empty());
+    for (const RowCodecs& s : back.stored) CHECK(s.values == Codec::kLossless);
+    // Smaller than the same values stored losslessly unrounded.
+    const uint64_t unrounded =
+        write_rows(dir.file("lossless.rows"), rows, dim, 0, {Codec::kLossless, Codec::kNone});
+    CHECK(read_file(dir.file("serving.rows")).size() < unrounded);
+    // Compaction writes rows read from such a file the same way: the same bytes again.
+    write_rows(dir.file("again.rows"), back.rows, dim, 0, codecs);
+    CHECK(read_file(dir.file("again.rows")) == read_file(dir.file("serving.rows")));
+  }
+  SECTION("any bit pattern (NaNs, infinities) comes back as the BF16 codec would give it") {
+    const Rows rows = noise_rows(500, dim, 0, 12);
+    write_rows(dir.file("noise.rows"), rows, dim, 0, serving_row_codecs(Codec::kBf16));
+    const ReadBack back = read_rows(dir.file("noise.rows"), {}, false);
+    REQUIRE(back.result == 0);
+    CHECK(same_bits(back.rows.values, round(rows.values)));
+    write_rows(dir.file("bf16.rows"), rows, dim, 0, {Codec::kBf16, Codec::kNone});
+    const ReadBack codec = read_rows(dir.file("bf16.rows"), {}, false);
+    REQUIRE(codec.result == 0);
+    CHECK(same_bits(back.rows.values, codec.rows.values));
+  }
+  SECTION("the other serving codecs store as they say, without rounding") {
+    for (const Codec c : {Codec::kNone, Codec::kLossless, Codec::kInt8}) {
+      const RowCodecs codecs = serving_row_codecs(c);
+      CHECK(codecs.values == c);
+      CHECK_FALSE(codecs.round_values_to_bf16);
+    }
+    const Rows rows = trained_rows(500, dim, 0, 13);
+    write_rows(dir.file("lossless.rows"), rows, dim, 0, serving_row_codecs(Codec::kLossless));
+    const ReadBack back = read_rows(dir.file("lossless.rows"), {}, false);
+    REQUIRE(back.result == 0);
+    CHECK(same_bits(back.rows.values, rows.values));
+  }
+}
+
 TEST_CASE("row file codecs: encoder threads write the same bytes as one thread",
           "[rowfile][codec]") {
   TempDir dir;

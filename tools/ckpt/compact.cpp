@@ -80,8 +80,7 @@ io::TableEntry write_table(const RestorePlan& plan, const TablePlan& t,
                        static_cast<io::Codec>(source.config.state_codec)};
   // A serving-only chain's values are in the serving codec (bf16's rounded already), no state.
   if (plan.manifest().serving_only) {
-    codecs = {io::serving_storage_codec(static_cast<io::Codec>(source.config.serving_codec)),
-              io::Codec::kNone};
+    codecs = io::serving_row_codecs(static_cast<io::Codec>(source.config.serving_codec));
   }
   for (uint32_t r = 0; r < world; ++r) {
     if (ranks[r]->open_rows(source.name, source.config.dim, source.state_dim, rows_per_rank, 0,
