@@ -5,7 +5,6 @@
 // across. embstore_prefetch moves a batch's rows in host memory up, each trading places with a
 // device row idle for two steps, never with rows of a checkpoint in flight. The host backend
 // ignores device_rows: the same cases hold there with every row in memory and nothing moved.
-#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -272,42 +271,6 @@ TEST_CASE("a prefetch moves no row of a checkpoint in flight, and moves them onc
   REQUIRE(same_bits(lookup_ok(get_table(c, "emb"), all, 0), lookup_ok(twins.plain, all, 0)));
 }
 
-// Holds the first checkpoint write (a write made neither on this thread nor on a tier thread)
-// until fail_all(); from then on such writes fail with EIO, until the guard goes.
-class HeldThenFailingWriter {
- public:
-  HeldThenFailingWriter()
-      : trainer_(std::this_thread::get_id()), guard_([this](uint64_t, size_t) {
-          if (std::this_thread::get_id() == trainer_ || HeldCheckpointWriter::on_tier_thread()) {
-            return 0;
-          }
-          std::unique_lock lock(m_);
-          held_ = true;
-          cv_.notify_all();
-          cv_.wait_for(lock, std::chrono::seconds(30), [&] { return failing_; });
-          return -EIO;
-        }) {}
-  ~HeldThenFailingWriter() { fail_all(); }
-  void wait_held() {
-    std::unique_lock lock(m_);
-    REQUIRE(cv_.wait_for(lock, std::chrono::seconds(30), [&] { return held_; }));
-  }
-  void fail_all() {
-    {
-      std::lock_guard lock(m_);
-      failing_ = true;
-    }
-    cv_.notify_all();
-  }
-
- private:
-  std::thread::id trainer_;
-  std::mutex m_;
-  std::condition_variable cv_;
-  bool held_ = false, failing_ = false;
-  FaultGuard guard_;
-};
-
 TEST_CASE("rows of an incremental checkpoint in flight keep their ids while others trade",
           "[tiers][device][checkpoint]") {
   TempDir dir_a, dir_b;
@@ -329,7 +292,7 @@ TEST_CASE("rows of an incremental checkpoint in flight keep their ids while othe
   const std::vector<float> grads(hot.size() * 64, 0.0625f);
   const uint64_t moved_before = stats(twins.tiered).rows_moved_up;
   {
-    HeldThenFailingWriter writers;
+    HeldCheckpointWriter writers(std::chrono::seconds(30), HeldCheckpointWriter::Then::kFail);
     uint64_t vb = 0, va = 0;
     ok(embstore_checkpoint(b, dir_b.path().c_str(), EMBSTORE_CKPT_INCREMENTAL, &vb));
     writers.wait_held();
@@ -344,7 +307,7 @@ TEST_CASE("rows of an incremental checkpoint in flight keep their ids while othe
     if (backend() == EMBSTORE_BACKEND_CUDA) {
       REQUIRE(stats(twins.tiered).rows_moved_up > moved_before);
     }
-    writers.fail_all();
+    writers.release();
     require_status(embstore_checkpoint_wait(b, vb), EMBSTORE_IO_ERROR, "");
     ok(embstore_checkpoint(a, dir_a.path().c_str(), EMBSTORE_CKPT_INCREMENTAL, &va));
     require_status(embstore_checkpoint_wait(a, va), EMBSTORE_IO_ERROR, "");

@@ -6,6 +6,7 @@
 #include <pthread.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cstdint>
 #include <ostream>
 #include <string>
@@ -140,27 +141,34 @@ inline void require_same_checkpoint(embstore_store_t* a, embstore_store_t* b,
 }
 
 // Holds the first write not made on this thread (a checkpoint writer's) until release(), so that
-// that checkpoint's snapshot stays captured while this thread trains; later writes, and the
-// tier's own (on this thread or the table's tier thread, told by its name), go ahead. As
-// HeldWriter, which would hold a tier write, but for at most `hold` (2 s: long enough for the
-// training calls under a sanitizer to meet the captured rows while the writer is held): a training
-// call whose copy-on-write finds staging full waits for the writer, and goes on once it moves.
+// that checkpoint's snapshot stays captured while this thread trains; the tier's own writes (on
+// this thread or the table's tier thread, told by its name) go ahead. As HeldWriter, which would
+// hold a tier write, but for at most `hold` (2 s: long enough for the training calls under a
+// sanitizer to meet the captured rows while the writer is held): a training call whose
+// copy-on-write finds staging full waits for the writer, and goes on once it moves.
+// Then::kWrite: the held write, and every later one, are made. Then::kFail: every checkpoint
+// write waits for release() (or `hold`) and then fails with EIO, so the checkpoint fails.
 class HeldCheckpointWriter {
  public:
+  enum class Then { kWrite, kFail };
   static bool on_tier_thread() {
     char name[16] = {};
     pthread_getname_np(pthread_self(), name, sizeof(name));
     return std::string(name) == embstore::host_backend::kTierThreadName;
   }
-  explicit HeldCheckpointWriter(std::chrono::milliseconds hold = std::chrono::seconds(2))
-      : trainer_(std::this_thread::get_id()), hold_(hold), guard_([this](uint64_t, size_t) {
+  explicit HeldCheckpointWriter(std::chrono::milliseconds hold = std::chrono::seconds(2),
+                                Then then = Then::kWrite)
+      : trainer_(std::this_thread::get_id()),
+        hold_(hold),
+        then_(then),
+        guard_([this](uint64_t, size_t) {
           if (std::this_thread::get_id() == trainer_ || on_tier_thread()) return 0;
           std::unique_lock lock(m_);
-          if (held_) return 0;
+          if (held_ && then_ == Then::kWrite) return 0;
           held_ = true;
           cv_.notify_all();
           cv_.wait_for(lock, hold_, [&] { return released_; });
-          return 0;
+          return then_ == Then::kFail ? -EIO : 0;
         }) {}
   ~HeldCheckpointWriter() { release(); }
   // Waits until the writer is held.
@@ -179,6 +187,7 @@ class HeldCheckpointWriter {
  private:
   std::thread::id trainer_;
   std::chrono::milliseconds hold_;
+  Then then_;
   std::mutex m_;
   std::condition_variable cv_;
   bool held_ = false, released_ = false;
