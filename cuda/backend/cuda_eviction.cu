@@ -1,6 +1,8 @@
 // The CUDA table's eviction (idle rules, making room at max_capacity, the free list) and the
 // counting of keys pending admission in a counting Bloom filter (on the host, in the table's
 // KeyLedger; exact counts are counted on the device: device_admission.cuh).
+#include <algorithm>
+
 #include "cuda/backend/cuda_table.cuh"
 #include "cuda/backend/kernels/eviction.cuh"
 #include "cuda/backend/kernels/lookup.cuh"
@@ -62,21 +64,27 @@ void CudaTable::count_admission_on_host(const int64_t* keys, size_t n, uint64_t 
 }
 
 // Evicts the `need` least recently used live rows touched before `step` (ties: the lowest
-// row), sparing the rows of call_keys, or throws CAPACITY_EXCEEDED, evicting nothing, when
-// fewer are there. A pass over the table's stamps and a sort of the candidates'. d: the
-// counters, read after every earlier call.
+// key, as on the host: rows' ids are handed out in parallel here, and tables fed the same calls
+// must evict the same keys), sparing the rows of call_keys, or throws CAPACITY_EXCEEDED,
+// evicting nothing, when fewer are there. A pass over the table's stamps and two stable sorts
+// of the candidates' (by key, then by step). d: the counters, read after every earlier call.
 void CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_keys, size_t call_n,
                           const DeviceCounters& d, cudaStream_t stream) {
   const uint64_t rows = d.rows;
-  size_t sort_bytes = 0;
+  size_t sort_bytes = 0, key_sort_bytes = 0;
   {
     cub::DoubleBuffer<uint64_t> k(nullptr, nullptr);
+    cub::DoubleBuffer<int64_t> keys(nullptr, nullptr);
     cub::DoubleBuffer<uint32_t> v(nullptr, nullptr);
     check(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, k, v, static_cast<int64_t>(rows), 0,
                                           64, stream),
           "cub::DeviceRadixSort::SortPairs");
+    check(cub::DeviceRadixSort::SortPairs(nullptr, key_sort_bytes, keys, v,
+                                          static_cast<int64_t>(rows), 0, 64, stream),
+          "cub::DeviceRadixSort::SortPairs");
   }
-  const size_t temp_bytes = std::max(sort_bytes, select_bytes(EvictionCandidate{}, rows, stream));
+  const size_t temp_bytes =
+      std::max({sort_bytes, key_sort_bytes, select_bytes(EvictionCandidate{}, rows, stream)});
   ScratchLayout layout;
   const size_t spared_at = layout.take(row::bitmap_words(rows) * sizeof(uint64_t));
   const size_t call_rows_at = layout.take(call_n * sizeof(uint32_t));
@@ -103,13 +111,24 @@ void CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_keys
       select(EvictionCandidate{arena_, freed_.get<uint64_t>(), spared, step}, rows, rows0,
              base + temp_at, temp_bytes, stream);
   if (candidates < need) fail_no_room(spec(), need, candidates, step);
-  gather_steps_kernel<kBlock>
-      <<<blocks_for(candidates), kBlock, 0, stream>>>(arena_, rows0, candidates, steps0);
-  check_launch("gather_steps_kernel");
-  // Stable: rows of the same step stay in ascending order.
-  cub::DoubleBuffer<uint64_t> steps(steps0, reinterpret_cast<uint64_t*>(base + steps1_at));
-  cub::DoubleBuffer<uint32_t> order(rows0, reinterpret_cast<uint32_t*>(base + rows1_at));
+  // By key first, then by step: the sorts are stable, so rows of one step stay in key order.
+  // The keys use the steps' buffers, which they are done with before the steps are gathered.
+  cub::DoubleBuffer<int64_t> keys(reinterpret_cast<int64_t*>(steps0),
+                                  reinterpret_cast<int64_t*>(base + steps1_at));
+  cub::DoubleBuffer<uint32_t> by_key(rows0, reinterpret_cast<uint32_t*>(base + rows1_at));
+  gather_row_keys_kernel<kBlock>
+      <<<blocks_for(candidates), kBlock, 0, stream>>>(arena_, rows0, candidates, keys.Current());
+  check_launch("gather_row_keys_kernel");
   size_t bytes = temp_bytes;
+  check(cub::DeviceRadixSort::SortPairs(base + temp_at, bytes, keys, by_key,
+                                        static_cast<int64_t>(candidates), 0, 64, stream),
+        "cub::DeviceRadixSort::SortPairs");
+  gather_steps_kernel<kBlock>
+      <<<blocks_for(candidates), kBlock, 0, stream>>>(arena_, by_key.Current(), candidates, steps0);
+  check_launch("gather_steps_kernel");
+  cub::DoubleBuffer<uint64_t> steps(steps0, reinterpret_cast<uint64_t*>(base + steps1_at));
+  cub::DoubleBuffer<uint32_t> order(by_key.Current(), by_key.Alternate());
+  bytes = temp_bytes;
   check(cub::DeviceRadixSort::SortPairs(base + temp_at, bytes, steps, order,
                                         static_cast<int64_t>(candidates), 0, 64, stream),
         "cub::DeviceRadixSort::SortPairs");

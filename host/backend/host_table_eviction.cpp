@@ -62,7 +62,8 @@ void HostTable::for_each_candidate(uint64_t before, const uint64_t* spared, F&& 
   }
 }
 
-// Evicts the `need` least recently used rows touched before `step` (ties: the lowest row),
+// Evicts the `need` least recently used rows touched before `step` (ties: the lowest key, so
+// that tables fed the same calls evict the same keys whatever their rows' ids),
 // sparing the n `reading` rows of the call that needs the room (kNoRow entries skipped), or
 // throws CAPACITY_EXCEEDED, evicting nothing, when fewer are there. Two passes over the
 // rows' stamps and no sort of the table: a histogram of the stamps finds the step below
@@ -98,17 +99,23 @@ void HostTable::make_room(uint64_t need, uint64_t step, const uint32_t* reading,
   while (below + histogram[boundary] < need) below += histogram[boundary++];
   const uint64_t lo = oldest + boundary * width, hi = lo + width;
   victims_.clear();
-  std::vector<std::pair<uint64_t, uint32_t>> edge;  // (step, row) in [lo, hi)
+  struct Edge {  // a candidate of the boundary range, ordered by (step, key)
+    uint64_t step;
+    int64_t key;
+    uint32_t row;
+    bool operator<(const Edge& o) const { return step != o.step ? step < o.step : key < o.key; }
+  };
+  std::vector<Edge> edge;  // steps in [lo, hi)
   for_each_candidate(step, spared, [&](uint32_t r, uint64_t s) {
     if (s < lo) {
       victims_.push_back(r);
     } else if (s < hi) {
-      edge.emplace_back(s, r);
+      edge.push_back({s, arena_.row_meta(r)->key, r});
     }
   });
   const size_t rest = need - victims_.size();
   std::nth_element(edge.begin(), edge.begin() + rest, edge.end());
-  for (size_t i = 0; i < rest; ++i) victims_.push_back(edge[i].second);
+  for (size_t i = 0; i < rest; ++i) victims_.push_back(edge[i].row);
   evict_rows(victims_);
 }
 

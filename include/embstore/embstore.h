@@ -553,7 +553,8 @@ EMBSTORE_API embstore_status_t embstore_table_stats(embstore_table_t* table,
    - when it is idle for longer than evict_idle_seconds: its last-touched step began more than
      that many seconds ago (the store notes the time of its steps, 64 times per such period);
    - when an insert needs room at max_capacity (evict_when_full, or any idle rule): the least
-     recently used rows go first (ties: the lowest row). Rows touched in the current step
+     recently used rows go first (ties: the lowest key, so that tables fed the same calls
+     evict the same keys on either backend). Rows touched in the current step
      (those the insert reads among them) are never evicted for room: when too few others
      exist, the insert fails with CAPACITY_EXCEEDED (also before the first embstore_step,
      while every row has step 0). Finding the victims reads every row's stamp, so at

@@ -2,8 +2,8 @@
 // max_capacity (least recently used first); rows reused after eviction; tombstones in
 // incremental checkpoints, restored; a captured row evicted before it is written; and restore of
 // every version of a chain with evictions against the state training had at that version.
-// Links embstore_static for the store's clock and the io/ fault hook. On the CUDA backend,
-// eviction is refused at table creation in this version (tested here too).
+// Links embstore_static for the store's clock and the io/ fault hook. Runs on each backend
+// (the "cuda:" variants where a device is usable).
 #include <embstore/embstore.h>
 
 #include <algorithm>
@@ -210,22 +210,45 @@ TEST_CASE("at max_capacity an evicting table makes room, least recently used fir
   CHECK(stats(h).evicted == 0);
 }
 
-TEST_CASE("a refused insert leaves the last-touched steps of the rows it read", "[eviction]") {
-  StoreGuard store(make_store());
-  embstore_table_config_t c = config("t");
+namespace {
+
+// Four rows at most, the least recently used evicted for a new one.
+embstore_table_config_t full_at_four(const char* name) {
+  embstore_table_config_t c = config(name);
   c.initial_capacity = 4;
   c.max_capacity = 4;
   c.evict_when_full = 1;
-  embstore_table_t* t = make_table(store, c);
-  touch(store, t, 1, {2, 3, 4, 1});  // rows 0..3 for keys 2, 3, 4, 1
-  touch(store, t, 5, {2, 3, 4});     // key 1 is the least recently used, not the lowest row
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("a refused insert leaves the last-touched steps of the rows it read", "[eviction]") {
+  StoreGuard store(make_store());
+  embstore_table_t* t = make_table(store, full_at_four("t"));
+  touch(store, t, 1, {2, 3, 4, 9});
+  touch(store, t, 5, {2, 3, 4});  // key 9 is the least recently used, not the lowest key
   std::vector<float> out;
-  // Two new keys need two rows; only key 1's is not of this step, and this call reads it.
-  REQUIRE(lookup(t, {1, 10, 11}, EMBSTORE_LOOKUP_INSERT, &out) == EMBSTORE_CAPACITY_EXCEEDED);
-  // Had the refused call left key 1 at step 5, every row would tie and the lowest (key 2)
+  // Two new keys need two rows; only key 9's is not of this step, and this call reads it.
+  REQUIRE(lookup(t, {9, 10, 11}, EMBSTORE_LOOKUP_INSERT, &out) == EMBSTORE_CAPACITY_EXCEEDED);
+  // Had the refused call left key 9 at step 5, every row would tie and the lowest key (2)
   // would go.
   touch(store, t, 6, {12});
-  CHECK(present(t, {1, 2, 3, 4, 12}) == std::vector<int64_t>{2, 3, 4, 12});
+  CHECK(present(t, {2, 3, 4, 9, 12}) == std::vector<int64_t>{2, 3, 4, 12});
+}
+
+TEST_CASE("rows of one step evicted for room go lowest key first, whatever their rows' ids",
+          "[eviction]") {
+  StoreGuard store(make_store());
+  embstore_table_t* t = make_table(store, full_at_four("t"));
+  // One call, so one step for all four; the host numbers the rows in this order (key 40 gets
+  // the lowest row), CUDA in whichever order its threads win.
+  touch(store, t, 1, {40, 10, 30, 20});
+  touch(store, t, 2, {50});
+  CHECK(present(t, {10, 20, 30, 40, 50}) == std::vector<int64_t>{20, 30, 40, 50});
+  touch(store, t, 3, {60, 70});  // key 50 (step 2) stays: the three of step 1 are older
+  CHECK(present(t, {20, 30, 40, 50, 60, 70}) == std::vector<int64_t>{40, 50, 60, 70});
+  CHECK(stats(t).evicted == 3);
 }
 
 TEST_CASE("a table config of the 0.1 size gets the eviction defaults", "[eviction]") {

@@ -58,6 +58,14 @@ static __global__ void __launch_bounds__(BlockSize)
 
 template <int BlockSize>
 static __global__ void __launch_bounds__(BlockSize)
+    gather_row_keys_kernel(row::ArenaRef arena, const uint32_t* rows, uint64_t n, int64_t* keys) {
+  for (uint64_t i = grid_thread<BlockSize>(); i < n; i += grid_threads<BlockSize>()) {
+    keys[i] = arena.row_meta(rows[i])->key;
+  }
+}
+
+template <int BlockSize>
+static __global__ void __launch_bounds__(BlockSize)
     gather_keys_kernel(const int64_t* keys, const uint32_t* positions, uint64_t n, int64_t* out) {
   for (uint64_t i = grid_thread<BlockSize>(); i < n; i += grid_threads<BlockSize>()) {
     out[i] = keys[positions[i]];
