@@ -107,7 +107,7 @@ struct RowCodecs {
   Codec values = Codec::kNone;
   Codec state = Codec::kNone;
   // Threads that encode blocks while the caller fills the next ones (blocks are still written
-  // in order); 0: one per core, at most 4. Unused without a codec.
+  // in order); 0: one per core, at most 4. Unused without a codec or rounding.
   unsigned threads = 0;
   // Values rounded to bf16 (round_to_bf16) before their codec encodes them, on the encoder
   // threads: how values-only files store the serving codec BF16 (serving_row_codecs). Not

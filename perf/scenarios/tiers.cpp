@@ -127,6 +127,9 @@ struct Cell {
   bool keys_ok = true;
 };
 
+// The most memory the timed steps' keys, drawn ahead, may take.
+constexpr uint64_t kMaxAheadBytes = uint64_t{1} << 30;
+
 // Folds keys[0..n) into h, in order.
 uint64_t fold_keys(uint64_t h, const int64_t* keys, size_t n) {
   for (size_t i = 0; i < n; ++i) h = row::mix64(h ^ static_cast<uint64_t>(keys[i])) + i;
@@ -200,6 +203,13 @@ class TiersScenario final : public Scenario {
     for (const double s : shares_) {
       if (!(s > 0 && s <= 1))
         throw std::runtime_error(fmt::format("--shares: {} not in (0, 1]", s));
+    }
+    if (const uint64_t bytes = uint64_t{o.steps} * o.batch * sizeof(int64_t);
+        bytes > kMaxAheadBytes) {
+      throw std::runtime_error(fmt::format(
+          "--steps {} x --batch {}: the timed steps' keys, drawn ahead, would take {}B of memory "
+          "(at most 1 GiB); take fewer steps",
+          o.steps, o.batch, si(static_cast<double>(bytes))));
     }
     // The untiered baseline first, so that every tiered cell's ratio is known when printed.
     std::vector<double> shares = shares_;
@@ -298,6 +308,8 @@ class TiersScenario final : public Scenario {
       j["prefetch_seconds_per_step"] = c.prefetch;
       j["apply_seconds_per_step"] = c.apply;
       j["step_call_seconds_per_step"] = c.step;
+      j["keys_drawn_ahead"] = true;  // draw_keys_*: before the timed steps, not in steps/s
+      j["keys_match_stream"] = c.keys_ok;
       j["draw_keys_seconds_per_step"] = c.draw;
       j["upload_keys_seconds_per_step"] = c.upload;
       j["draw_keys_thread_cpu_seconds_per_step"] = c.draw_cpu;
@@ -374,16 +386,16 @@ class TiersScenario final : public Scenario {
     // Batch b's keys; drawn in order, two batches held where the backend reads them (a step's
     // and the next, prefetched). The warm-up draws each batch as it goes; the timed steps' keys
     // are drawn before them (ahead), as a trainer's input pipeline has its batches ready, so
-    // that steps/s is the table's and the copy's alone: on the H200 (2026-11-28) the draw
-    // took 2.9 ms a step beside 0.34 ms of calls, and ten times that in the tiered cells.
+    // that steps/s is the table's and the copy's alone: on the H200 (2026-11-28) the draw and
+    // the copy together took 2.9 ms a step beside 0.34 ms of calls, and ten times that in the
+    // tiered cells.
     KeyStream stream(rows_, exponent, o.seed);
     const size_t batches = warmup_ + o.steps;
     std::vector<int64_t> drawn_keys(o.batch);
     std::vector<int64_t> ahead;  // batches ahead_first.. once drawn ahead
     size_t ahead_first = batches;
     BackendBuffer<int64_t> window(backend, 2 * o.batch);
-    size_t drawn = 0;     // batches drawn, and then copied into the window (at)
-    bool timing = false;  // the timed steps' copies are summed into the cell
+    size_t drawn = 0;  // batches drawn (ahead of those copied into the window, once ahead)
     auto draw = [&](int64_t* out) {
       const Stopwatch d;
       const double cpu_before = thread_cpu_seconds();
@@ -406,21 +418,16 @@ class TiersScenario final : public Scenario {
         cell.keys_hash = fold_keys(cell.keys_hash, keys, o.batch);
         const Stopwatch u;
         window.upload(keys, o.batch, (uploaded % 2) * o.batch);
-        if (timing) cell.upload += u.seconds();
+        if (uploaded >= warmup_) cell.upload += u.seconds();  // a timed step's batch
       }
+      // Batch b's slot holds it until batch b + 2 is copied there.
+      if (uploaded > b + 2) throw std::logic_error("tiers: a step's keys were overwritten");
       return window.data() + (b % 2) * o.batch;
     };
     // The batches not drawn yet: the timed steps' (the first may have been drawn for the
     // warm-up's last prefetch).
     auto draw_ahead = [&] {
       const size_t n = batches - drawn;
-      const uint64_t bytes = uint64_t{n} * o.batch * sizeof(int64_t);
-      if (bytes > (uint64_t{1} << 30)) {
-        throw std::runtime_error(fmt::format(
-            "--steps {} x --batch {}: the timed steps' keys, drawn ahead, would take {}B of "
-            "memory (at most 1 GiB); take fewer steps",
-            o.steps, o.batch, si(static_cast<double>(bytes))));
-      }
       ahead_first = drawn;
       ahead.resize(n * o.batch);
       for (size_t i = 0; i < n; ++i, ++drawn) draw(ahead.data() + i * o.batch);
@@ -465,7 +472,6 @@ class TiersScenario final : public Scenario {
 
     const embstore_table_stats_t before = table_stats(table);
     const Stopwatch timed;
-    timing = true;
     for (size_t b = warmup_; b < warmup_ + o.steps; ++b) {
       at(b);  // the batch's keys, drawn and copied before the timed call
       const Stopwatch l;
@@ -483,7 +489,6 @@ class TiersScenario final : public Scenario {
     const Elapsed timed_elapsed = timed.elapsed();
     const double seconds = timed_elapsed.wall;
     cell.cpu_per_wall = timed_elapsed.cpu / seconds;
-    timing = false;
     std::vector<int64_t>().swap(ahead);  // not counted in the resident memory at the end
     const embstore_table_stats_t after = table_stats(table);
     const double n = static_cast<double>(o.steps);
