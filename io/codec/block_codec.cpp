@@ -92,6 +92,21 @@ void unshuffle(const char* in, size_t n, char* out) {
   }
 }
 
+// zstd's fast strategy (level 1 and the negative levels) finds matches through a hash table
+// sized for text: 2^13 entries or more on blocks of this size. In shuffled floats the matches
+// are short and near (runs of zeros, repeated exponent bytes) and the low mantissa bytes match
+// nothing, so a table of 2^8 entries, which stays in L1, finds as many: on a trained table's
+// rows it stored 0.824 of the floats' bytes against 0.830 in two thirds of the time
+// (`embstore-perf codecs`; performance.md, "zstd's hash table"). Slower strategies (level 2
+// and up) keep zstd's own tables. Only the encoder changes: any zstd frame decodes.
+constexpr int kFastHashLog = 8;
+
+size_t configure_compression(ZSTD_CCtx* c, int level) {
+  size_t e = ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, level);
+  if (!ZSTD_isError(e) && level <= 1) e = ZSTD_CCtx_setParameter(c, ZSTD_c_hashLog, kFastHashLog);
+  return e;
+}
+
 std::string size_mismatch(Codec codec, size_t size, size_t want, uint32_t rows, uint32_t width) {
   return std::string(codec_name(codec)) + " block of " + std::to_string(rows) + " rows x " +
          std::to_string(width) + " floats holds " + std::to_string(size) + " bytes, not " +
@@ -256,11 +271,21 @@ int BlockCodec::encode(Codec codec, const float* in, uint32_t rows, uint32_t wid
         return 0;
       }
       case Codec::kLossless: {
-        if (zstd_->c == nullptr && (zstd_->c = ZSTD_createCCtx()) == nullptr) return -ENOMEM;
+        if (zstd_->c == nullptr) {
+          if ((zstd_->c = ZSTD_createCCtx()) == nullptr) return -ENOMEM;
+          const size_t e = configure_compression(zstd_->c, level_);
+          if (ZSTD_isError(e)) {
+            ZSTD_freeCCtx(zstd_->c);
+            zstd_->c = nullptr;
+            out->resize(at);
+            set_detail(detail, std::string("zstd parameters: ") + ZSTD_getErrorName(e));
+            return -EIO;
+          }
+        }
         scratch_.resize(values * sizeof(float));
         shuffle(reinterpret_cast<const char*>(in), values, scratch_.data());
-        const size_t n = ZSTD_compressCCtx(zstd_->c, dst, bound(codec, rows, width),
-                                           scratch_.data(), scratch_.size(), level_);
+        const size_t n = ZSTD_compress2(zstd_->c, dst, bound(codec, rows, width), scratch_.data(),
+                                        scratch_.size());
         if (ZSTD_isError(n)) {
           out->resize(at);
           set_detail(detail, std::string("zstd: ") + ZSTD_getErrorName(n));
