@@ -39,16 +39,26 @@ size_t float_bytes(uint32_t rows, uint32_t width) { return size_t{rows} * width 
 // i0), the planes' bytes, and two more (six in all) undo a shuffle. A plain loop does the rest (n
 // mod 16), and all of it elsewhere: the bytes are the same either way (tests/io/codec_test.cpp).
 #if defined(__SSE2__)
-inline void rotate_group_left(__m128i* r, int rounds) {
-  for (int i = 0; i < rounds; ++i) {
-    const __m128i a = _mm_unpacklo_epi8(r[0], r[2]), b = _mm_unpackhi_epi8(r[0], r[2]);
-    const __m128i c = _mm_unpacklo_epi8(r[1], r[3]), d = _mm_unpackhi_epi8(r[1], r[3]);
-    r[0] = a;
-    r[1] = b;
-    r[2] = c;
-    r[3] = d;
+// Four registers held by value and rounds unrolled at compile time, so -O2 keeps the group in
+// registers (a loop over an array of them spilled it to the stack at every round).
+struct Group {
+  __m128i r0, r1, r2, r3;
+};
+
+template <int kRounds>
+inline Group rotate_left(Group g) {
+  for (int i = 0; i < kRounds; ++i) {
+    g = Group{_mm_unpacklo_epi8(g.r0, g.r2), _mm_unpackhi_epi8(g.r0, g.r2),
+              _mm_unpacklo_epi8(g.r1, g.r3), _mm_unpackhi_epi8(g.r1, g.r3)};
   }
+  return g;
 }
+
+inline __m128i load16(const char* p) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+inline void store16(char* p, __m128i v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), v); }
+
 constexpr size_t kGroupFloats = 16;  // 4 registers of 16 bytes
 #endif
 
@@ -58,14 +68,13 @@ void shuffle(const char* in, size_t n, char* out) {
   size_t i = 0;
 #if defined(__SSE2__)
   for (; i + kGroupFloats <= n; i += kGroupFloats) {
-    __m128i r[4];
-    for (size_t k = 0; k < 4; ++k) {
-      r[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i * sizeof(float) + k * 16));
-    }
-    rotate_group_left(r, 4);
-    for (size_t k = 0; k < 4; ++k) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k * n + i), r[k]);
-    }
+    const char* at = in + i * sizeof(float);
+    const Group g =
+        rotate_left<4>(Group{load16(at), load16(at + 16), load16(at + 32), load16(at + 48)});
+    store16(out + i, g.r0);
+    store16(out + n + i, g.r1);
+    store16(out + 2 * n + i, g.r2);
+    store16(out + 3 * n + i, g.r3);
   }
 #endif
   for (; i < n; ++i) {
@@ -77,14 +86,13 @@ void unshuffle(const char* in, size_t n, char* out) {
   size_t i = 0;
 #if defined(__SSE2__)
   for (; i + kGroupFloats <= n; i += kGroupFloats) {
-    __m128i r[4];
-    for (size_t k = 0; k < 4; ++k) {
-      r[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + k * n + i));
-    }
-    rotate_group_left(r, 2);
-    for (size_t k = 0; k < 4; ++k) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i * sizeof(float) + k * 16), r[k]);
-    }
+    const Group g = rotate_left<2>(
+        Group{load16(in + i), load16(in + n + i), load16(in + 2 * n + i), load16(in + 3 * n + i)});
+    char* at = out + i * sizeof(float);
+    store16(at, g.r0);
+    store16(at + 16, g.r1);
+    store16(at + 32, g.r2);
+    store16(at + 48, g.r3);
   }
 #endif
   for (; i < n; ++i) {
