@@ -101,17 +101,22 @@ void unshuffle(const char* in, size_t n, char* out) {
 }
 
 // zstd's fast strategy (level 1 and the negative levels) finds matches through a hash table
-// sized for text: 2^13 entries or more on blocks of this size. In shuffled floats the matches
-// are short and near (runs of zeros, repeated exponent bytes) and the low mantissa bytes match
-// nothing, so a table of 2^8 entries, which stays in L1, finds as many: on a trained table's
-// rows it stored 0.824 of the floats' bytes against 0.830 in two thirds of the time
-// (`embstore-perf codecs`; performance.md, "zstd's hash table"). Slower strategies (level 2
-// and up) keep zstd's own tables. Only the encoder changes: any zstd frame decodes.
+// sized for text: on blocks over 256 KB, 2^14 entries at level 1 and 2^13 at negative levels. In
+// shuffled floats the matches are short and near (runs of zeros, repeated exponent bytes) and the
+// low mantissa bytes match nothing, so a table of 2^8 entries, which stays in L1, finds as many: on
+// a trained table's rows it stored 0.824 of the floats' bytes against 0.830 in two thirds of the
+// time
+// (`embstore-perf codecs`; performance.md, "zstd's hash table"). Other strategies (level 2 and
+// up, and level 0, which is zstd's default, 3) keep zstd's own tables. Only the encoder
+// changes: any zstd frame decodes.
 constexpr int kFastHashLog = 8;
 
 size_t configure_compression(ZSTD_CCtx* c, int level) {
   size_t e = ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, level);
-  if (!ZSTD_isError(e) && level <= 1) e = ZSTD_CCtx_setParameter(c, ZSTD_c_hashLog, kFastHashLog);
+  const bool fast_strategy = level == 1 || level < 0;
+  if (!ZSTD_isError(e) && fast_strategy) {
+    e = ZSTD_CCtx_setParameter(c, ZSTD_c_hashLog, kFastHashLog);
+  }
   return e;
 }
 
@@ -259,8 +264,9 @@ int BlockCodec::encode(Codec codec, const float* in, uint32_t rows, uint32_t wid
     set_detail(detail, "null block");
     return -EINVAL;
   }
+  // Every failure leaves *out as it was.
+  const size_t at = out->size();
   try {
-    const size_t at = out->size();
     out->resize(at + bound(codec, rows, width));
     char* dst = out->data() + at;
     switch (codec) {
@@ -280,7 +286,11 @@ int BlockCodec::encode(Codec codec, const float* in, uint32_t rows, uint32_t wid
       }
       case Codec::kLossless: {
         if (zstd_->c == nullptr) {
-          if ((zstd_->c = ZSTD_createCCtx()) == nullptr) return -ENOMEM;
+          if ((zstd_->c = ZSTD_createCCtx()) == nullptr) {
+            out->resize(at);
+            set_detail(detail, "out of memory for a zstd context");
+            return -ENOMEM;
+          }
           const size_t e = configure_compression(zstd_->c, level_);
           if (ZSTD_isError(e)) {
             ZSTD_freeCCtx(zstd_->c);
@@ -304,6 +314,7 @@ int BlockCodec::encode(Codec codec, const float* in, uint32_t rows, uint32_t wid
       }
     }
   } catch (const std::bad_alloc&) {
+    out->resize(at);  // shrinking does not allocate
     set_detail(detail, "out of memory encoding a block");
     return -ENOMEM;
   }

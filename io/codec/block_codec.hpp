@@ -66,7 +66,8 @@ class BlockCodec {
   // The most bytes encode() writes for rows x width floats; 0 for a shape over the limit.
   static size_t bound(Codec codec, uint32_t rows, uint32_t width);
   // Appends the encoding of in[0..rows x width) to *out. -EINVAL for an unknown codec, a shape
-  // over the limit or a null pointer with floats to encode; -ENOMEM; -EIO when zstd fails.
+  // over the limit or a null pointer with floats to encode; -ENOMEM; -EIO when zstd fails. A
+  // failure leaves *out as it was.
   int encode(Codec codec, const float* in, uint32_t rows, uint32_t width, std::vector<char>* out,
              std::string* detail);
   // Decodes data[0..size) as rows x width floats into out. -EBADMSG for bytes that are not such

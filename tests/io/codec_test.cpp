@@ -201,6 +201,26 @@ TEST_CASE("lossless stores a zstd frame of the floats' byte planes, whatever the
   }
 }
 
+TEST_CASE("lossless levels other than zstd's fast strategy keep zstd's own parameters", "[codec]") {
+  // The writer's level 1 gets a small hash table (block_codec.cpp); level 0 is zstd's default
+  // (level 3, another strategy), which must get zstd's own table like level 3 itself: the same
+  // bytes as zstd's one-shot call at level 3.
+  const std::vector<float> in = trained_rows(2016, 64, 11);
+  const size_t n = in.size();
+  std::vector<char> planes(n * sizeof(float));
+  const auto* bytes_in = reinterpret_cast<const char*>(in.data());
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t k = 0; k < sizeof(float); ++k) planes[k * n + i] = bytes_in[i * sizeof(float) + k];
+  }
+  std::vector<char> want(ZSTD_compressBound(planes.size()));
+  want.resize(ZSTD_compress(want.data(), want.size(), planes.data(), planes.size(), 3));
+  for (const int level : {0, 3}) {
+    INFO("level " << level);
+    BlockCodec c(level);
+    REQUIRE(encode_ok(c, Codec::kLossless, in, 2016, 64) == want);
+  }
+}
+
 TEST_CASE("names and codes of codecs", "[codec]") {
   for (const Codec codec : kAll) {
     Codec back = Codec::kNone;
