@@ -36,6 +36,18 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
+// What the lossless codec's frame holds, by the format's definition: float i's byte k at
+// k x n + i, written a byte at a time (the codec's own shuffle is what is under test).
+std::vector<char> byte_planes(const std::vector<float>& in) {
+  const size_t n = in.size();
+  std::vector<char> planes(n * sizeof(float));
+  const auto* bytes = reinterpret_cast<const char*>(in.data());
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t k = 0; k < sizeof(float); ++k) planes[k * n + i] = bytes[i * sizeof(float) + k];
+  }
+  return planes;
+}
+
 std::vector<char> encode_ok(BlockCodec& c, Codec codec, const std::vector<float>& in, uint32_t rows,
                             uint32_t width) {
   std::vector<char> out = {'x'};  // encode appends
@@ -179,13 +191,7 @@ TEST_CASE("lossless stores a zstd frame of the floats' byte planes, whatever the
       std::memcpy(&in[in.size() - 2], &marked, sizeof(float));
     }
     const size_t n = in.size();
-    std::vector<char> planes(n * sizeof(float));
-    const auto* bytes_in = reinterpret_cast<const unsigned char*>(in.data());
-    for (size_t i = 0; i < n; ++i) {
-      for (size_t k = 0; k < sizeof(float); ++k) {
-        planes[k * n + i] = static_cast<char>(bytes_in[i * sizeof(float) + k]);
-      }
-    }
+    const std::vector<char> planes = byte_planes(in);
     const std::vector<char> frame = encode_ok(c, Codec::kLossless, in, rows, width);
     std::vector<char> stored(planes.size());
     REQUIRE(ZSTD_decompress(stored.data(), stored.size(), frame.data(), frame.size()) ==
@@ -206,12 +212,7 @@ TEST_CASE("lossless levels other than zstd's fast strategy keep zstd's own param
   // (level 3, another strategy), which must get zstd's own table like level 3 itself: the same
   // bytes as zstd's one-shot call at level 3.
   const std::vector<float> in = trained_rows(2016, 64, 11);
-  const size_t n = in.size();
-  std::vector<char> planes(n * sizeof(float));
-  const auto* bytes_in = reinterpret_cast<const char*>(in.data());
-  for (size_t i = 0; i < n; ++i) {
-    for (size_t k = 0; k < sizeof(float); ++k) planes[k * n + i] = bytes_in[i * sizeof(float) + k];
-  }
+  const std::vector<char> planes = byte_planes(in);
   std::vector<char> want(ZSTD_compressBound(planes.size()));
   want.resize(ZSTD_compress(want.data(), want.size(), planes.data(), planes.size(), 3));
   for (const int level : {0, 3}) {
