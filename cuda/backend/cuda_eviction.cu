@@ -2,6 +2,8 @@
 // counting of keys pending admission in a counting Bloom filter (on the host, in the table's
 // KeyLedger; exact counts are counted on the device: device_admission.cuh).
 #include <algorithm>
+#include <cub/device/device_reduce.cuh>
+#include <vector>
 
 #include "cuda/backend/cuda_table.cuh"
 #include "cuda/backend/kernels/eviction.cuh"
@@ -66,40 +68,65 @@ void CudaTable::count_admission_on_host(const int64_t* keys, size_t n, uint64_t 
 // Evicts the `need` least recently used live rows touched before `step` (ties: the lowest
 // key, as on the host: rows' ids are handed out in parallel here, and tables fed the same calls
 // must evict the same keys), sparing the rows of call_keys, or throws CAPACITY_EXCEEDED,
-// evicting nothing, when fewer are there. A pass over the table's stamps and two stable sorts
-// of the candidates' (by key, then by step). d: the counters, read after every earlier call.
+// evicting nothing, when fewer are there. As on the host, no sort of every candidate: a
+// histogram of their stamps (row::RoomBuckets) finds the boundary bucket; the candidates below
+// it go, and only the bucket's own are sorted (by key, then stably by stamp: row::evicted_first).
+// d: the counters, read after every earlier call. Synchronous.
 void CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_keys, size_t call_n,
                           const DeviceCounters& d, cudaStream_t stream) {
   const uint64_t rows = d.rows;
-  size_t sort_bytes = 0, key_sort_bytes = 0;
+  const auto items = static_cast<int64_t>(rows);
+  size_t temp_bytes = select_bytes(EvictionCandidate{}, rows, stream);
   {
-    cub::DoubleBuffer<uint64_t> k(nullptr, nullptr);
+    size_t bytes = 0;
+    cub::DoubleBuffer<uint64_t> stamps(nullptr, nullptr);
     cub::DoubleBuffer<int64_t> keys(nullptr, nullptr);
     cub::DoubleBuffer<uint32_t> v(nullptr, nullptr);
-    check(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, k, v, static_cast<int64_t>(rows), 0,
-                                          64, stream),
+    const uint32_t* in = nullptr;
+    uint64_t* least = nullptr;
+    unsigned long long* count = nullptr;
+    check(cub::DeviceRadixSort::SortPairs(nullptr, bytes, stamps, v, items, 0, 64, stream),
           "cub::DeviceRadixSort::SortPairs");
-    check(cub::DeviceRadixSort::SortPairs(nullptr, key_sort_bytes, keys, v,
-                                          static_cast<int64_t>(rows), 0, 64, stream),
+    temp_bytes = std::max(temp_bytes, bytes);
+    check(cub::DeviceRadixSort::SortPairs(nullptr, bytes, keys, v, items, 0, 64, stream),
           "cub::DeviceRadixSort::SortPairs");
+    temp_bytes = std::max(temp_bytes, bytes);
+    check(cub::DeviceReduce::Min(nullptr, bytes, stamps.Current(), least, items, stream),
+          "cub::DeviceReduce::Min");
+    temp_bytes = std::max(temp_bytes, bytes);
+    check(
+        cub::DeviceSelect::If(nullptr, bytes, in, v.Current(), count, items, StampBelow{}, stream),
+        "cub::DeviceSelect::If");
+    temp_bytes = std::max(temp_bytes, bytes);
+    check(cub::DeviceSelect::If(nullptr, bytes, in, v.Current(), count, items, StampIn{}, stream),
+          "cub::DeviceSelect::If");
+    temp_bytes = std::max(temp_bytes, bytes);
   }
-  const size_t temp_bytes =
-      std::max({sort_bytes, key_sort_bytes, select_bytes(EvictionCandidate{}, rows, stream)});
   ScratchLayout layout;
   const size_t spared_at = layout.take(row::bitmap_words(rows) * sizeof(uint64_t));
   const size_t call_rows_at = layout.take(call_n * sizeof(uint32_t));
   const size_t rows0_at = layout.take(rows * sizeof(uint32_t));
   const size_t rows1_at = layout.take(rows * sizeof(uint32_t));
-  const size_t steps0_at = layout.take(rows * sizeof(uint64_t));
-  const size_t steps1_at = layout.take(rows * sizeof(uint64_t));
+  const size_t wide0_at = layout.take(rows * sizeof(uint64_t));
+  const size_t wide1_at = layout.take(rows * sizeof(uint64_t));
+  const size_t histogram_at = layout.take(row::RoomBuckets::kCount * sizeof(uint64_t));
+  const size_t oldest_at = layout.take(sizeof(uint64_t));
+  const size_t counts_at = layout.take(2 * sizeof(unsigned long long));
   const size_t keys_at = layout.take(need * sizeof(int64_t));
   const size_t temp_at = layout.take(temp_bytes);
   char* base = scratch(layout.bytes, stream);
   auto* spared = reinterpret_cast<uint64_t*>(base + spared_at);
   auto* call_rows = reinterpret_cast<uint32_t*>(base + call_rows_at);
-  auto* rows0 = reinterpret_cast<uint32_t*>(base + rows0_at);
-  auto* steps0 = reinterpret_cast<uint64_t*>(base + steps0_at);
+  auto* candidates_rows = reinterpret_cast<uint32_t*>(base + rows0_at);
+  auto* victims = reinterpret_cast<uint32_t*>(base + rows1_at);
+  auto* wide0 = reinterpret_cast<uint64_t*>(base + wide0_at);
+  auto* wide1 = reinterpret_cast<uint64_t*>(base + wide1_at);
+  auto* histogram = reinterpret_cast<unsigned long long*>(base + histogram_at);
+  auto* least = reinterpret_cast<uint64_t*>(base + oldest_at);
+  auto* counts = reinterpret_cast<unsigned long long*>(base + counts_at);
+  void* temp = base + temp_at;
 
+  // The candidates: live rows touched before this step and not read by this call.
   check(cudaMemsetAsync(spared, 0, row::bitmap_words(rows) * sizeof(uint64_t), stream),
         "cudaMemsetAsync");
   resolve_rows_kernel<kBlock><<<blocks_for(call_n), kBlock, 0, stream>>>(
@@ -108,31 +135,70 @@ void CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_keys
   mark_rows_kernel<kBlock><<<blocks_for(call_n), kBlock, 0, stream>>>(call_rows, call_n, spared);
   check_launch("mark_rows_kernel");
   const uint64_t candidates =
-      select(EvictionCandidate{arena_, freed_.get<uint64_t>(), spared, step}, rows, rows0,
-             base + temp_at, temp_bytes, stream);
+      select(EvictionCandidate{arena_, freed_.get<uint64_t>(), spared, step}, rows, candidates_rows,
+             temp, temp_bytes, stream);
   if (candidates < need) fail_no_room(spec(), need, candidates, step);
-  // By key first, then by step: the sorts are stable, so rows of one step stay in key order.
-  // The keys use the steps' buffers, which they are done with before the steps are gathered.
-  cub::DoubleBuffer<int64_t> keys(reinterpret_cast<int64_t*>(steps0),
-                                  reinterpret_cast<int64_t*>(base + steps1_at));
-  cub::DoubleBuffer<uint32_t> by_key(rows0, reinterpret_cast<uint32_t*>(base + rows1_at));
-  gather_row_keys_kernel<kBlock>
-      <<<blocks_for(candidates), kBlock, 0, stream>>>(arena_, rows0, candidates, keys.Current());
-  check_launch("gather_row_keys_kernel");
-  size_t bytes = temp_bytes;
-  check(cub::DeviceRadixSort::SortPairs(base + temp_at, bytes, keys, by_key,
-                                        static_cast<int64_t>(candidates), 0, 64, stream),
-        "cub::DeviceRadixSort::SortPairs");
+  const auto n = static_cast<int64_t>(candidates);
+
+  // Their stamps' histogram, from the oldest stamp to the step.
   gather_steps_kernel<kBlock>
-      <<<blocks_for(candidates), kBlock, 0, stream>>>(arena_, by_key.Current(), candidates, steps0);
+      <<<blocks_for(candidates), kBlock, 0, stream>>>(arena_, candidates_rows, candidates, wide0);
   check_launch("gather_steps_kernel");
-  cub::DoubleBuffer<uint64_t> steps(steps0, reinterpret_cast<uint64_t*>(base + steps1_at));
-  cub::DoubleBuffer<uint32_t> order(by_key.Current(), by_key.Alternate());
+  size_t bytes = temp_bytes;
+  check(cub::DeviceReduce::Min(temp, bytes, wide0, least, n, stream), "cub::DeviceReduce::Min");
+  uint64_t oldest = 0;
+  check(cudaMemcpyAsync(&oldest, least, sizeof(oldest), cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  const row::RoomBuckets buckets = row::RoomBuckets::spanning(oldest, step);
+  check(cudaMemsetAsync(histogram, 0, row::RoomBuckets::kCount * sizeof(uint64_t), stream),
+        "cudaMemsetAsync");
+  stamp_histogram_kernel<kBlock>
+      <<<blocks_for(candidates), kBlock, 0, stream>>>(wide0, candidates, buckets, histogram);
+  check_launch("stamp_histogram_kernel");
+  std::vector<uint64_t> counted(row::RoomBuckets::kCount);
+  check(cudaMemcpyAsync(counted.data(), histogram, row::RoomBuckets::kCount * sizeof(uint64_t),
+                        cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  const row::RoomBoundary edge = row::room_boundary(buckets, counted.data(), need);
+  const uint64_t in_edge = counted[buckets.of(edge.lo)];
+
+  // Every candidate below the boundary bucket goes, then the bucket's own in order: they are
+  // selected behind the others and sorted there, with the candidates' list as the sorts'
+  // second buffer (it is read for the last time by the selections).
   bytes = temp_bytes;
-  check(cub::DeviceRadixSort::SortPairs(base + temp_at, bytes, steps, order,
-                                        static_cast<int64_t>(candidates), 0, 64, stream),
+  check(cub::DeviceSelect::If(temp, bytes, candidates_rows, victims, counts, n,
+                              StampBelow{arena_, edge.lo}, stream),
+        "cub::DeviceSelect::If");
+  bytes = temp_bytes;
+  check(cub::DeviceSelect::If(temp, bytes, candidates_rows, victims + edge.below, counts + 1, n,
+                              StampIn{arena_, edge.lo, edge.hi}, stream),
+        "cub::DeviceSelect::If");
+  const auto m = static_cast<int64_t>(in_edge);
+  cub::DoubleBuffer<uint32_t> order(victims + edge.below, candidates_rows);
+  cub::DoubleBuffer<int64_t> keys(reinterpret_cast<int64_t*>(wide0),
+                                  reinterpret_cast<int64_t*>(wide1));
+  gather_row_keys_kernel<kBlock><<<blocks_for(in_edge), kBlock, 0, stream>>>(
+      arena_, order.Current(), in_edge, keys.Current());
+  check_launch("gather_row_keys_kernel");
+  bytes = temp_bytes;
+  check(cub::DeviceRadixSort::SortPairs(temp, bytes, keys, order, m, 0, 64, stream),
         "cub::DeviceRadixSort::SortPairs");
-  evict_rows(order.Current(), need, reinterpret_cast<int64_t*>(base + keys_at), d, stream);
+  // The keys are done with: their buffers take the stamps.
+  gather_steps_kernel<kBlock>
+      <<<blocks_for(in_edge), kBlock, 0, stream>>>(arena_, order.Current(), in_edge, wide0);
+  check_launch("gather_steps_kernel");
+  cub::DoubleBuffer<uint64_t> stamps(wide0, wide1);
+  bytes = temp_bytes;
+  check(cub::DeviceRadixSort::SortPairs(temp, bytes, stamps, order, m, 0, 64, stream),
+        "cub::DeviceRadixSort::SortPairs");
+  if (order.Current() != victims + edge.below) {
+    check(cudaMemcpyAsync(victims + edge.below, order.Current(),
+                          (need - edge.below) * sizeof(uint32_t), cudaMemcpyDeviceToDevice, stream),
+          "cudaMemcpyAsync");
+  }
+  evict_rows(victims, need, reinterpret_cast<int64_t*>(base + keys_at), d, stream);
 }
 
 // Evicts victims[0, n) (distinct live rows, in device memory): a snapshot in progress gets them

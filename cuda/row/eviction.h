@@ -14,6 +14,56 @@ EMBSTORE_HD bool evictable(const uint64_t* freed, const uint64_t* spared, uint64
   return stamp < before && !bitmap_test(freed, r) && (spared == nullptr || !bitmap_test(spared, r));
 }
 
+// Making room at max_capacity takes the `need` least recently touched candidates (ties: the
+// lowest key), on both backends without sorting them all: a histogram of the candidates' stamps
+// in kCount buckets of `width` steps from the oldest stamp finds the boundary bucket
+// (room_boundary); every candidate below it goes, and only the boundary bucket's are ordered
+// (evicted_first).
+struct RoomBuckets {
+  static constexpr uint32_t kCount = 4096;
+  uint64_t oldest = 0;
+  uint64_t width = 1;
+
+  // Buckets over the stamps [oldest, step): every candidate was touched before the step.
+  EMBSTORE_HD static RoomBuckets spanning(uint64_t oldest, uint64_t step) {
+    RoomBuckets b;
+    b.oldest = oldest;
+    b.width = step > oldest ? (step - oldest + kCount - 1) / kCount : 1;
+    return b;
+  }
+  EMBSTORE_HD uint32_t of(uint64_t stamp) const {
+    return static_cast<uint32_t>((stamp - oldest) / width);
+  }
+};
+
+// The boundary bucket's stamps [lo, hi), and how many candidates lie below lo (all of which go).
+struct RoomBoundary {
+  uint64_t lo = 0;
+  uint64_t hi = 0;
+  uint64_t below = 0;
+};
+
+// histogram: kCount counts of candidates per bucket, holding at least `need` (> 0) in all.
+EMBSTORE_HD RoomBoundary room_boundary(const RoomBuckets& b, const uint64_t* histogram,
+                                       uint64_t need) {
+  uint32_t boundary = 0;
+  RoomBoundary out;
+  while (boundary + 1 < RoomBuckets::kCount && out.below + histogram[boundary] < need) {
+    out.below += histogram[boundary++];
+  }
+  out.lo = b.oldest + boundary * b.width;
+  out.hi = out.lo + b.width;
+  return out;
+}
+
+// Whether a candidate (stamp a, key a) goes before one of (stamp b, key b): least recently
+// touched first, then the lowest key, so that tables fed the same calls evict the same keys
+// whatever their rows' ids. The CUDA backend sorts by this order with two stable radix sorts
+// (by key, then by stamp).
+EMBSTORE_HD bool evicted_first(uint64_t stamp_a, int64_t key_a, uint64_t stamp_b, int64_t key_b) {
+  return stamp_a != stamp_b ? stamp_a < stamp_b : key_a < key_b;
+}
+
 // An evicted row: no longer dirty (its key is written off with a tombstone), and freed until a
 // new key takes it (reuse clears the freed bit).
 template <bool Concurrent>

@@ -90,26 +90,23 @@ void HostTable::make_room(uint64_t need, uint64_t step, const uint32_t* reading,
     ++candidates;
   });
   if (candidates < need) fail_no_room(spec(), need, candidates, step);
-  constexpr uint64_t kBuckets = 4096;
-  const uint64_t width = (step - oldest + kBuckets - 1) / kBuckets;
-  std::vector<uint64_t> histogram(kBuckets, 0);
-  for_each_candidate(step, spared,
-                     [&](uint32_t, uint64_t s) { ++histogram[(s - oldest) / width]; });
-  uint64_t boundary = 0, below = 0;  // every row of the buckets below `boundary` goes
-  while (below + histogram[boundary] < need) below += histogram[boundary++];
-  const uint64_t lo = oldest + boundary * width, hi = lo + width;
+  const row::RoomBuckets buckets = row::RoomBuckets::spanning(oldest, step);
+  std::vector<uint64_t> histogram(row::RoomBuckets::kCount, 0);
+  for_each_candidate(step, spared, [&](uint32_t, uint64_t s) { ++histogram[buckets.of(s)]; });
+  const row::RoomBoundary edge_of = row::room_boundary(buckets, histogram.data(), need);
   victims_.clear();
-  struct Edge {  // a candidate of the boundary range, ordered by (step, key)
+  struct Edge {  // a candidate of the boundary bucket
     uint64_t step;
     int64_t key;
     uint32_t row;
-    bool operator<(const Edge& o) const { return step != o.step ? step < o.step : key < o.key; }
+    bool operator<(const Edge& o) const { return row::evicted_first(step, key, o.step, o.key); }
   };
-  std::vector<Edge> edge;  // steps in [lo, hi)
+  std::vector<Edge> edge;
+  edge.reserve(histogram[buckets.of(edge_of.lo)]);
   for_each_candidate(step, spared, [&](uint32_t r, uint64_t s) {
-    if (s < lo) {
+    if (s < edge_of.lo) {
       victims_.push_back(r);
-    } else if (s < hi) {
+    } else if (s < edge_of.hi) {
       edge.push_back({s, arena_.row_meta(r)->key, r});
     }
   });

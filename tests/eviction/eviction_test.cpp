@@ -251,6 +251,22 @@ TEST_CASE("rows of one step evicted for room go lowest key first, whatever their
   CHECK(stats(t).evicted == 3);
 }
 
+TEST_CASE("rows evicted for room go oldest first when their steps are far apart", "[eviction]") {
+  // Over 4,096 steps between the oldest row and the insert: rows a few steps apart share a
+  // bucket of make_room's histogram (row::RoomBuckets), and order within it by step, then key.
+  StoreGuard store(make_store());
+  embstore_table_t* t = make_table(store, full_at_four("t"));
+  touch(store, t, 1, {70});
+  touch(store, t, 3001, {20});  // buckets of 3 steps: 3,001 and 3,002 share one
+  touch(store, t, 3002, {10});
+  touch(store, t, 9000, {30});
+  touch(store, t, 10000, {80, 90});  // key 70 (step 1), then key 20 (older than key 10)
+  CHECK(present(t, {10, 20, 30, 70, 80, 90}) == std::vector<int64_t>{10, 30, 80, 90});
+  touch(store, t, 10001, {95});  // key 10, the oldest left
+  CHECK(present(t, {10, 30, 80, 90, 95}) == std::vector<int64_t>{30, 80, 90, 95});
+  CHECK(stats(t).evicted == 3);
+}
+
 TEST_CASE("a table config of the 0.1 size gets the eviction defaults", "[eviction]") {
   StoreGuard store(make_store());
   embstore_table_config_t c = config("old");

@@ -33,3 +33,39 @@ TEST_CASE("releasing a row frees it and leaves it out of the next delta", "[row]
   REQUIRE(dirty[1] == 0);
   REQUIRE(freed[1] == 0b11 << 6);
 }
+
+TEST_CASE("making room finds the bucket of the need-th oldest stamp and orders only its own",
+          "[row][eviction]") {
+  // Stamps from 100 to a step 8,292 later: buckets of 3 steps (8,292 / 4,096 rounded up).
+  const RoomBuckets b = RoomBuckets::spanning(100, 8392);
+  REQUIRE(b.width == 3);
+  REQUIRE(b.of(100) == 0);
+  REQUIRE(b.of(102) == 0);
+  REQUIRE(b.of(103) == 1);
+  REQUIRE(b.of(8391) == 2763);  // the newest stamp a candidate can have
+  REQUIRE(RoomBuckets::spanning(5, 6).width == 1);  // fewer steps than buckets: one step each
+
+  std::vector<uint64_t> histogram(RoomBuckets::kCount, 0);
+  histogram[0] = 2;     // stamps 100-102
+  histogram[7] = 3;     // stamps 121-123
+  histogram[2763] = 1;  // stamps 8,389-8,391
+  // Two: bucket 0 holds exactly them, nothing is ordered beyond it.
+  RoomBoundary r = room_boundary(b, histogram.data(), 2);
+  CHECK(r.below == 0);
+  CHECK(r.lo == 100);
+  CHECK(r.hi == 103);
+  // Four: bucket 0's two go whole, two of bucket 7's three are ordered.
+  r = room_boundary(b, histogram.data(), 4);
+  CHECK(r.below == 2);
+  CHECK(r.lo == 121);
+  CHECK(r.hi == 124);
+  r = room_boundary(b, histogram.data(), 6);  // every candidate
+  CHECK(r.below == 5);
+  CHECK(r.lo == 8389);
+
+  // Inside a bucket: the oldest stamp first, then the lowest key.
+  CHECK(evicted_first(121, 9, 122, 1));
+  CHECK_FALSE(evicted_first(122, 1, 121, 9));
+  CHECK(evicted_first(121, -5, 121, 3));
+  CHECK_FALSE(evicted_first(121, 3, 121, 3));
+}

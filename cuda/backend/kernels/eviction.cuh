@@ -24,6 +24,23 @@ struct EvictionCandidate {
   }
 };
 
+// A candidate row (make_room) touched before `before`.
+struct StampBelow {
+  row::ArenaRef arena;
+  uint64_t before;
+  __device__ bool operator()(uint32_t r) const { return arena.row_meta(r)->step < before; }
+};
+
+// A candidate row (make_room) touched in [from, before).
+struct StampIn {
+  row::ArenaRef arena;
+  uint64_t from, before;
+  __device__ bool operator()(uint32_t r) const {
+    const uint64_t s = arena.row_meta(r)->step;
+    return s >= from && s < before;
+  }
+};
+
 // A batch position whose key has no row.
 struct MissingAt {
   const uint32_t* rows;
@@ -53,6 +70,25 @@ static __global__ void __launch_bounds__(BlockSize)
     gather_steps_kernel(row::ArenaRef arena, const uint32_t* rows, uint64_t n, uint64_t* steps) {
   for (uint64_t i = grid_thread<BlockSize>(); i < n; i += grid_threads<BlockSize>()) {
     steps[i] = arena.row_meta(rows[i])->step;
+  }
+}
+
+// histogram[b] += the stamps of stamps[0, n) in bucket b (row::RoomBuckets), counted per block
+// in shared memory first: stamps cluster in few buckets, where global atomics would queue.
+// histogram: RoomBuckets::kCount counters, zeroed before.
+template <int BlockSize>
+static __global__ void __launch_bounds__(BlockSize)
+    stamp_histogram_kernel(const uint64_t* stamps, uint64_t n, row::RoomBuckets buckets,
+                           unsigned long long* histogram) {
+  __shared__ unsigned int counts[row::RoomBuckets::kCount];
+  for (uint32_t b = threadIdx.x; b < row::RoomBuckets::kCount; b += BlockSize) counts[b] = 0;
+  __syncthreads();
+  for (uint64_t i = grid_thread<BlockSize>(); i < n; i += grid_threads<BlockSize>()) {
+    atomicAdd(&counts[buckets.of(stamps[i])], 1u);
+  }
+  __syncthreads();
+  for (uint32_t b = threadIdx.x; b < row::RoomBuckets::kCount; b += BlockSize) {
+    if (counts[b] != 0) atomicAdd(&histogram[b], static_cast<unsigned long long>(counts[b]));
   }
 }
 
