@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -547,17 +548,22 @@ embstore_status_t embstore_checkpoint_stats(embstore_store_t* store,
 
 embstore_status_t embstore_checkpoint_info(embstore_store_t* store, uint64_t version,
                                            embstore_checkpoint_info_t* out) {
-  return guarded(__func__, [&] {
+  bool found = false;
+  const embstore_status_t status = guarded(__func__, [&] {
     require(store, "store");
     require(out, "out");
     if (out->struct_size < sizeof(embstore_checkpoint_info_t)) {
       fail(EMBSTORE_INVALID_ARGUMENT, "info struct_size is {}, expected {}", out->struct_size,
            sizeof(embstore_checkpoint_info_t));
     }
-    if (!store->checkpointer->info(version, out)) {
-      fail(EMBSTORE_NOT_FOUND, "this store took no checkpoint of version {}", version);
-    }
+    found = store->checkpointer->info(version, out);
   });
+  if (status != EMBSTORE_OK || found) return status;
+  // Not an exception: a caller may ask step after step for a version not taken yet.
+  char message[96];
+  std::snprintf(message, sizeof(message), "this store took no checkpoint of version %llu",
+                static_cast<unsigned long long>(version));
+  return record(EMBSTORE_NOT_FOUND, __func__, message);
 }
 
 embstore_status_t embstore_restore(embstore_store_t* store, const char* dir, uint64_t version,

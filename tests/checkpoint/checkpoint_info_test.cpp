@@ -74,6 +74,8 @@ TEST_CASE("checkpoint info reports each checkpoint as written", "[checkpoint][in
   embstore_checkpoint_info_t info;
   info.struct_size = sizeof(info);
   REQUIRE(embstore_checkpoint_info(store, 5, &info) == EMBSTORE_NOT_FOUND);
+  CHECK(std::string(embstore_last_error()) ==
+        "embstore_checkpoint_info: this store took no checkpoint of version 5");
 
   // An incremental request with nothing to follow is written as a full checkpoint.
   ok(embstore_step(store, 5));
