@@ -12,7 +12,8 @@
 #             the embedding step against nn.Embedding(sparse=True) + Adagrad (and FBGEMM's
 #             TBE where installed) with the Python door's cost per call
 #             (perf/peers/embedding_step.py); the device tier (tiers, 10% of the rows on the
-#             device); the fused update (optimizer); train with incremental checkpoints every
+#             device); training at max_capacity (every insert evicts); the fused update
+#             (optimizer); train with incremental checkpoints every
 #             100 steps, with admission (--admit-after 3), every 10 and 1000 steps, and with a
 #             policy set but no checkpoint due; restore. With --host-perf also the host
 #             backend's training with 1, 4 and all cores, checkpoints on and off
@@ -114,6 +115,10 @@ if [ "$perf" = 1 ]; then
   check perf-tiers-cuda-scattered "$(( $(left) / 7 ))" "$p" tiers --backend cuda \
     --shares 1,0.1 --dists 1.1,uniform --batch 65536 --steps 50 --fill-order scattered \
     --json "$out/perf-tiers-cuda-scattered.json"
+  # Eviction at max_capacity: every insert past 1M rows makes room (make_room's histogram).
+  check perf-train-cuda-maxcap "$(( $(left) / 8 ))" "$p" train --backend cuda \
+    --dir "$tmp/train" --max-capacity 1000000 --evict-idle-steps 500 --incremental-every 100 \
+    --steps 1000 --repeat 1 --json "$out/perf-train-cuda-maxcap.json"
   check perf-optimizer-cuda "$(( $(left) / 8 ))" "$p" optimizer --backend cuda \
     --json "$out/perf-optimizer-cuda.json"
   check perf-tiers-cuda-rank "$(( $(left) / 8 ))" "$p" tiers --backend cuda \

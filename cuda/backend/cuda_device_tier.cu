@@ -16,23 +16,25 @@ namespace embstore::cuda_backend {
 // keeping its stamps; cleared when the generations wrap (after 2^32 prefetches).
 uint32_t* CudaTable::wanted_generations(cudaStream_t stream) {
   const size_t bytes = capacity_rows() * sizeof(uint32_t);
+  // The first call, and a wrap: every stamp cleared (once, a grown buffer's whole).
+  const bool restart = tier_generation_ == 0 || tier_generation_ == UINT32_MAX;
   if (wanted_.bytes() < bytes) {
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     DeviceBuffer grown(std::max(bytes, wanted_.bytes() + wanted_.bytes() / 2),
                        "device tier's wanted generations");
-    check(cudaMemsetAsync(grown.get(), 0, grown.bytes(), stream), "cudaMemsetAsync");
-    if (wanted_.bytes() != 0) {
-      check(cudaMemcpyAsync(grown.get(), wanted_.get(), wanted_.bytes(), cudaMemcpyDeviceToDevice,
-                            stream),
+    const size_t kept = restart ? 0 : wanted_.bytes();
+    check(cudaMemsetAsync(grown.get<char>() + kept, 0, grown.bytes() - kept, stream),
+          "cudaMemsetAsync");
+    if (kept != 0) {
+      check(cudaMemcpyAsync(grown.get(), wanted_.get(), kept, cudaMemcpyDeviceToDevice, stream),
             "cudaMemcpyAsync");
     }
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");  // before the old one goes
     wanted_ = std::move(grown);
-  }
-  if (tier_generation_ == 0 || tier_generation_ == UINT32_MAX) {
+  } else if (restart) {
     check(cudaMemsetAsync(wanted_.get(), 0, wanted_.bytes(), stream), "cudaMemsetAsync");
-    tier_generation_ = 1;  // generations from 2 on: generation - 1 is never 0, "none"
   }
+  if (restart) tier_generation_ = 1;  // generations from 2 on: generation - 1 is never 0, "none"
   return wanted_.get<uint32_t>();
 }
 
@@ -55,14 +57,15 @@ void CudaTable::prefetch(const int64_t* keys, size_t n, void* stream_ptr) {
   const thrust::counting_iterator<uint32_t> ids(static_cast<uint32_t>(tier_cursor_));
   unsigned long long* down_count = &device_counters()->tier_down;
   unsigned long long* up_count = &device_counters()->tier_up;
-  size_t temp_bytes = 0;
-  check(cub::DeviceSelect::If(nullptr, temp_bytes, ids, static_cast<uint32_t*>(nullptr), down_count,
-                              static_cast<int64_t>(window), may_move, stream),
-        "cub::DeviceSelect::If");
+  // Row ids >= budget exist only once rows_bound_ passes it (it bounds the ids handed out); a
+  // row may move down once it has been idle for kDeviceTierIdleSteps steps. Until then a
+  // prefetch only stamps its rows.
+  const bool trades = rows_bound_ > budget && last_step_ >= kDeviceTierIdleSteps;
+  const size_t temp_bytes = trades ? select_bytes(may_move, window, stream) : 0;
   ScratchLayout layout;
   const size_t rows_at = layout.take(n * sizeof(uint32_t));
   const size_t up_at = layout.take(n * sizeof(uint32_t));
-  const size_t down_at = layout.take(window * sizeof(uint32_t));
+  const size_t down_at = layout.take(trades ? window * sizeof(uint32_t) : 0);
   const size_t temp_at = layout.take(temp_bytes);
   char* base = scratch(layout.bytes, stream);
   auto* rows = reinterpret_cast<uint32_t*>(base + rows_at);
@@ -77,11 +80,10 @@ void CudaTable::prefetch(const int64_t* keys, size_t n, void* stream_ptr) {
   want_rows_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
       rows, n, budget, wanted, generation, snapshot, up, up_count);
   check_launch("want_rows_kernel");
-  // Row ids >= budget exist only once rows_bound_ passes it (it bounds the ids handed out); a
-  // row may move down once it has been idle for kDeviceTierIdleSteps steps.
-  if (rows_bound_ <= budget || last_step_ < kDeviceTierIdleSteps) return;
+  if (!trades) return;
 
-  check(cub::DeviceSelect::If(base + temp_at, temp_bytes, ids, down, down_count,
+  size_t bytes = temp_bytes;
+  check(cub::DeviceSelect::If(base + temp_at, bytes, ids, down, down_count,
                               static_cast<int64_t>(window), may_move, stream),
         "cub::DeviceSelect::If");
   const uint64_t max_pairs = std::min<uint64_t>(n, window);
