@@ -52,7 +52,8 @@ EMBSTORE_HD RoomBoundary room_boundary(const RoomBuckets& b, const uint64_t* his
     out.below += histogram[boundary++];
   }
   out.lo = b.oldest + boundary * b.width;
-  out.hi = out.lo + b.width;
+  // Saturated: the last bucket of stamps just below 2^64 would wrap (every stamp is below).
+  out.hi = b.width > UINT64_MAX - out.lo ? UINT64_MAX : out.lo + b.width;
   return out;
 }
 

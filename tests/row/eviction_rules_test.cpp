@@ -42,7 +42,7 @@ TEST_CASE("making room finds the bucket of the need-th oldest stamp and orders o
   REQUIRE(b.of(100) == 0);
   REQUIRE(b.of(102) == 0);
   REQUIRE(b.of(103) == 1);
-  REQUIRE(b.of(8391) == 2763);  // the newest stamp a candidate can have
+  REQUIRE(b.of(8391) == 2763);                      // the newest stamp a candidate can have
   REQUIRE(RoomBuckets::spanning(5, 6).width == 1);  // fewer steps than buckets: one step each
 
   std::vector<uint64_t> histogram(RoomBuckets::kCount, 0);
@@ -62,6 +62,15 @@ TEST_CASE("making room finds the bucket of the need-th oldest stamp and orders o
   r = room_boundary(b, histogram.data(), 6);  // every candidate
   CHECK(r.below == 5);
   CHECK(r.lo == 8389);
+
+  // Steps at the top of the range: the last bucket's end does not wrap past 2^64.
+  const RoomBuckets top = RoomBuckets::spanning(UINT64_MAX - 10001, UINT64_MAX);
+  REQUIRE(top.width == 3);
+  std::vector<uint64_t> last(RoomBuckets::kCount, 0);
+  last[top.of(UINT64_MAX - 1)] = 1;  // bucket 3,333: from 2^64 - 3, three steps wide
+  r = room_boundary(top, last.data(), 1);
+  CHECK(r.lo == UINT64_MAX - 2);
+  CHECK(r.hi > UINT64_MAX - 1);
 
   // Inside a bucket: the oldest stamp first, then the lowest key.
   CHECK(evicted_first(121, 9, 122, 1));
