@@ -267,6 +267,55 @@ TEST_CASE("rows evicted for room go oldest first when their steps are far apart"
   CHECK(stats(t).evicted == 3);
 }
 
+TEST_CASE("rows evicted for room are those a reference LRU over (step, key) picks", "[eviction]") {
+  // Random calls, most a step or three apart and some tens of thousands (so that the buckets of
+  // make_room's histogram span several steps, and rows of a few calls share one), against a
+  // model: a key's step is its last call's; an insert past the limit evicts
+  // the oldest rows by (step, key), never one of the call's own.
+  constexpr uint64_t kLimit = 64;
+  StoreGuard store(make_store());
+  embstore_table_config_t c = config("t");
+  c.initial_capacity = kLimit;
+  c.max_capacity = kLimit;
+  c.evict_when_full = 1;
+  embstore_table_t* t = make_table(store, c);
+  std::mt19937_64 rng(35);
+  std::map<int64_t, uint64_t> last;  // key -> step of its last call
+  std::vector<int64_t> universe(300);
+  for (size_t i = 0; i < universe.size(); ++i) universe[i] = static_cast<int64_t>(i) * 7 - 500;
+  uint64_t step = 0, evicted = 0;
+  for (int call = 1; call <= 400; ++call) {
+    step += rng() % 20 == 0 ? 20000 + rng() % 40000 : 1 + rng() % 3;
+    std::vector<int64_t> keys(1 + rng() % 8);
+    for (int64_t& k : keys) k = universe[rng() % universe.size()];
+    std::vector<int64_t> distinct = keys;
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    const auto fresh = static_cast<uint64_t>(std::count_if(
+        distinct.begin(), distinct.end(), [&](int64_t k) { return last.count(k) == 0; }));
+    if (last.size() + fresh > kLimit) {
+      std::vector<std::pair<uint64_t, int64_t>> order;  // (step, key), the call's keys spared
+      for (const auto& [k, s] : last) {
+        if (!std::binary_search(distinct.begin(), distinct.end(), k)) order.emplace_back(s, k);
+      }
+      std::sort(order.begin(), order.end());
+      const uint64_t need = last.size() + fresh - kLimit;
+      for (uint64_t i = 0; i < need; ++i) last.erase(order[i].second);
+      evicted += need;
+    }
+    for (const int64_t k : distinct) last[k] = step;
+    touch(store, t, step, keys);
+    if (call % 20 == 0) {
+      INFO("call " << call << " at step " << step);
+      std::vector<int64_t> want;
+      for (const auto& [k, s] : last) want.push_back(k);
+      REQUIRE(present(t, universe) == want);
+      REQUIRE(stats(t).evicted == evicted);
+    }
+  }
+  REQUIRE(evicted > 500);
+}
+
 TEST_CASE("a table config of the 0.1 size gets the eviction defaults", "[eviction]") {
   StoreGuard store(make_store());
   embstore_table_config_t c = config("old");
