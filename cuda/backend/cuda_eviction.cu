@@ -95,10 +95,11 @@ void CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_keys
           "cub::DeviceReduce::Min");
     temp_bytes = std::max(temp_bytes, bytes);
     check(
-        cub::DeviceSelect::If(nullptr, bytes, in, v.Current(), count, items, StampBelow{}, stream),
+        cub::DeviceSelect::If(nullptr, bytes, in, v.Current(), count, items, GoesForRoom{}, stream),
         "cub::DeviceSelect::If");
     temp_bytes = std::max(temp_bytes, bytes);
-    check(cub::DeviceSelect::If(nullptr, bytes, in, v.Current(), count, items, StampIn{}, stream),
+    check(cub::DeviceSelect::If(nullptr, bytes, in, v.Current(), count, items, InRoomBoundary{},
+                                stream),
           "cub::DeviceSelect::If");
     temp_bytes = std::max(temp_bytes, bytes);
   }
@@ -162,18 +163,18 @@ void CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_keys
         "cudaMemcpyAsync");
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   const row::RoomBoundary edge = row::room_boundary(buckets, counted.data(), need);
-  const uint64_t in_edge = counted[buckets.of(edge.lo)];
+  const uint64_t in_edge = edge.in_bucket;
 
   // Every candidate below the boundary bucket goes, then the bucket's own in order: they are
   // selected behind the others and sorted there, with the candidates' list as the sorts'
   // second buffer (it is read for the last time by the selections).
   bytes = temp_bytes;
   check(cub::DeviceSelect::If(temp, bytes, candidates_rows, victims, counts, n,
-                              StampBelow{arena_, edge.lo}, stream),
+                              GoesForRoom{arena_, edge}, stream),
         "cub::DeviceSelect::If");
   bytes = temp_bytes;
   check(cub::DeviceSelect::If(temp, bytes, candidates_rows, victims + edge.below, counts + 1, n,
-                              StampIn{arena_, edge.lo, edge.hi}, stream),
+                              InRoomBoundary{arena_, edge}, stream),
         "cub::DeviceSelect::If");
   const auto m = static_cast<int64_t>(in_edge);
   cub::DoubleBuffer<uint32_t> order(victims + edge.below, candidates_rows);

@@ -36,11 +36,18 @@ struct RoomBuckets {
   }
 };
 
-// The boundary bucket's stamps [lo, hi), and how many candidates lie below lo (all of which go).
+// The boundary bucket's stamps [lo, hi), how many candidates lie below lo (all of which go) and
+// how many in the bucket (need - below of them go, in evicted_first order).
 struct RoomBoundary {
   uint64_t lo = 0;
   uint64_t hi = 0;
   uint64_t below = 0;
+  uint64_t in_bucket = 0;
+
+  // A candidate touched at `stamp` goes whatever the order.
+  EMBSTORE_HD bool goes(uint64_t stamp) const { return stamp < lo; }
+  // A candidate touched at `stamp` is one of the boundary bucket's, to be ordered.
+  EMBSTORE_HD bool in_boundary(uint64_t stamp) const { return stamp >= lo && stamp < hi; }
 };
 
 // histogram: kCount counts of candidates per bucket, holding at least `need` (> 0) in all.
@@ -54,6 +61,7 @@ EMBSTORE_HD RoomBoundary room_boundary(const RoomBuckets& b, const uint64_t* his
   out.lo = b.oldest + boundary * b.width;
   // Saturated: the last bucket of stamps just below 2^64 would wrap (every stamp is below).
   out.hi = b.width > UINT64_MAX - out.lo ? UINT64_MAX : out.lo + b.width;
+  out.in_bucket = histogram[boundary];
   return out;
 }
 

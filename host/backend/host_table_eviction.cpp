@@ -102,11 +102,11 @@ void HostTable::make_room(uint64_t need, uint64_t step, const uint32_t* reading,
     bool operator<(const Edge& o) const { return row::evicted_first(step, key, o.step, o.key); }
   };
   std::vector<Edge> edge;
-  edge.reserve(histogram[buckets.of(edge_of.lo)]);
+  edge.reserve(edge_of.in_bucket);
   for_each_candidate(step, spared, [&](uint32_t r, uint64_t s) {
-    if (s < edge_of.lo) {
+    if (edge_of.goes(s)) {
       victims_.push_back(r);
-    } else if (s < edge_of.hi) {
+    } else if (edge_of.in_boundary(s)) {
       edge.push_back({s, arena_.row_meta(r)->key, r});
     }
   });

@@ -59,6 +59,13 @@ TEST_CASE("making room finds the bucket of the need-th oldest stamp and orders o
   CHECK(r.below == 2);
   CHECK(r.lo == 121);
   CHECK(r.hi == 124);
+  CHECK(r.in_bucket == 3);
+  CHECK(r.goes(120));
+  CHECK_FALSE(r.goes(121));
+  CHECK(r.in_boundary(121));
+  CHECK(r.in_boundary(123));
+  CHECK_FALSE(r.in_boundary(124));
+  CHECK_FALSE(r.in_boundary(120));
   r = room_boundary(b, histogram.data(), 6);  // every candidate
   CHECK(r.below == 5);
   CHECK(r.lo == 8389);

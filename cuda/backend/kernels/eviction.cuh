@@ -24,21 +24,18 @@ struct EvictionCandidate {
   }
 };
 
-// A candidate row (make_room) touched before `before`.
-struct StampBelow {
+// A candidate row (make_room) below the boundary bucket: it goes (row::RoomBoundary::goes).
+struct GoesForRoom {
   row::ArenaRef arena;
-  uint64_t before;
-  __device__ bool operator()(uint32_t r) const { return arena.row_meta(r)->step < before; }
+  row::RoomBoundary edge;
+  __device__ bool operator()(uint32_t r) const { return edge.goes(arena.row_meta(r)->step); }
 };
 
-// A candidate row (make_room) touched in [from, before).
-struct StampIn {
+// A candidate row (make_room) of the boundary bucket (row::RoomBoundary::in_boundary).
+struct InRoomBoundary {
   row::ArenaRef arena;
-  uint64_t from, before;
-  __device__ bool operator()(uint32_t r) const {
-    const uint64_t s = arena.row_meta(r)->step;
-    return s >= from && s < before;
-  }
+  row::RoomBoundary edge;
+  __device__ bool operator()(uint32_t r) const { return edge.in_boundary(arena.row_meta(r)->step); }
 };
 
 // A batch position whose key has no row.
