@@ -2,7 +2,9 @@
 
 #include <zstd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <new>
 
@@ -111,13 +113,134 @@ void unshuffle(const char* in, size_t n, char* out) {
 // changes: any zstd frame decodes.
 constexpr int kFastHashLog = 8;
 
+bool fast_strategy(int level) { return level == 1 || level < 0; }
+
 size_t configure_compression(ZSTD_CCtx* c, int level) {
   size_t e = ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, level);
-  const bool fast_strategy = level == 1 || level < 0;
-  if (!ZSTD_isError(e) && fast_strategy) {
+  if (!ZSTD_isError(e) && fast_strategy(level)) {
     e = ZSTD_CCtx_setParameter(c, ZSTD_c_hashLog, kFastHashLog);
   }
   return e;
+}
+
+// Raw planes. A trained float's low mantissa bytes are close to random: zstd's fast strategy
+// stores them at 0.94-1.00 of their size and spends half of a block's time on them
+// (performance.md, "the byte planes"). So a lossless block whose first planes (bytes 0, 1, 2 of
+// every float, in that order) look random keeps those planes in raw zstd blocks and compresses
+// only the planes after them, in the same frame: the frame header and raw blocks written here
+// (RFC 8878: the frame and block formats), then the blocks of a zstd frame of the rest with its
+// header dropped. Any zstd decoder reads the frame, whose content is the shuffled block as
+// before: the format does not change. Only the first compressed block may follow raw ones: zstd
+// starts each frame with repeat offsets (1, 4, 8) and no entropy tables, which raw blocks leave
+// as they are, so the rest's blocks decode after them as after their own header.
+constexpr uint32_t kZstdMagic = 0xFD2FB528u;
+constexpr size_t kZstdBlockMax = size_t{128} << 10;  // Block_Maximum_Size, at most 128 KiB
+// A plane looks random when the order-0 entropy of sampled bytes is at least this many bits a
+// byte: stored raw it takes at most 1/8 more than an ideal entropy coder would (zstd's Huffman
+// literals come close to it on these planes, whose matches are few).
+constexpr double kRandomPlaneBits = 7.0;
+// Samples: runs of 256 consecutive bytes (a few rows' worth of one byte of each float) spread
+// over the plane, 4,096 bytes in all; smaller planes are compressed whole.
+constexpr size_t kSampleRun = 256;
+constexpr size_t kSampleBytes = 4096;
+
+bool looks_random(const unsigned char* plane, size_t n) {
+  if (n < kSampleBytes) return false;
+  uint32_t counts[256] = {};
+  const size_t runs = kSampleBytes / kSampleRun;
+  const size_t gap = (n - kSampleRun) / (runs - 1);
+  for (size_t r = 0; r < runs; ++r) {
+    const unsigned char* run = plane + r * gap;
+    for (size_t i = 0; i < kSampleRun; ++i) ++counts[run[i]];
+  }
+  double sum = 0;  // sum of c log2 c
+  for (const uint32_t c : counts) {
+    if (c > 1) sum += c * std::log2(static_cast<double>(c));
+  }
+  const double bits = std::log2(static_cast<double>(kSampleBytes)) - sum / kSampleBytes;
+  return bits >= kRandomPlaneBits;
+}
+
+void put_le(char* at, uint64_t v, size_t bytes) {
+  for (size_t i = 0; i < bytes; ++i) at[i] = static_cast<char>(v >> (8 * i));
+}
+
+// The header of a single-segment frame of `content` bytes (no dictionary, no checksum): magic,
+// descriptor, content size (4 bytes, or 8 past 2^32 - 1). Its length when out is null.
+size_t frame_header(size_t content, char* out) {
+  const bool wide = content > UINT32_MAX;
+  const size_t bytes = 4 + 1 + (wide ? 8 : 4);
+  if (out != nullptr) {
+    put_le(out, kZstdMagic, 4);
+    out[4] = static_cast<char>(((wide ? 3u : 2u) << 6) | (1u << 5));  // FCS flag, single segment
+    put_le(out + 5, content, wide ? 8 : 4);
+  }
+  return bytes;
+}
+
+// Bytes of raw blocks holding n bytes: a 3-byte header (last-block bit, type 0: raw, size) per
+// 128 KiB.
+size_t raw_blocks_bytes(size_t n) { return n + 3 * ((n + kZstdBlockMax - 1) / kZstdBlockMax); }
+
+// Writes src[0..n) as raw blocks to out; the last one is the frame's last when `last`.
+void put_raw_blocks(const char* src, size_t n, bool last, char* out) {
+  for (size_t at = 0; at < n;) {
+    const size_t size = std::min(kZstdBlockMax, n - at);
+    const bool final = last && at + size == n;
+    put_le(out, (uint64_t{size} << 3) | (final ? 1u : 0u), 3);
+    std::memcpy(out + 3, src + at, size);
+    out += 3 + size;
+    at += size;
+  }
+}
+
+// The length of the header of a frame that zstd wrote (frame[0..size)), when it has no
+// dictionary and no checksum (what configure_compression asks for); 0 otherwise.
+size_t own_frame_header(const char* frame, size_t size) {
+  if (size < 6) return 0;
+  uint32_t magic = 0;
+  std::memcpy(&magic, frame, 4);  // little-endian machines (the shuffle's assumption too)
+  const auto fhd = static_cast<uint8_t>(frame[4]);
+  if (magic != kZstdMagic || (fhd & 0x07) != 0) return 0;  // a checksum or a dictionary id
+  const bool single = (fhd >> 5) & 1;
+  const unsigned fcs_flag = fhd >> 6;
+  const size_t fcs = fcs_flag == 0 ? (single ? 1 : 0) : size_t{1} << fcs_flag;
+  const size_t header = 5 + (single ? 0 : 1) + fcs;
+  return header < size ? header : 0;
+}
+
+// The lossless frame of a shuffled block (planes[0..4n): n floats' bytes 0, then their bytes 1,
+// ...) into dst[0..cap), cap at least ZSTD_compressBound(4n): its size, or a zstd error code.
+// With zstd's fast strategy the first planes that look random go in raw blocks (above); other
+// levels ask for bytes over speed and get one compressed frame, as does a block that has no
+// such plane.
+size_t compress_planes(ZSTD_CCtx* c, int level, const char* planes, size_t n, char* dst,
+                       size_t cap) {
+  const size_t total = 4 * n;
+  size_t raw_planes = 0;
+  while (fast_strategy(level) && raw_planes < 4 &&
+         looks_random(reinterpret_cast<const unsigned char*>(planes + raw_planes * n), n)) {
+    ++raw_planes;
+  }
+  const size_t raw = raw_planes * n;
+  const size_t rest = total - raw;
+  const size_t header = frame_header(total, nullptr);
+  const size_t blocks_at = header + raw_blocks_bytes(raw);
+  if (raw == 0 || blocks_at + (rest == 0 ? 0 : ZSTD_compressBound(rest)) > cap) {
+    return ZSTD_compress2(c, dst, cap, planes, total);
+  }
+  size_t tail = 0;  // the rest's blocks, at dst + blocks_at
+  if (rest != 0) {
+    const size_t frame = ZSTD_compress2(c, dst + blocks_at, cap - blocks_at, planes + raw, rest);
+    if (ZSTD_isError(frame)) return frame;
+    const size_t dropped = own_frame_header(dst + blocks_at, frame);
+    if (dropped == 0) return ZSTD_compress2(c, dst, cap, planes, total);  // not zstd's usual frame
+    tail = frame - dropped;
+    std::memmove(dst + blocks_at, dst + blocks_at + dropped, tail);
+  }
+  frame_header(total, dst);
+  put_raw_blocks(planes, raw, rest == 0, dst + header);
+  return blocks_at + tail;
 }
 
 std::string size_mismatch(Codec codec, size_t size, size_t want, uint32_t rows, uint32_t width) {
@@ -302,8 +425,8 @@ int BlockCodec::encode(Codec codec, const float* in, uint32_t rows, uint32_t wid
         }
         scratch_.resize(values * sizeof(float));
         shuffle(reinterpret_cast<const char*>(in), values, scratch_.data());
-        const size_t n = ZSTD_compress2(zstd_->c, dst, bound(codec, rows, width), scratch_.data(),
-                                        scratch_.size());
+        const size_t n = compress_planes(zstd_->c, level_, scratch_.data(), values, dst,
+                                         bound(codec, rows, width));
         if (ZSTD_isError(n)) {
           out->resize(at);
           set_detail(detail, std::string("zstd: ") + ZSTD_getErrorName(n));

@@ -9,6 +9,9 @@
 //   int8      rows scales, rows offsets (floats), then rows x width  half a step of the row's
 //             bytes (row-wise, FBGEMM's fused 8-bit rows)            range (cuda/row/codec.h)
 //
+// A lossless frame may keep its first planes in raw zstd blocks (those that look random, at the
+// fast levels; block_codec.cpp): still one frame of the same bytes, which any zstd decoder reads.
+//
 // Blocks are independent, so a file of them still streams, checksums and decodes in parallel.
 // Row files (io/format/row_file.hpp) encode each block's values and state with it.
 //

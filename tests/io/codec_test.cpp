@@ -207,6 +207,84 @@ TEST_CASE("lossless stores a zstd frame of the floats' byte planes, whatever the
   }
 }
 
+// The bytes of the raw blocks at the start of a single-segment zstd frame as the lossless writer
+// makes it (magic, descriptor, 4-byte content size, then blocks; RFC 8878), read by the format's
+// definition: 0 when its first block is not raw. *frame_ok: the frame walked to a last block that
+// ends it, every block's header in bounds.
+size_t leading_raw_bytes(const std::vector<char>& frame, bool* frame_ok) {
+  *frame_ok = false;
+  if (frame.size() < 9 || static_cast<uint8_t>(frame[4]) != 0xA0) return 0;
+  size_t at = 9, raw = 0;
+  bool leading = true;
+  while (at + 3 <= frame.size()) {
+    const uint32_t h = static_cast<uint8_t>(frame[at]) | static_cast<uint8_t>(frame[at + 1]) << 8 |
+                       static_cast<uint32_t>(static_cast<uint8_t>(frame[at + 2])) << 16;
+    const uint32_t type = (h >> 1) & 3, size = h >> 3;
+    leading = leading && type == 0;
+    if (leading) raw += size;
+    at += 3 + (type == 1 ? 1 : size);  // an RLE block stores one byte
+    if (h & 1) {
+      *frame_ok = at == frame.size();
+      break;
+    }
+  }
+  return raw;
+}
+
+TEST_CASE("lossless stores byte planes that look random in raw blocks of the same frame",
+          "[codec]") {
+  // With zstd's fast strategy (the default level) the first planes whose sampled bytes look
+  // random go in raw zstd blocks, the rest compressed after them in the same frame: a trained
+  // float's three low bytes (planes 0-2) raw, exactly 3 x n bytes of them (zstd's own raw blocks
+  // hold 128 KiB each), and its exponents compressed; planes of bf16
+  // rounded floats (low halves zero) or of few distinct values compressed whole; random bits
+  // all raw. Any zstd decoder reads the planes back, and so does the codec.
+  const uint32_t rows = 2016, width = 64;
+  const size_t n = size_t{rows} * width;
+  std::vector<float> trained = trained_rows(rows, width, 21);
+  std::vector<float> rounded = trained;
+  round_to_bf16(rounded.data(), rounded.size());
+  std::vector<float> steps(n);  // 16 distinct values: every plane compresses
+  for (size_t i = 0; i < n; ++i) steps[i] = 0.25f * static_cast<float>((i * 7) % 16);
+  std::vector<float> noise(n);  // any bits at all, NaNs included
+  std::mt19937 rng(4);
+  for (float& f : noise) {
+    const uint32_t bits = static_cast<uint32_t>(rng());
+    std::memcpy(&f, &bits, sizeof(f));
+  }
+  struct Case {
+    const char* what;
+    const std::vector<float>* in;
+    size_t raw_planes;
+  };
+  for (const Case& k : {Case{"trained", &trained, 3}, Case{"bf16-rounded", &rounded, 0},
+                        Case{"16 values", &steps, 0}, Case{"random bits", &noise, 4}}) {
+    INFO(k.what);
+    BlockCodec c;
+    const std::vector<char> frame = encode_ok(c, Codec::kLossless, *k.in, rows, width);
+    bool frame_ok = false;
+    const size_t raw = leading_raw_bytes(frame, &frame_ok);
+    REQUIRE(raw == k.raw_planes * n);
+    if (k.raw_planes != 0) REQUIRE(frame_ok);
+    if (k.raw_planes == 3) REQUIRE(frame.size() < 3 * n + n * 6 / 10);  // the exponents shrink
+    const std::vector<char> planes = byte_planes(*k.in);
+    std::vector<char> stored(planes.size());
+    REQUIRE(ZSTD_decompress(stored.data(), stored.size(), frame.data(), frame.size()) ==
+            stored.size());
+    REQUIRE(stored == planes);
+    std::vector<float> out(n);
+    REQUIRE(c.decode(Codec::kLossless, frame.data(), frame.size(), rows, width, out.data(),
+                     nullptr) == 0);
+    REQUIRE(same_bits(*k.in, out));
+    // Cut anywhere, the frame is refused, never decoded short.
+    for (const size_t cut : {size_t{1}, size_t{3}, frame.size() / 2, frame.size() - 9}) {
+      std::string detail;
+      REQUIRE(c.decode(Codec::kLossless, frame.data(), frame.size() - cut, rows, width, out.data(),
+                       &detail) == -EBADMSG);
+    }
+  }
+}
+
 TEST_CASE("lossless levels other than zstd's fast strategy keep zstd's own parameters", "[codec]") {
   // The writer's level 1 gets a small hash table (block_codec.cpp); level 0 is zstd's default
   // (level 3, another strategy), which must get zstd's own table like level 3 itself: the same
