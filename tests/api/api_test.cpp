@@ -5,7 +5,9 @@
 #include <climits>
 #include <cmath>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <thread>
@@ -428,7 +430,10 @@ TEST_CASE("checkpoint calls check their arguments", "[api]") {
   policy.full_every_steps = 10;
   require_failed(embstore_checkpoint_set_policy(store, &policy), EMBSTORE_INVALID_ARGUMENT,
                  "no dir");
-  policy.dir = "/tmp/x";
+  // set_policy makes its dir: one of the test's own, not a shared /tmp/x (a file there failed it)
+  char dir[] = "/tmp/embstore-api-test-XXXXXX";
+  REQUIRE(mkdtemp(dir) != nullptr);
+  policy.dir = dir;
   policy.full_every_seconds = -1;
   require_failed(embstore_checkpoint_set_policy(store, &policy), EMBSTORE_INVALID_ARGUMENT,
                  "seconds");
@@ -449,6 +454,8 @@ TEST_CASE("checkpoint calls check their arguments", "[api]") {
   policy.incremental_every_steps = 0;
   policy.dir = nullptr;
   REQUIRE(embstore_checkpoint_set_policy(store, &policy) == EMBSTORE_OK);  // off again
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
   policy.struct_size = 8;
   require_failed(embstore_checkpoint_set_policy(store, &policy), EMBSTORE_INVALID_ARGUMENT,
                  "struct_size");
