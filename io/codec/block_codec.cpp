@@ -1,5 +1,6 @@
 #include "io/codec/block_codec.hpp"
 
+#include <xxhash.h>
 #include <zstd.h>
 
 #include <algorithm>
@@ -132,12 +133,15 @@ size_t configure_compression(ZSTD_CCtx* c, int level) {
 // header dropped. Any zstd decoder reads the frame, whose content is the shuffled block as
 // before: the format does not change. Only the first compressed block may follow raw ones: zstd
 // starts each frame with repeat offsets (1, 4, 8) and no entropy tables, which raw blocks leave
-// as they are, so the rest's blocks decode after them as after their own header.
+// as they are, so the rest's blocks decode after them as after their own header. The frame asks
+// for the window the rest's frame asked for (at least 128 KiB, for the raw blocks), not for the
+// whole block, so streaming decoders with their default memory limits read it too.
 constexpr uint32_t kZstdMagic = 0xFD2FB528u;
 constexpr size_t kZstdBlockMax = size_t{128} << 10;  // Block_Maximum_Size, at most 128 KiB
 // A plane looks random when the order-0 entropy of sampled bytes is at least this many bits a
-// byte: stored raw it takes at most 1/8 more than an ideal entropy coder would (zstd's Huffman
-// literals come close to it on these planes, whose matches are few).
+// byte: stored raw it takes at most 1/8 more than an entropy coder of single bytes would (zstd's
+// Huffman literals come close to it on these planes). Matches are what the entropy does not see:
+// a block whose rows repeat (sampled_rows_repeat) keeps zstd for every plane.
 constexpr double kRandomPlaneBits = 7.0;
 // Samples: runs of 256 consecutive bytes (a few rows' worth of one byte of each float) spread
 // over the plane, 4,096 bytes in all; smaller planes are compressed whole.
@@ -161,19 +165,39 @@ bool looks_random(const unsigned char* plane, size_t n) {
   return bits >= kRandomPlaneBits;
 }
 
+// Whether some of 64 rows sampled evenly over the block are equal (by XXH3; a collision only
+// costs the raw planes' speed): rows copied from one another, which zstd stores as matches and
+// the entropy of bytes takes for noise (8 distinct random rows over a block: 0.002 of the bytes
+// compressed, 0.5 with raw planes).
+bool sampled_rows_repeat(const float* in, uint32_t rows, uint32_t width) {
+  constexpr uint32_t kSampledRows = 64;
+  if (rows < 2 || width == 0) return false;
+  const uint32_t k = std::min(rows, kSampledRows);
+  uint64_t hashes[kSampledRows];
+  for (uint32_t i = 0; i < k; ++i) {
+    const uint64_t r = uint64_t{i} * rows / k;
+    hashes[i] = XXH3_64bits(in + r * width, size_t{width} * sizeof(float));
+  }
+  std::sort(hashes, hashes + k);
+  return std::adjacent_find(hashes, hashes + k) != hashes + k;
+}
+
 void put_le(char* at, uint64_t v, size_t bytes) {
   for (size_t i = 0; i < bytes; ++i) at[i] = static_cast<char>(v >> (8 * i));
 }
 
-// The header of a single-segment frame of `content` bytes (no dictionary, no checksum): magic,
-// descriptor, content size (4 bytes, or 8 past 2^32 - 1). Its length when out is null.
-size_t frame_header(size_t content, char* out) {
+// The header of a frame of `content` bytes with a window of 2^window_log bytes (no dictionary,
+// no checksum): magic, descriptor (content size flag; not single-segment), window descriptor
+// (exponent window_log - 10, mantissa 0), content size (4 bytes, or 8 past 2^32 - 1). Its
+// length when out is null.
+size_t frame_header(size_t content, unsigned window_log, char* out) {
   const bool wide = content > UINT32_MAX;
-  const size_t bytes = 4 + 1 + (wide ? 8 : 4);
+  const size_t bytes = 4 + 1 + 1 + (wide ? 8 : 4);
   if (out != nullptr) {
     put_le(out, kZstdMagic, 4);
-    out[4] = static_cast<char>(((wide ? 3u : 2u) << 6) | (1u << 5));  // FCS flag, single segment
-    put_le(out + 5, content, wide ? 8 : 4);
+    out[4] = static_cast<char>((wide ? 3u : 2u) << 6);
+    out[5] = static_cast<char>((window_log - 10) << 3);
+    put_le(out + 6, content, wide ? 8 : 4);
   }
   return bytes;
 }
@@ -194,51 +218,77 @@ void put_raw_blocks(const char* src, size_t n, bool last, char* out) {
   }
 }
 
-// The length of the header of a frame that zstd wrote (frame[0..size)), when it has no
-// dictionary and no checksum (what configure_compression asks for); 0 otherwise.
-size_t own_frame_header(const char* frame, size_t size) {
-  if (size < 6) return 0;
+// The header of a frame that zstd wrote (frame[0..size)), when it has no dictionary and no
+// checksum (what configure_compression asks for): its length (0 otherwise) and the window its
+// blocks need (a single-segment frame's is its content size).
+struct OwnHeader {
+  size_t bytes = 0;
+  uint64_t window = 0;
+};
+OwnHeader own_frame_header(const char* frame, size_t size) {
+  if (size < 6) return {};
   uint32_t magic = 0;
   std::memcpy(&magic, frame, 4);  // little-endian machines (the shuffle's assumption too)
   const auto fhd = static_cast<uint8_t>(frame[4]);
-  if (magic != kZstdMagic || (fhd & 0x07) != 0) return 0;  // a checksum or a dictionary id
+  if (magic != kZstdMagic || (fhd & 0x07) != 0) return {};  // a checksum or a dictionary id
   const bool single = (fhd >> 5) & 1;
   const unsigned fcs_flag = fhd >> 6;
   const size_t fcs = fcs_flag == 0 ? (single ? 1 : 0) : size_t{1} << fcs_flag;
   const size_t header = 5 + (single ? 0 : 1) + fcs;
-  return header < size ? header : 0;
+  if (header >= size) return {};
+  uint64_t window = 0;
+  if (single) {
+    for (size_t i = 0; i < fcs; ++i)
+      window |= uint64_t{static_cast<uint8_t>(frame[5 + i])} << (8 * i);
+    if (fcs_flag == 1) window += 256;
+  } else {
+    const auto wd = static_cast<uint8_t>(frame[5]);
+    const uint64_t base = uint64_t{1} << (10 + (wd >> 3));
+    window = base + base / 8 * (wd & 7);
+  }
+  return {header, window};
+}
+
+// The smallest window log (zstd's: 10 to 41) whose window holds `window` bytes and 128 KiB
+// blocks.
+unsigned window_log_for(uint64_t window) {
+  unsigned log = 17;  // kZstdBlockMax
+  while (log < 41 && (uint64_t{1} << log) < window) ++log;
+  return log;
 }
 
 // The lossless frame of a shuffled block (planes[0..4n): n floats' bytes 0, then their bytes 1,
 // ...) into dst[0..cap), cap at least ZSTD_compressBound(4n): its size, or a zstd error code.
-// With zstd's fast strategy the first planes that look random go in raw blocks (above); other
-// levels ask for bytes over speed and get one compressed frame, as does a block that has no
-// such plane.
-size_t compress_planes(ZSTD_CCtx* c, int level, const char* planes, size_t n, char* dst,
+// Where raw_allowed (zstd's fast strategy, on rows that do not repeat) the first planes that
+// look random go in raw blocks (above); other levels ask for bytes over speed and get one
+// compressed frame, as does a block that has no such plane.
+size_t compress_planes(ZSTD_CCtx* c, bool raw_allowed, const char* planes, size_t n, char* dst,
                        size_t cap) {
   const size_t total = 4 * n;
   size_t raw_planes = 0;
-  while (fast_strategy(level) && raw_planes < 4 &&
+  while (raw_allowed && raw_planes < 4 &&
          looks_random(reinterpret_cast<const unsigned char*>(planes + raw_planes * n), n)) {
     ++raw_planes;
   }
   const size_t raw = raw_planes * n;
   const size_t rest = total - raw;
-  const size_t header = frame_header(total, nullptr);
+  const size_t header = frame_header(total, 17, nullptr);
   const size_t blocks_at = header + raw_blocks_bytes(raw);
   if (raw == 0 || blocks_at + (rest == 0 ? 0 : ZSTD_compressBound(rest)) > cap) {
     return ZSTD_compress2(c, dst, cap, planes, total);
   }
   size_t tail = 0;  // the rest's blocks, at dst + blocks_at
+  uint64_t window = 0;
   if (rest != 0) {
     const size_t frame = ZSTD_compress2(c, dst + blocks_at, cap - blocks_at, planes + raw, rest);
     if (ZSTD_isError(frame)) return frame;
-    const size_t dropped = own_frame_header(dst + blocks_at, frame);
-    if (dropped == 0) return ZSTD_compress2(c, dst, cap, planes, total);  // not zstd's usual frame
-    tail = frame - dropped;
-    std::memmove(dst + blocks_at, dst + blocks_at + dropped, tail);
+    const OwnHeader dropped = own_frame_header(dst + blocks_at, frame);
+    if (dropped.bytes == 0) return ZSTD_compress2(c, dst, cap, planes, total);  // not expected
+    tail = frame - dropped.bytes;
+    window = dropped.window;
+    std::memmove(dst + blocks_at, dst + blocks_at + dropped.bytes, tail);
   }
-  frame_header(total, dst);
+  frame_header(total, window_log_for(window), dst);
   put_raw_blocks(planes, raw, rest == 0, dst + header);
   return blocks_at + tail;
 }
@@ -425,7 +475,8 @@ int BlockCodec::encode(Codec codec, const float* in, uint32_t rows, uint32_t wid
         }
         scratch_.resize(values * sizeof(float));
         shuffle(reinterpret_cast<const char*>(in), values, scratch_.data());
-        const size_t n = compress_planes(zstd_->c, level_, scratch_.data(), values, dst,
+        const bool raw_allowed = fast_strategy(level_) && !sampled_rows_repeat(in, rows, width);
+        const size_t n = compress_planes(zstd_->c, raw_allowed, scratch_.data(), values, dst,
                                          bound(codec, rows, width));
         if (ZSTD_isError(n)) {
           out->resize(at);

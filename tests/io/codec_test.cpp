@@ -207,14 +207,14 @@ TEST_CASE("lossless stores a zstd frame of the floats' byte planes, whatever the
   }
 }
 
-// The bytes of the raw blocks at the start of a single-segment zstd frame as the lossless writer
-// makes it (magic, descriptor, 4-byte content size, then blocks; RFC 8878), read by the format's
-// definition: 0 when its first block is not raw. *frame_ok: the frame walked to a last block that
-// ends it, every block's header in bounds.
+// The bytes of the raw blocks at the start of a zstd frame as the lossless writer makes it
+// (magic, descriptor 0x80: a 4-byte content size, not single-segment; a window descriptor; the
+// content size; then blocks; RFC 8878), read by the format's definition: 0 when its first block
+// is not raw or the header is another. *frame_ok: the frame walked to a last block that ends it.
 size_t leading_raw_bytes(const std::vector<char>& frame, bool* frame_ok) {
   *frame_ok = false;
-  if (frame.size() < 9 || static_cast<uint8_t>(frame[4]) != 0xA0) return 0;
-  size_t at = 9, raw = 0;
+  if (frame.size() < 10 || static_cast<uint8_t>(frame[4]) != 0x80) return 0;
+  size_t at = 10, raw = 0;
   bool leading = true;
   while (at + 3 <= frame.size()) {
     const uint32_t h = static_cast<uint8_t>(frame[at]) | static_cast<uint8_t>(frame[at + 1]) << 8 |
@@ -236,10 +236,11 @@ TEST_CASE("lossless stores byte planes that look random in raw blocks of the sam
   // With zstd's fast strategy (the default level) the first planes whose sampled bytes look
   // random go in raw zstd blocks, the rest compressed after them in the same frame: a trained
   // float's three low bytes (planes 0-2) raw, exactly 3 x n bytes of them (zstd's own raw blocks
-  // hold 128 KiB each), and its exponents compressed; planes of bf16
-  // rounded floats (low halves zero) or of few distinct values compressed whole; random bits
-  // all raw. Any zstd decoder reads the planes back, and so does the codec.
-  const uint32_t rows = 2016, width = 64;
+  // hold 128 KiB each), and its exponents compressed; planes of bf16 rounded floats (low halves
+  // zero), of few distinct values, and of a few random rows copied over the block compressed
+  // whole; random bits all raw. Any zstd decoder reads the planes back, a streaming one within a
+  // window smaller than the block (1.5 MB), and so does the codec.
+  const uint32_t rows = 6000, width = 64;
   const size_t n = size_t{rows} * width;
   std::vector<float> trained = trained_rows(rows, width, 21);
   std::vector<float> rounded = trained;
@@ -252,13 +253,20 @@ TEST_CASE("lossless stores byte planes that look random in raw blocks of the sam
     const uint32_t bits = static_cast<uint32_t>(rng());
     std::memcpy(&f, &bits, sizeof(f));
   }
+  // 8 random rows, copied over the block: bytes that look random, but zstd's matches store
+  // them in a few hundredths; raw planes would keep half of them.
+  std::vector<float> copies(n);
+  for (uint32_t r = 0; r < rows; ++r) {
+    std::memcpy(&copies[size_t{r} * width], &noise[size_t{r % 8} * width], width * sizeof(float));
+  }
   struct Case {
     const char* what;
     const std::vector<float>* in;
     size_t raw_planes;
   };
   for (const Case& k : {Case{"trained", &trained, 3}, Case{"bf16-rounded", &rounded, 0},
-                        Case{"16 values", &steps, 0}, Case{"random bits", &noise, 4}}) {
+                        Case{"16 values", &steps, 0}, Case{"random bits", &noise, 4},
+                        Case{"8 rows copied", &copies, 0}}) {
     INFO(k.what);
     BlockCodec c;
     const std::vector<char> frame = encode_ok(c, Codec::kLossless, *k.in, rows, width);
@@ -267,11 +275,36 @@ TEST_CASE("lossless stores byte planes that look random in raw blocks of the sam
     REQUIRE(raw == k.raw_planes * n);
     if (k.raw_planes != 0) REQUIRE(frame_ok);
     if (k.raw_planes == 3) REQUIRE(frame.size() < 3 * n + n * 6 / 10);  // the exponents shrink
+    if (k.in == &copies) REQUIRE(frame.size() < n / 10);
     const std::vector<char> planes = byte_planes(*k.in);
     std::vector<char> stored(planes.size());
     REQUIRE(ZSTD_decompress(stored.data(), stored.size(), frame.data(), frame.size()) ==
             stored.size());
     REQUIRE(stored == planes);
+    // A streaming decoder that allows a window of 1 MiB (zstd's tool allows 128 MiB) reads it:
+    // the frame asks for the window of the compressed planes' frame, not for the whole block.
+    ZSTD_DCtx* d = ZSTD_createDCtx();
+    REQUIRE(!ZSTD_isError(ZSTD_DCtx_setParameter(d, ZSTD_d_windowLogMax, 20)));
+    // (4 KiB in, 64 KiB out at a time: given the whole frame and room for all of it, zstd
+    // would decode it in one pass, where no window applies.)
+    std::vector<char> streamed;
+    std::vector<char> piece(64 << 10);
+    size_t fed = 0, left = 1;
+    while (left != 0) {
+      const size_t in_bytes = std::min<size_t>(4096, frame.size() - fed);
+      ZSTD_inBuffer src{frame.data() + fed, in_bytes, 0};
+      do {
+        ZSTD_outBuffer dst{piece.data(), piece.size(), 0};
+        left = ZSTD_decompressStream(d, &dst, &src);
+        REQUIRE(!ZSTD_isError(left));
+        streamed.insert(streamed.end(), piece.begin(), piece.begin() + dst.pos);
+        if (dst.pos < dst.size) break;
+      } while (left != 0);
+      fed += src.pos;
+      REQUIRE((left == 0 || fed < frame.size()));
+    }
+    ZSTD_freeDCtx(d);
+    REQUIRE(streamed == planes);
     std::vector<float> out(n);
     REQUIRE(c.decode(Codec::kLossless, frame.data(), frame.size(), rows, width, out.data(),
                      nullptr) == 0);
