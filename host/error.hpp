@@ -14,9 +14,8 @@
 #if defined(__CUDACC__) && !defined(FMT_USE_CONSTEXPR)
 #define FMT_USE_CONSTEXPR 1
 #endif
-#ifndef FMT_HEADER_ONLY
-#define FMT_HEADER_ONLY
-#endif
+// fmt from Debian's libfmt.so: its implementation compiled once, not in every translation unit
+// (header-only, it cost each of ours about 10 s).
 #include <fmt/format.h>
 
 namespace embstore {

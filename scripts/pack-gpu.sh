@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds what scripts/test-gpu.sh runs, for a GPU machine lent for a short while that has CUDA
 # and PyTorch but none of Debian's libraries: a Release build for one architecture without MPI
-# and NCCL (build-gpu/), its binaries stripped, and liburing, libxxhash, libre2 and libzstd
+# and NCCL (build-gpu/), its binaries stripped, and liburing, libxxhash, libre2, libzstd and libfmt
 # beside them, packed as one tarball to carry there:
 #   scripts/pack-gpu.sh [--arch SM] [--out DIR]     (default: 90, gpu-pack/)
 # On the GPU machine, from the repository root:
@@ -46,7 +46,7 @@ files+=("$build"/libembstore.so*)
 
 rm -rf gpu-lib
 mkdir -p gpu-lib "$out"
-for name in liburing.so.2 libxxhash.so.0 libre2.so.9 libzstd.so.1; do
+for name in liburing.so.2 libxxhash.so.0 libre2.so.9 libzstd.so.1 libfmt.so.9; do
   path=$(ldconfig -p | awk -v n="$name" '$1 == n { print $NF; exit }')
   [ -n "$path" ] || { echo "pack-gpu: $name not found" >&2; exit 1; }
   cp -L "$path" gpu-lib/
