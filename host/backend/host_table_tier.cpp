@@ -116,11 +116,14 @@ void HostTable::submit_job(const std::vector<uint32_t>& reads, const std::vector
   job.fresh_frames = reads.size() - reused;
   job.clock = use_clock_;
   reserve_frames_for(job.fresh_frames);  // take_frame cannot fail now
-  reserve_disk_rows(downs.size());       // nor finish_move_down
-  if (!prefetch_thread_.joinable()) prefetch_thread_ = std::thread([this] { prefetch_loop(); });
   // The captured rows among those moving down go to the snapshot now, from their frames, before
-  // the read may overwrite them: the drain never meets them again.
+  // the read may overwrite them: the drain never meets them again. Before anything that waits
+  // for disk_mutex_, which the drain holds while it reads a batch from the tier: a call waiting
+  // there could see the drain take these rows first, or not, by the scheduler's choice. Writing
+  // them early is harmless if what follows fails: they hold their captured values.
   copy_out_before_move(job.down_frames);
+  reserve_disk_rows(downs.size());  // finish_move_down cannot fail now
+  if (!prefetch_thread_.joinable()) prefetch_thread_ = std::thread([this] { prefetch_loop(); });
   for (size_t i = 0; i < downs.size(); ++i) {
     const uint32_t f = job.down_frames[i];
     job.down_rows[i] = frame_row_[f];
@@ -444,8 +447,8 @@ void HostTable::reserve_disk_rows(uint64_t n) {
 void HostTable::move_down(std::vector<uint32_t>& frames) {
   if (frames.empty()) return;
   const size_t n = frames.size();
+  copy_out_before_move(frames);  // first, as in submit_job
   reserve_disk_rows(n);
-  copy_out_before_move(frames);
   row_ptrs_.resize(n);
   handles_.resize(n);
   for (size_t i = 0; i < n; ++i) row_ptrs_[i] = reinterpret_cast<char*>(arena_.row(frames[i]));
