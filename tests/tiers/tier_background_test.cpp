@@ -173,8 +173,8 @@ TEST_CASE("rows captured by a checkpoint in flight go to it before a prefetch mo
     // The tiered store's checkpoint writer is held: the prefetch takes 40 of old's captured rows
     // down and reads other rows into their frames; it must write them to the snapshot first,
     // taking them before it waits for anything (the drain's read of the tier, staging room: the
-    // writer goes on after at most the hold). It once waited first, and 1 run in 20 the drain
-    // took every row before it.
+    // writer goes on after at most the hold); a prefetch that waited first could find every row
+    // already taken by the drain.
     HeldCheckpointWriter held;
     ok(embstore_checkpoint(scene.tiered_store, dir_b.path().c_str(), EMBSTORE_CKPT_FULL, &vb));
     held.wait_held();
