@@ -394,6 +394,11 @@ int RowFileReader::open(const std::string& path, const ReaderOptions& options,
                         std::unique_ptr<RowFileReader>* out, bool check_behind) {
   if (out == nullptr) return -EINVAL;
   std::unique_ptr<RowFileReader> r(new RowFileReader());
+  try {
+    r->spare_.reserve(kSpareBlocks);
+  } catch (const std::bad_alloc&) {
+    return -ENOMEM;
+  }
   r->hash_.reset(XXH3_createState());
   if (!r->hash_ || XXH3_64bits_reset(r->hash_.get()) != XXH_OK) return -ENOMEM;
   if (const int e = FileReader::open(path, options, &r->reader_); e < 0) return e;
@@ -652,10 +657,16 @@ int RowFileReader::fill_ahead() {
   uint64_t ahead_bytes = 0;
   for (;;) {
     std::unique_ptr<Ahead> a;
-    try {
-      a = std::make_unique<Ahead>();
-    } catch (const std::bad_alloc&) {
-      return error_ = -ENOMEM;
+    if (!spare_.empty()) {
+      a = std::move(spare_.back());
+      spare_.pop_back();
+      a->reuse();
+    } else {
+      try {
+        a = std::make_unique<Ahead>();
+      } catch (const std::bad_alloc&) {
+        return error_ = -ENOMEM;
+      }
     }
     const int r = read_block(a.get());
     if (r < 0) {
@@ -706,6 +717,9 @@ int RowFileReader::fill_ahead() {
 int RowFileReader::next_block(RowBlock* out) {
   if (error_ != 0) return error_;
   if (out == nullptr) return -EINVAL;
+  if (current_ && spare_.size() < kSpareBlocks) {
+    spare_.push_back(std::move(current_));  // reserved by open(): no allocation
+  }
   current_.reset();
   if (ahead_.empty()) {
     // The previous block's check ends before its buffer can be reused below.

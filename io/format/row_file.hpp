@@ -313,12 +313,23 @@ class RowFileReader {
     int error = 0;               // this block's, or (read ahead) the reading's
     std::string detail;
     bool done = false;  // under the decoders' mutex
+    // Ready for the next block; the buffers keep their memory.
+    void reuse() {
+      block = RowBlock{};
+      encoded = false;
+      payload = Payload{};
+      value_bytes = state_bytes = 0;
+      error = 0;
+      detail.clear();
+      done = false;
+    }
   };
   using Decoders = detail::BlockWorkers<Ahead, BlockCodec>;
   // Blocks read ahead at most (decoded by one thread per core, at most 4), and their bytes
   // (stored and decoded) at most, past the first block.
   static constexpr size_t kReadAhead = 8;
   static constexpr uint64_t kReadAheadBytes = uint64_t{32} << 20;
+  static constexpr size_t kSpareBlocks = kReadAhead + 1;
 
   // Reads the next block's header and payload into *a: 1, 0 at the end, or an error (in
   // error_ and error_detail_).
@@ -345,8 +356,11 @@ class RowFileReader {
   std::unique_ptr<BehindChecker> behind_;
   std::deque<std::unique_ptr<Ahead>> ahead_;  // read, not yet handed out
   std::unique_ptr<Ahead> current_;            // handed out by the last next_block
-  std::unique_ptr<BlockCodec> decoder_;       // the caller's, with decoders_
-  std::unique_ptr<Decoders> decoders_;        // made by the first encoded block; last
+  // Blocks handed out, for the next reads (at most kSpareBlocks): a file's blocks are alike,
+  // so an encoded block's buffers are not allocated, zeroed and faulted in again each block.
+  std::vector<std::unique_ptr<Ahead>> spare_;
+  std::unique_ptr<BlockCodec> decoder_;  // the caller's, with decoders_
+  std::unique_ptr<Decoders> decoders_;   // made by the first encoded block; last
 };
 
 }  // namespace embstore::io
