@@ -269,9 +269,12 @@ class HostTable final : public Table {
   uint64_t next_row_ = 0, rows_ = 0, inserted_ = 0, skipped_ = 0, admitted_ = 0;
   KeyLedger ledger_;   // admission counts and tombstones
   uint64_t room_ = 0;  // next_row_ may reach this before the arena or the index must grow
-  // load_index_parallel's per-key slot and probe result.
+  // load_index_parallel's per-key slot and probe result, its keys ordered by the range of
+  // slots their homes lie in, and its counts per chunk of the input and range.
   std::vector<uint64_t> load_slots_;
   std::vector<uint8_t> load_state_;
+  std::vector<uint32_t> load_order_;
+  std::vector<uint64_t> load_counts_;
   bool dirty_tracking_ = true;
   // The snapshot in progress: the copy-on-write sink, the rows still to write, the rows it
   // captured, where drain resumes, and drain's copy counter (odd while it copies).

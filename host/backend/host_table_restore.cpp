@@ -63,7 +63,8 @@ void HostTable::load_rows(const int64_t* keys, const float* values, const float*
   // gets no row here. Rows get ids in input order, as a serial insert gives.
   rows_scratch_.resize(n);
   uint32_t* rows = rows_scratch_.data();
-  const bool parallel = pool_.size() > 1 && n >= 2 * kLoadGrain && free_rows_.empty() &&
+  const bool parallel = pool_.size() > 1 && n >= 2 * kLoadGrain && n <= UINT32_MAX &&
+                        free_rows_.empty() &&
                         next_row_ + n <= room_;  // no growth or rebuild half-way
   if (parallel) {
     load_index_parallel(keys, n, rows, limit);
@@ -114,25 +115,65 @@ void HostTable::load_rows(const int64_t* keys, const float* values, const float*
 // load gives. load_slots_[i] is the slot claimed for key i (its row is written by the caller's
 // copy pass) or kNoSlot. A throw leaves claimed slots without rows: the table is a restore's,
 // dropped with the failure.
+//
+// The keys reach their range's thread through a stable counting sort (load_order_), so that
+// each key is hashed and placed once whatever the thread count: with every thread scanning the
+// whole input for its own keys, the work grew with the threads.
 void HostTable::load_index_parallel(const int64_t* keys, size_t n, uint32_t* rows, uint64_t limit) {
-  load_slots_.assign(n, kNoSlot);
-  load_state_.resize(n);
   const row::IndexRef index = index_;
   const uint64_t slots = index.mask + 1;
   const size_t parts = pool_.size();
+  // Slot h lies in part h * parts / slots, whose range starts at slot ceil(slots * p / parts).
+  const auto part_of = [&](uint64_t h) { return static_cast<size_t>(h * parts / slots); };
+  const auto range_start = [&](size_t p) { return (slots * p + parts - 1) / parts; };
+  load_slots_.resize(n);
+  load_state_.resize(n);
+  load_order_.resize(n);
+  load_counts_.assign(parts * parts, 0);  // [chunk of the input][part]
   uint64_t* slot_of = load_slots_.data();
   uint8_t* state = load_state_.data();
-  pool_.parallel_for(parts, 1, [&](size_t first_part, size_t end_part) {
-    for (size_t p = first_part; p < end_part; ++p) {
-      const uint64_t lo = slots * p / parts, hi = slots * (p + 1) / parts;
-      for (size_t i = 0; i < n; ++i) {
-        if (i + kAhead < n) {
-          const uint64_t h = index.home(keys[i + kAhead]);
-          if (h >= lo && h < hi) __builtin_prefetch(&index.slots[h]);
-        }
-        const uint64_t h = index.home(keys[i]);
-        if (h < lo || h >= hi) continue;
+  uint32_t* order = load_order_.data();
+  uint64_t* counts = load_counts_.data();
+  const auto chunk_begin = [&](size_t c) { return n * c / parts; };
+  // Each key's home (kept in its slot_of until its claim), and the keys per part in each chunk.
+  pool_.parallel_for(parts, 1, [&](size_t first, size_t last) {
+    for (size_t c = first; c < last; ++c) {
+      uint64_t* count = counts + c * parts;
+      for (size_t i = chunk_begin(c); i < chunk_begin(c + 1); ++i) {
+        slot_of[i] = index.home(keys[i]);
+        ++count[part_of(slot_of[i])];
+      }
+    }
+  });
+  // Where each chunk's keys of each part go: part by part, chunk after chunk (input order).
+  std::vector<uint64_t> part_begin(parts + 1, 0);
+  uint64_t at = 0;
+  for (size_t p = 0; p < parts; ++p) {
+    part_begin[p] = at;
+    for (size_t c = 0; c < parts; ++c) {
+      const uint64_t k = counts[c * parts + p];
+      counts[c * parts + p] = at;
+      at += k;
+    }
+  }
+  part_begin[parts] = at;
+  pool_.parallel_for(parts, 1, [&](size_t first, size_t last) {
+    for (size_t c = first; c < last; ++c) {
+      uint64_t* next = counts + c * parts;
+      for (size_t i = chunk_begin(c); i < chunk_begin(c + 1); ++i) {
+        order[next[part_of(slot_of[i])]++] = static_cast<uint32_t>(i);
+      }
+    }
+  });
+  pool_.parallel_for(parts, 1, [&](size_t first, size_t last) {
+    for (size_t p = first; p < last; ++p) {
+      const uint64_t lo = range_start(p), hi = range_start(p + 1);
+      const uint64_t end = part_begin[p + 1];
+      for (uint64_t j = part_begin[p]; j < end; ++j) {
+        if (j + kAhead < end) __builtin_prefetch(&index.slots[slot_of[order[j + kAhead]]]);
+        const uint32_t i = order[j];
         state[i] = index.claim_in_range(keys[i], lo, hi, row::kLockedRow, &slot_of[i]);
+        if (state[i] != row::IndexRef::kClaimed) slot_of[i] = kNoSlot;
       }
     }
   });
