@@ -717,7 +717,13 @@ int RowFileReader::fill_ahead() {
 int RowFileReader::next_block(RowBlock* out) {
   if (error_ != 0) return error_;
   if (out == nullptr) return -EINVAL;
-  if (current_ && spare_.size() < kSpareBlocks) {
+  // Spares keep their buffers' memory, which read-ahead does not count: only a block of
+  // ordinary size is kept (a forged file's outsized blocks are freed as before), so the spares
+  // hold at most kReadAheadBytes in all.
+  if (current_ && spare_.size() < kSpareBlocks &&
+      current_->stored.capacity() * sizeof(uint64_t) +
+              current_->decoded.capacity() * sizeof(float) <=
+          kReadAheadBytes / kSpareBlocks) {
     spare_.push_back(std::move(current_));  // reserved by open(): no allocation
   }
   current_.reset();

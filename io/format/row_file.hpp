@@ -356,8 +356,9 @@ class RowFileReader {
   std::unique_ptr<BehindChecker> behind_;
   std::deque<std::unique_ptr<Ahead>> ahead_;  // read, not yet handed out
   std::unique_ptr<Ahead> current_;            // handed out by the last next_block
-  // Blocks handed out, for the next reads (at most kSpareBlocks): a file's blocks are alike,
-  // so an encoded block's buffers are not allocated, zeroed and faulted in again each block.
+  // Blocks handed out, for the next reads (at most kSpareBlocks, each of at most
+  // kReadAheadBytes / kSpareBlocks of buffers): a file's blocks are alike, so an encoded
+  // block's buffers are not allocated, zeroed and faulted in again each block.
   std::vector<std::unique_ptr<Ahead>> spare_;
   std::unique_ptr<BlockCodec> decoder_;  // the caller's, with decoders_
   std::unique_ptr<Decoders> decoders_;   // made by the first encoded block; last

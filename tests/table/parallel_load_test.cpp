@@ -49,9 +49,8 @@ struct Block {
   std::vector<float> values, state;
 };
 
-// Blocks of a restore that fills the table's index densely (so that probes cross from one
-// thread's range of slots into the next), with a key repeated in a block (its first copy
-// counts) and keys loaded again by a later block (the table keeps the first).
+// Blocks of a restore, with a key repeated in a block (its first copy counts) and keys loaded
+// again by a later block (the table keeps the first).
 std::vector<Block> blocks_to_load(uint64_t rows, size_t block_rows) {
   std::vector<Block> blocks;
   uint64_t next = 0;
@@ -138,7 +137,10 @@ TEST_CASE("a load on many threads gives each row the id and values of a serial l
     std::memcpy(row.data(), serial.data() + r * record + sizeof key, kStride * sizeof(float));
     REQUIRE(std::memcmp(row.data(), first_rows.data() + r * kStride, kStride * sizeof(float)) == 0);
   }
-  for (const size_t threads : {size_t{2}, size_t{3}, size_t{8}}) {
+  // reserve() keeps the index at most half full: with a few threads no probe leaves its
+  // thread's range of slots; with 64 short ranges some do (a build that counted them found a
+  // dozen or more), and those keys are inserted serially after the pass.
+  for (const size_t threads : {size_t{2}, size_t{3}, size_t{8}, size_t{64}}) {
     INFO("threads " << threads);
     uint64_t live = 0;
     const std::vector<char> parallel = load_then_snapshot(blocks, rows, threads, &live);
