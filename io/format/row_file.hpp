@@ -313,15 +313,13 @@ class RowFileReader {
     int error = 0;               // this block's, or (read ahead) the reading's
     std::string detail;
     bool done = false;  // under the decoders' mutex
-    // Ready for the next block; the buffers keep their memory.
+    // Ready for the next block, as a new one, but for the buffers' memory.
     void reuse() {
-      block = RowBlock{};
-      encoded = false;
-      payload = Payload{};
-      value_bytes = state_bytes = 0;
-      error = 0;
-      detail.clear();
-      done = false;
+      std::vector<uint64_t> kept_stored = std::move(stored);
+      std::vector<float> kept_decoded = std::move(decoded);
+      *this = Ahead{};
+      stored = std::move(kept_stored);
+      decoded = std::move(kept_decoded);
     }
   };
   using Decoders = detail::BlockWorkers<Ahead, BlockCodec>;
