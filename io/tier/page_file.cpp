@@ -153,9 +153,11 @@ int PageFile::open_file(const PageFileOptions& options, std::string* notes, std:
 int PageFile::setup_engine(const PageFileOptions& options, std::string* notes,
                            std::string* detail) {
   auto note = [notes](const std::string& s) { *notes += (notes->empty() ? "" : "; ") + s; };
-  if (const int r = Mapping::map(size_t{queue_depth_} * page_bytes_, &buffers_); r < 0) {
+  run_pages_ = std::max<size_t>(1, kReadRunBytes / page_bytes_);
+  const size_t buffer_bytes = run_pages_ * page_bytes_;
+  if (const int r = Mapping::map(size_t{queue_depth_} * buffer_bytes, &buffers_); r < 0) {
     set_detail(detail, fmt::format("tier staging buffers ({} x {} bytes): {}", queue_depth_,
-                                   page_bytes_, errno_text(r)));
+                                   buffer_bytes, errno_text(r)));
     return r;
   }
   slots_.resize(queue_depth_);
@@ -163,7 +165,7 @@ int PageFile::setup_engine(const PageFileOptions& options, std::string* notes,
 
   if (options.allow_uring) {
     std::string refused;
-    const int r = ring_.init(queue_depth_, buffer(0), queue_depth_, page_bytes_, &refused);
+    const int r = ring_.init(queue_depth_, buffer(0), queue_depth_, buffer_bytes, &refused);
     if (r < 0) note("io_uring refused (" + errno_name(r) + "): pread/pwrite fallback");
     if (!refused.empty()) note(refused);
   } else {
@@ -299,43 +301,58 @@ int PageFile::transfer(bool write, const std::vector<uint64_t>& pages, const cha
                     : transfer_sync(write, pages, src, dst, detail);
 }
 
+size_t PageFile::run_at(bool write, const std::vector<uint64_t>& pages, size_t first) const {
+  size_t count = 1;
+  if (write) return count;
+  while (count < run_pages_ && first + count < pages.size() &&
+         pages[first + count] == pages[first] + count) {
+    ++count;
+  }
+  return count;
+}
+
 int PageFile::transfer_sync(bool write, const std::vector<uint64_t>& pages, const char* const* src,
                             char* const* dst, std::string* detail) {
-  char* staged = buffer(0);  // aligned, as O_DIRECT needs; one page at a time
-  for (size_t i = 0; i < pages.size(); ++i) {
+  char* staged = buffer(0);  // aligned, as O_DIRECT needs; one request at a time
+  for (size_t i = 0; i < pages.size();) {
+    const size_t count = run_at(write, pages, i);
+    const size_t len = count * page_bytes_;
     const uint64_t off = pages[i] * page_bytes_;
-    if (const int fault = write ? detail::injected_fault(off, page_bytes_)
-                                : detail::injected_read_fault(off, page_bytes_);
+    if (const int fault =
+            write ? detail::injected_fault(off, len) : detail::injected_read_fault(off, len);
         fault != 0) {
       set_detail(detail, describe(write, pages[i], fault));
       return fault;
     }
     if (write) std::memcpy(staged, src[i], page_bytes_);
     size_t done = 0;
-    while (done < page_bytes_) {
+    while (done < len) {
       const ssize_t r =
-          write ? ::pwrite(fd_, staged + done, page_bytes_ - done, static_cast<off_t>(off + done))
-                : ::pread(fd_, staged + done, page_bytes_ - done, static_cast<off_t>(off + done));
+          write ? ::pwrite(fd_, staged + done, len - done, static_cast<off_t>(off + done))
+                : ::pread(fd_, staged + done, len - done, static_cast<off_t>(off + done));
       if (r < 0 && errno == EINTR) continue;
+      const uint64_t page = pages[i + done / page_bytes_];  // where it stopped
       if (r < 0) {
         const int err = -errno;
-        set_detail(detail, describe(write, pages[i], err));
+        set_detail(detail, describe(write, page, err));
         return err;
       }
       if (r == 0) {
         // No progress and no error: the end of the file for a read, a device that stopped
         // for a write. Either way the page is not there.
-        set_detail(detail, describe(write, pages[i], -EIO) + no_progress(write, done));
+        set_detail(detail, describe(write, page, -EIO) + no_progress(write, done % page_bytes_));
         return -EIO;
       }
       done += static_cast<size_t>(r);
     }
     if (write) {
-      bytes_written_ += page_bytes_;
+      bytes_written_ += len;
     } else {
-      std::memcpy(dst[i], staged, page_bytes_);
-      bytes_read_ += page_bytes_;
+      for (size_t j = 0; j < count; ++j)
+        std::memcpy(dst[i + j], staged + j * page_bytes_, page_bytes_);
+      bytes_read_ += len;
     }
+    i += count;
   }
   return 0;
 }
@@ -360,21 +377,23 @@ int PageFile::transfer_uring(bool write, const std::vector<uint64_t>& pages, con
     bool queued = false;
     while (error == 0 && next < pages.size() && !spare_.empty()) {
       const unsigned index = spare_.back();
+      const size_t count = run_at(write, pages, next);
+      const size_t len = count * page_bytes_;
       const uint64_t off = pages[next] * page_bytes_;
-      if (const int fault = write ? detail::injected_fault(off, page_bytes_)
-                                  : detail::injected_read_fault(off, page_bytes_);
+      if (const int fault =
+              write ? detail::injected_fault(off, len) : detail::injected_read_fault(off, len);
           fault != 0) {
         fail(fault, pages[next], "");
         break;
       }
       if (write) std::memcpy(buffer(index), src[next], page_bytes_);
-      if (const int r = ring_.queue(fd_, write, index, buffer(index), page_bytes_, off); r < 0) {
+      if (const int r = ring_.queue(fd_, write, index, buffer(index), len, off); r < 0) {
         fail(r, pages[next], " (io_uring queue)");
         break;
       }
-      slots_[index] = {next, 0};
+      slots_[index] = {next, count, 0};
       spare_.pop_back();
-      ++next;
+      next += count;
       queued = true;
     }
     if (queued) {
@@ -408,24 +427,28 @@ int PageFile::transfer_uring(bool write, const std::vector<uint64_t>& pages, con
         return error;
       }
       Slot& s = slots_[index];
-      const uint64_t page = pages[s.item];
+      const size_t len = s.count * page_bytes_;
+      const uint64_t first_page = pages[s.item];
+      const uint64_t page = pages[s.item + s.done / page_bytes_];  // where it stopped
       if (res < 0) {
         fail(res, page, "");
       } else if (res == 0) {
-        fail(-EIO, page, no_progress(write, s.done));
+        fail(-EIO, page, no_progress(write, s.done % page_bytes_));
       } else {
         s.done += static_cast<size_t>(res);
-        if (s.done < page_bytes_) {
+        if (s.done < len) {
           // Short transfer: continue where it stopped (on a block boundary under O_DIRECT).
-          const int r = ring_.start(fd_, write, index, buffer(index) + s.done, page_bytes_ - s.done,
-                                    page * page_bytes_ + s.done);
+          const int r = ring_.start(fd_, write, index, buffer(index) + s.done, len - s.done,
+                                    first_page * page_bytes_ + s.done);
           if (r == 0) continue;
-          fail(r, page, " (io_uring submit)");
+          fail(r, pages[s.item + s.done / page_bytes_], " (io_uring submit)");
         } else if (write) {
-          bytes_written_ += page_bytes_;
+          bytes_written_ += len;
         } else {
-          std::memcpy(dst[s.item], buffer(index), page_bytes_);
-          bytes_read_ += page_bytes_;
+          for (size_t j = 0; j < s.count; ++j) {
+            std::memcpy(dst[s.item + j], buffer(index) + j * page_bytes_, page_bytes_);
+          }
+          bytes_read_ += len;
         }
       }
       spare_.push_back(index);

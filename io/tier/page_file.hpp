@@ -39,6 +39,10 @@
 
 namespace embstore::io {
 
+// The most bytes one read of a page file takes (pages next to each other); a staging buffer
+// each, queue_depth of them.
+inline constexpr size_t kReadRunBytes = size_t{64} << 10;
+
 struct PageFileOptions {
   size_t page_bytes = kAlignment;  // a multiple of kAlignment, at most 1 GiB
   unsigned queue_depth = 32;       // reads/writes in flight at once; one staging page each
@@ -79,8 +83,11 @@ class PageFile {
   // only once those in flight are done; the pages of a failed call hold old or new contents.
   int write(const std::vector<uint64_t>& pages, const char* const* data, std::string* detail);
   // Reads pages[i] into data[i] (page_bytes() each, any alignment), the same way (the read
-  // fault hook of io/engine/fault.hpp is asked before each read). A page that was allocated but
-  // never written reads as zeros. -EIO when the file is shorter than the page
+  // fault hook of io/engine/fault.hpp is asked before each read), except that pages next to
+  // each other in the file and in `pages` (p, p + 1, ...) are one read of up to
+  // run_pages() pages: a caller that sorts its pages reads adjacent ones at the disk's
+  // bandwidth rather than a request each. A page that was allocated but never written reads as
+  // zeros. -EIO when the file is shorter than the page
   // (it was cut behind this object's back): a short read is never handed out as data.
   int read(const std::vector<uint64_t>& pages, char* const* data, std::string* detail);
 
@@ -89,6 +96,8 @@ class PageFile {
   uint64_t file_pages() const { return file_pages_; }
   size_t page_bytes() const { return page_bytes_; }
   unsigned queue_depth() const { return queue_depth_; }
+  // The most pages one read takes (kReadRunBytes of them, at least one).
+  size_t run_pages() const { return run_pages_; }
   // Bytes of pages written and read successfully, since creation.
   uint64_t bytes_written() const { return bytes_written_; }
   uint64_t bytes_read() const { return bytes_read_; }
@@ -100,9 +109,11 @@ class PageFile {
   const std::string& dir() const { return dir_; }
 
  private:
-  // One staging buffer's request: which entry of the call's pages, and how far it got.
+  // One staging buffer's request: which entries of the call's pages (count of them from item,
+  // consecutive pages), and how many bytes of them are done.
   struct Slot {
     size_t item = 0;
+    size_t count = 1;
     size_t done = 0;
   };
 
@@ -110,8 +121,11 @@ class PageFile {
   int open_file(const PageFileOptions& options, std::string* notes, std::string* detail);
   int setup_engine(const PageFileOptions& options, std::string* notes, std::string* detail);
   char* buffer(unsigned index) const {
-    return static_cast<char*>(buffers_.data()) + size_t{index} * page_bytes_;
+    return static_cast<char*>(buffers_.data()) + size_t{index} * run_pages_ * page_bytes_;
   }
+  // How many of pages[first..] one request takes: 1 for a write, else the run of consecutive
+  // pages there, at most run_pages_.
+  size_t run_at(bool write, const std::vector<uint64_t>& pages, size_t first) const;
   // Refuses a batch with a page not in use or a null pointer, before any I/O.
   int check_batch(bool write, const std::vector<uint64_t>& pages, const char* const* data,
                   std::string* detail) const;
@@ -131,7 +145,8 @@ class PageFile {
   bool direct_ = false;
   bool unnamed_ = false;
   const char* engine_ = "";
-  Mapping buffers_;              // queue_depth_ staging pages, one after another
+  size_t run_pages_ = 1;
+  Mapping buffers_;              // queue_depth_ staging buffers of run_pages_ pages each
   detail::Ring ring_;            // after buffers_: torn down (and drained) before they are unmapped
   std::vector<Slot> slots_;      // one per staging buffer
   std::vector<unsigned> spare_;  // staging buffers not in flight

@@ -97,6 +97,17 @@ struct FaultGuard {
   FaultGuard& operator=(const FaultGuard&) = delete;
 };
 
+// Installs a read fault hook (asked before each read of a tier page file) and resets it even
+// when a REQUIRE fails.
+struct ReadFaultGuard {
+  explicit ReadFaultGuard(std::function<int(uint64_t, size_t)> hook) {
+    embstore::io::set_read_fault_injection(std::move(hook));
+  }
+  ~ReadFaultGuard() { embstore::io::set_read_fault_injection(nullptr); }
+  ReadFaultGuard(const ReadFaultGuard&) = delete;
+  ReadFaultGuard& operator=(const ReadFaultGuard&) = delete;
+};
+
 // Holds the writer at its first write until release() (or 30 s), so that training meets rows
 // of the checkpoint that are not written yet.
 class HeldWriter {

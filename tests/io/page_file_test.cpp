@@ -36,6 +36,7 @@ using namespace embstore::io;
 
 using embstore_test::FaultGuard;
 using embstore_test::in_memory;
+using embstore_test::ReadFaultGuard;
 using embstore_test::TierDir;
 
 namespace {
@@ -216,6 +217,62 @@ TEST_CASE("page file: random pages read back equal through every engine, size an
       }
       REQUIRE(f->pages_in_use() == 1 + (qd - 1) + (qd + 1) + 1000);
       REQUIRE(f->file_pages() == f->pages_in_use());
+    }
+  }
+}
+
+TEST_CASE("page file: pages next to each other are one read, each page landing where asked",
+          "[io][tier]") {
+  TierDir dir;
+  for (const Combo c : kCombos) {
+    for (const size_t page_bytes : {size_t{4096}, size_t{8192}}) {
+      CAPTURE(c.uring, c.direct, page_bytes);
+      PageFileOptions o = options_for(c, page_bytes);
+      o.queue_depth = 4;  // fewer buffers than runs: they are reused
+      auto f = create_ok(dir.path(), o);
+      const size_t run = kReadRunBytes / page_bytes;
+      REQUIRE(f->run_pages() == run);
+      const std::vector<uint64_t> pages = allocate_ok(*f, 3 * run);  // 0, 1, 2, ...
+      Pages data(pages.size(), page_bytes);
+      data.fill(page_bytes + c.uring * 2 + c.direct);
+      std::string detail;
+      REQUIRE(f->write(pages, data.in(), &detail) == 0);
+
+      // Runs: [2, 2 + run), [2 + run, 2 + 2 * run), [2 + 2 * run, 3 * run), then 1 and 0
+      // (descending: two reads), then 5 twice (a repeat is not next to itself: two reads).
+      std::vector<uint64_t> asked;
+      for (uint64_t p = 2; p < 3 * run; ++p) asked.push_back(p);
+      for (const uint64_t p : {1, 0, 5, 5}) asked.push_back(p);
+      std::vector<std::pair<uint64_t, size_t>> reads;
+      Pages back(asked.size(), page_bytes);
+      const uint64_t before = f->bytes_read();
+      {
+        ReadFaultGuard count([&](uint64_t offset, size_t bytes) {
+          reads.emplace_back(offset / page_bytes, bytes / page_bytes);
+          return 0;
+        });
+        REQUIRE(f->read(asked, back.out(), &detail) == 0);
+      }
+      const std::vector<std::pair<uint64_t, size_t>> want = {
+          {2, run}, {2 + run, run}, {2 + 2 * run, run - 2}, {1, 1}, {0, 1}, {5, 1}, {5, 1}};
+      REQUIRE(reads == want);
+      REQUIRE(f->bytes_read() == before + asked.size() * page_bytes);
+      size_t bad = 0;
+      for (size_t i = 0; i < asked.size(); ++i) {
+        bad += std::memcmp(back[i], data[asked[i]], page_bytes) != 0;
+      }
+      REQUIRE(bad == 0);
+      // Writes stay a request a page.
+      reads.clear();
+      size_t writes = 0;
+      {
+        FaultGuard count([&](uint64_t, size_t bytes) {
+          writes += bytes == page_bytes;
+          return 0;
+        });
+        REQUIRE(f->write(pages, data.in(), &detail) == 0);
+      }
+      REQUIRE(writes == pages.size());
     }
   }
 }
@@ -533,6 +590,11 @@ TEST_CASE("page file: a page the file no longer reaches is -EIO, never data", "[
       REQUIRE_THAT(detail, Catch::Contains("page " + std::to_string(page)) &&
                                Catch::Contains("the file ends there"));
     }
+    // A run of pages the cut goes through fails at the first page it took from.
+    detail.clear();
+    REQUIRE(f->read({0, 1, 2}, back.out(), &detail) == -EIO);
+    REQUIRE_THAT(detail,
+                 Catch::Contains("page 1 ") && Catch::Contains("after 2048 bytes: the file ends"));
     // A batch with a cut page fails as a whole, after the others completed.
     REQUIRE(f->read({0, 3, 0}, back.out(), &detail) == -EIO);
     REQUIRE(f->read({0}, back.out(), &detail) == 0);

@@ -73,16 +73,6 @@ inline std::vector<int64_t> keys_from(int64_t first, size_t n) {
   return k;
 }
 
-// Installs a read fault hook on the tier's page file and resets it even when a REQUIRE fails.
-struct ReadFaultGuard {
-  explicit ReadFaultGuard(std::function<int(uint64_t, size_t)> hook) {
-    embstore::io::set_read_fault_injection(std::move(hook));
-  }
-  ~ReadFaultGuard() { embstore::io::set_read_fault_injection(nullptr); }
-  ReadFaultGuard(const ReadFaultGuard&) = delete;
-  ReadFaultGuard& operator=(const ReadFaultGuard&) = delete;
-};
-
 // Whether the backend under test has tiers; on one without, creating a tiered table must be
 // UNSUPPORTED (checked here), and the caller returns.
 inline bool backend_has_tiers(const std::string& dir) {
