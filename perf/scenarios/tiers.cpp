@@ -10,7 +10,9 @@
 //             an order unrelated to heat: the CUDA device tier keeps the rows created first,
 //             so rank order is its best case and scattered its fair one;
 //   warmed    --warmup whole steps (untimed);
-//   saved     one full checkpoint into a fresh directory, waited for (untimed);
+//   saved     one full checkpoint into a fresh directory, timed from embstore_checkpoint to
+//             embstore_checkpoint_wait (not in steps/s): a tiered table's drain reads every
+//             row below the first tier back;
 //   trained   --steps timed whole steps: lookup with insert, embstore_prefetch of the next
 //             step's keys (unless --no-prefetch; the warm-up steps too), --dense-ms of waiting
 //             (the dense part of a step, which a GPU runs while the host thread waits: 0 by
@@ -116,6 +118,8 @@ struct Cell {
   // below it (the SSD tier on the host, host memory on CUDA).
   uint64_t rows = 0, rows_in_first = 0, rows_below = 0;
   uint64_t rss_filled = 0, rss_end = 0;
+  double full_seconds = 0;            // the full checkpoint before the timed steps
+  uint64_t full_tier_bytes_read = 0;  // the tier's reads while it was written
   double delta_seconds = 0;
   uint64_t delta_bytes = 0, delta_rows = 0;
   uint64_t delta_tier_bytes_read = 0;  // the tier's reads while the delta was written
@@ -228,10 +232,10 @@ class TiersScenario final : public Scenario {
     report.say(
         "{:>7} {:>5} {:>8} | {:>8} {:>5} | {:>7} {:>6} {:>7} {:>7} | {:>7} {:>6} {:>8} | {:>7} "
         "{:>7} | "
-        "{:>8} {:>8} | {:>7} | {:>8} {:>8} | {:>7} {:>8}",
+        "{:>8} {:>8} | {:>7} | {:>8} {:>8} | {:>6} {:>8} | {:>7} {:>8}",
         "dist", "share", "budget", "steps/s", "ratio", "look ms", "pf ms", "apply ms", "step ms",
         "draw ms", "up ms", "cpu/wall", "up/st", "down/st", "wr B/st", "rd B/st", "in 1st",
-        "RSS fill", "RSS end", "delta s", "delta B");
+        "RSS fill", "RSS end", "full s", "full rd B", "delta s", "delta B");
     std::vector<Cell> cells;
     embstore_backend_t backend = EMBSTORE_BACKEND_HOST;
     for (const std::string& dist : dists_) {
@@ -258,13 +262,14 @@ class TiersScenario final : public Scenario {
         report.say(
             "{:>7} {:>5} {:>8} | {:>8.2f} {:>5} | {:>7.1f} {:>6.1f} {:>8.1f} {:>7.2f} | "
             "{:>7.2f} {:>6.2f} {:>8.2f} | {:>7} {:>7} | "
-            "{:>8} {:>8} | {:>7} | {:>8} {:>8} | {:>7.3f} {:>8}",
+            "{:>8} {:>8} | {:>7} | {:>8} {:>8} | {:>6.2f} {:>8} | {:>7.3f} {:>8}",
             dist, share, c.budget == 0 ? std::string("all") : si(c.budget), c.steps_per_second,
             std::isnan(c.ratio) ? std::string("-") : fmt::format("{:.2f}", c.ratio), c.lookup * 1e3,
             c.prefetch * 1e3, c.apply * 1e3, c.step * 1e3, c.draw * 1e3, c.upload * 1e3,
             c.cpu_per_wall, si(c.moved_up), si(c.moved_down), si(c.bytes_written), si(c.bytes_read),
             si(c.rows_in_first), si(static_cast<double>(c.rss_filled)),
-            si(static_cast<double>(c.rss_end)), c.delta_seconds,
+            si(static_cast<double>(c.rss_end)), c.full_seconds,
+            si(static_cast<double>(c.full_tier_bytes_read)), c.delta_seconds,
             si(static_cast<double>(c.delta_bytes)));
         cells.push_back(std::move(c));
       }
@@ -272,7 +277,8 @@ class TiersScenario final : public Scenario {
     report.say(
         "{} rows of dim {} ({}), {} timed steps of {} keys (drawn ahead: draw ms is not in "
         "steps/s, up ms is) after {} warm-up, {}, {} ms of dense "
-        "compute each; per step: means over the timed steps; delta: one incremental checkpoint "
+        "compute each; per step: means over the timed steps; full: the full checkpoint before "
+        "them, to its commit, and the tier's reads meanwhile; delta: one incremental checkpoint "
         "after them, to its commit; {} backend ({}), {} thread(s), fill in {} order, --dir {}",
         rows_, o.dim, optimizer_, o.steps, o.batch, warmup_,
         prefetch_ ? "each prefetching the next" : "no prefetch", dense_ms_, backend_name(backend),
@@ -323,6 +329,8 @@ class TiersScenario final : public Scenario {
       j[cuda ? "rows_in_memory" : "rows_on_disk"] = c.rows_below;
       j["rss_bytes_after_fill"] = c.rss_filled;
       j["rss_bytes_end"] = c.rss_end;
+      j["full_checkpoint_seconds"] = c.full_seconds;
+      j["full_checkpoint_tier_bytes_read"] = c.full_tier_bytes_read;
       j["incremental_checkpoint_seconds"] = c.delta_seconds;
       j["incremental_checkpoint_bytes"] = c.delta_bytes;
       j["incremental_checkpoint_rows"] = c.delta_rows;
@@ -463,14 +471,18 @@ class TiersScenario final : public Scenario {
       apply(b);
       next_step();
     }
+    const embstore_table_stats_t warmed = table_stats(table);
+    const Stopwatch full_time;
     uint64_t full = 0;
     check(embstore_checkpoint(store.get(), ckpt_dir.c_str(), EMBSTORE_CKPT_FULL, &full),
           "embstore_checkpoint");
     check(embstore_checkpoint_wait(store.get(), full), "embstore_checkpoint_wait");
+    cell.full_seconds = full_time.seconds();
 
     draw_ahead();
 
     const embstore_table_stats_t before = table_stats(table);
+    cell.full_tier_bytes_read = before.tier_bytes_read - warmed.tier_bytes_read;
     const Stopwatch timed;
     for (size_t b = warmup_; b < warmup_ + o.steps; ++b) {
       at(b);  // the batch's keys, drawn and copied before the timed call
