@@ -34,6 +34,8 @@ uint64_t HostTable::capture(bool full, SnapshotSink* sink, uint64_t* live_rows) 
   sink_ = sink;
   captured_left_.store(taken);
   drain_word_ = 0;
+  drain_stage_ = tiered_ ? DrainStage::kStart : DrainStage::kSweep;
+  drain_slot_ = 0;
   *live_rows = rows_;
   return taken;
 }
@@ -49,7 +51,6 @@ uint64_t HostTable::capture(bool full, SnapshotSink* sink, uint64_t* live_rows) 
 uint64_t HostTable::drain(SnapshotSink* sink, uint64_t max_rows) {
   const uint32_t stride = spec().stride();
   const uint64_t record = row::record_bytes(stride);
-  const uint64_t words = captured_.size();
   // A tiered table's rows on disk are read in batches of many words' rows: one row per word
   // (a sparse delta) would be a read at a time.
   const uint64_t batch = tiered_ ? kTieredDrainRows : 64;
@@ -62,8 +63,8 @@ uint64_t HostTable::drain(SnapshotSink* sink, uint64_t max_rows) {
          spec().name, spec().tier_dir);
   }
   uint64_t budget = std::min(max_rows, captured_left_.load());
-  while (budget > 0 && drain_word_ < words) {
-    if (row::atomic_load(&captured_[drain_word_]) == 0) {
+  while (budget > 0 && drain_pending()) {
+    if (!tiered_ && row::atomic_load(&captured_[drain_word_]) == 0) {
       ++drain_word_;  // copy-on-write only clears bits, so it stays empty
       continue;
     }
@@ -101,27 +102,35 @@ uint64_t HostTable::drain(SnapshotSink* sink, uint64_t max_rows) {
   return captured_left_.load();
 }
 
-// drain's copies on a tiered table: up to `granted` captured rows taken from drain_word_ on
-// (moving it past the words emptied), those on disk read in one batch. Under disk_mutex_, so
-// that no home changes meanwhile (a training call moving one of these rows finds its captured
-// bit gone and waits for this copy before it frees the old home).
+bool HostTable::drain_pending() const {
+  return drain_stage_ != DrainStage::kSweep || drain_word_ < captured_.size();
+}
+
+// drain's copies on a tiered table: up to `granted` captured rows taken, stage after stage,
+// those on disk read in one batch. Under disk_mutex_, so that no home changes meanwhile (a
+// training call moving one of these rows finds its captured bit gone and waits for this copy
+// before it frees the old home). A full checkpoint's rows on disk are most of the table: taken
+// by row id they would be a random page read each (rows of one page rarely fall in one batch);
+// in slot order every page is read once, in file order.
 uint64_t HostTable::drain_tiered(uint64_t granted, char* out) {
   const uint32_t stride = spec().stride();
   const uint64_t record = row::record_bytes(stride);
-  const uint64_t words = captured_.size();
   drain_rows_.clear();
-  while (drain_rows_.size() < granted && drain_word_ < words) {
-    const uint64_t want = granted - drain_rows_.size();
-    uint64_t taken = row::take_captured_rows(captured_.data(), drain_word_, want);
-    const uint64_t got = row::popcount64(taken);
-    for (; taken != 0; taken &= taken - 1) {
-      drain_rows_.push_back(static_cast<uint32_t>(drain_word_ * 64 + __builtin_ctzll(taken)));
-    }
-    // Fewer than asked: the word is empty, unless copy-on-write took one of the bits picked
-    // (then the rest are still there: take again). Bits are only ever cleared.
-    if (got < want && row::atomic_load(&captured_[drain_word_]) == 0) ++drain_word_;
-  }
   std::lock_guard disk_lock(disk_mutex_);
+  while (drain_rows_.size() < granted && drain_pending()) {
+    const uint64_t want = granted - drain_rows_.size();
+    switch (drain_stage_) {
+      case DrainStage::kStart:
+        choose_drain_order();
+        break;
+      case DrainStage::kSlots:
+        take_rows_by_slot(want);
+        break;
+      case DrainStage::kSweep:
+        take_rows_by_id(want);
+        break;
+    }
+  }
   drain_homes_.clear();
   for (const uint32_t r : drain_rows_) {
     if (const uint32_t h = home(r); (h & kOnDisk) != 0) drain_homes_.push_back(h);
@@ -139,6 +148,65 @@ uint64_t HostTable::drain_tiered(uint64_t granted, char* out) {
     row::write_record(out + k * record, arena_.row_meta(r)->key, values, stride);
   }
   return drain_rows_.size();
+}
+
+// kStart: kSlots when the captured rows on disk are at least 1 / kDrainBySlotRatio of the
+// tier's slots (a full checkpoint's), else kSweep (a delta's, mostly rows in memory). One pass
+// over the captured rows' homes, under disk_mutex_, stopping once they are known to be many
+// (a full checkpoint's stops early; a delta's looks at its rows once).
+void HostTable::choose_drain_order() {
+  const uint64_t slots = disk_->file_pages() * disk_->rows_per_page();
+  uint64_t on_disk = 0;
+  for (uint64_t w = 0; w < captured_.size() && on_disk * kDrainBySlotRatio < slots; ++w) {
+    for (uint64_t bits = row::atomic_load(&captured_[w]); bits != 0; bits &= bits - 1) {
+      const auto r = static_cast<uint32_t>(w * 64 + __builtin_ctzll(bits));
+      if ((home(r) & kOnDisk) != 0) ++on_disk;
+    }
+  }
+  drain_stage_ =
+      on_disk > 0 && on_disk * kDrainBySlotRatio >= slots ? DrainStage::kSlots : DrainStage::kSweep;
+  drain_word_ = 0;
+  drain_slot_ = 0;
+}
+
+// kSlots: captured rows on disk in slot order from drain_slot_ on. disk_row_ names the row a
+// slot was last given: the slot holds it only while that row's home is the slot. At the end of
+// the file, kSweep takes what is left (rows compaction moved behind the scan).
+void HostTable::take_rows_by_slot(uint64_t want) {
+  const uint64_t captured_rows = captured_.size() * 64;
+  const uint64_t end =
+      std::min<uint64_t>(disk_row_.size(), disk_->file_pages() * disk_->rows_per_page());
+  uint64_t got = 0;
+  for (; got < want && drain_slot_ < end; ++drain_slot_) {
+    const uint32_t r = disk_row_[drain_slot_];
+    if (r >= captured_rows) continue;  // kNoRow, or created after the capture
+    if ((row::atomic_load(&captured_[r / 64]) & (uint64_t{1} << (r % 64))) == 0) continue;
+    if (home(r) != (kOnDisk | static_cast<uint32_t>(drain_slot_))) continue;
+    if (!row::take_captured<true>(captured_.data(), r)) continue;  // copy-on-write took it
+    drain_rows_.push_back(r);
+    ++got;
+  }
+  if (drain_slot_ < end) return;
+  drain_stage_ = DrainStage::kSweep;
+  drain_word_ = 0;
+}
+
+// kSweep: captured rows wherever they are, by row id from drain_word_ on.
+void HostTable::take_rows_by_id(uint64_t want) {
+  const uint64_t words = captured_.size();
+  uint64_t got = 0;
+  while (got < want && drain_word_ < words) {
+    const uint64_t room = want - got;
+    uint64_t taken = row::take_captured_rows(captured_.data(), drain_word_, room);
+    const uint64_t n = row::popcount64(taken);
+    got += n;
+    for (; taken != 0; taken &= taken - 1) {
+      drain_rows_.push_back(static_cast<uint32_t>(drain_word_ * 64 + __builtin_ctzll(taken)));
+    }
+    // Fewer than asked: the word is empty, unless copy-on-write took one of the bits picked
+    // (then the rest are still there: take again). Bits are only ever cleared.
+    if (n < room && row::atomic_load(&captured_[drain_word_]) == 0) ++drain_word_;
+  }
 }
 
 const std::vector<int64_t>& HostTable::evicted_at_capture() const {

@@ -431,13 +431,10 @@ void HostTable::reserve_frames_for(uint64_t n) {
 void HostTable::reserve_disk_rows(uint64_t n) {
   const uint64_t per_page = disk_->rows_per_page();
   const auto pages_for = [&](uint64_t rows) { return (rows + per_page - 1) / per_page; };
-  uint64_t file_pages = 0;
-  {
-    std::lock_guard disk_lock(disk_mutex_);  // the prefetch thread may be growing the file
-    file_pages = disk_->file_pages();
-  }
+  // The prefetch thread may be growing the file, and the drain reads disk_row_: the lock.
+  std::lock_guard disk_lock(disk_mutex_);
   const uint64_t handles =
-      (file_pages + pages_for(n) + pages_for(prefetch_.down_frames.size())) * per_page;
+      (disk_->file_pages() + pages_for(n) + pages_for(prefetch_.down_frames.size())) * per_page;
   if (disk_row_.size() < handles)
     disk_row_.resize(std::max<uint64_t>(handles, disk_row_.size() * 2));
 }
