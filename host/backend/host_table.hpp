@@ -48,6 +48,8 @@ constexpr uint64_t kTieredDrainRows = 1024;
 // tier's slots (1 / kDrainBySlotRatio): looking at every slot costs a few nanoseconds each, a
 // random page read some microseconds.
 constexpr uint64_t kDrainBySlotRatio = 256;
+// The most slots one drain step looks at in slot order (some hundreds of microseconds).
+constexpr uint64_t kDrainSlotsPerStep = uint64_t{1} << 18;
 // A tiered table halves every row's heat after this many budgets' worth of row uses: long
 // enough to tell a hot row from a passing one, short enough to follow a shifting hot set.
 constexpr uint64_t kHeatPeriodBudgets = 8;
@@ -157,7 +159,7 @@ class HostTable final : public Table {
   enum class DrainStage { kStart, kSlots, kSweep };
   uint64_t drain_tiered(uint64_t granted, char* out);
   void choose_drain_order();
-  void take_rows_by_slot(uint64_t want);
+  bool take_rows_by_slot(uint64_t want);
   void take_rows_by_id(uint64_t want);
   bool drain_pending() const;
 

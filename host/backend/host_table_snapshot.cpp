@@ -117,14 +117,15 @@ uint64_t HostTable::drain_tiered(uint64_t granted, char* out) {
   const uint64_t record = row::record_bytes(stride);
   drain_rows_.clear();
   std::lock_guard disk_lock(disk_mutex_);
-  while (drain_rows_.size() < granted && drain_pending()) {
+  bool more = true;
+  while (more && drain_rows_.size() < granted && drain_pending()) {
     const uint64_t want = granted - drain_rows_.size();
     switch (drain_stage_) {
       case DrainStage::kStart:
         choose_drain_order();
         break;
       case DrainStage::kSlots:
-        take_rows_by_slot(want);
+        more = take_rows_by_slot(want);
         break;
       case DrainStage::kSweep:
         take_rows_by_id(want);
@@ -169,26 +170,34 @@ void HostTable::choose_drain_order() {
   drain_slot_ = 0;
 }
 
-// kSlots: captured rows on disk in slot order from drain_slot_ on. disk_row_ names the row a
-// slot was last given: the slot holds it only while that row's home is the slot. At the end of
-// the file, kSweep takes what is left (rows compaction moved behind the scan).
-void HostTable::take_rows_by_slot(uint64_t want) {
+// kSlots: captured rows on disk in slot order from drain_slot_ on, looking at most at
+// kDrainSlotsPerStep slots (false: it stopped there; the lock is not held for a walk of the
+// whole file when copy-on-write took most rows first). disk_row_ names the row a slot was last
+// given: the slot holds it only while that row's home is the slot. At the end of the file,
+// kSweep takes what is left (rows compaction moved behind the walk).
+bool HostTable::take_rows_by_slot(uint64_t want) {
   const uint64_t captured_rows = captured_.size() * 64;
   const uint64_t end =
-      std::min<uint64_t>(disk_row_.size(), disk_->file_pages() * disk_->rows_per_page());
+      std::min<uint64_t>({disk_row_.size(), disk_->file_pages() * disk_->rows_per_page(),
+                          drain_slot_ + kDrainSlotsPerStep});
   uint64_t got = 0;
   for (; got < want && drain_slot_ < end; ++drain_slot_) {
     const uint32_t r = disk_row_[drain_slot_];
-    if (r >= captured_rows) continue;  // kNoRow, or created after the capture
+    // Created after the capture (a slot never given holds 0, which the home check rejects).
+    if (r >= captured_rows) continue;
     if ((row::atomic_load(&captured_[r / 64]) & (uint64_t{1} << (r % 64))) == 0) continue;
     if (home(r) != (kOnDisk | static_cast<uint32_t>(drain_slot_))) continue;
     if (!row::take_captured<true>(captured_.data(), r)) continue;  // copy-on-write took it
     drain_rows_.push_back(r);
     ++got;
   }
-  if (drain_slot_ < end) return;
+  if (drain_slot_ <
+      std::min<uint64_t>(disk_row_.size(), disk_->file_pages() * disk_->rows_per_page())) {
+    return got == want;  // the batch is full, or the walk stopped at its share
+  }
   drain_stage_ = DrainStage::kSweep;
   drain_word_ = 0;
+  return true;
 }
 
 // kSweep: captured rows wherever they are, by row id from drain_word_ on.

@@ -153,7 +153,8 @@ int PageFile::open_file(const PageFileOptions& options, std::string* notes, std:
 int PageFile::setup_engine(const PageFileOptions& options, std::string* notes,
                            std::string* detail) {
   auto note = [notes](const std::string& s) { *notes += (notes->empty() ? "" : "; ") + s; };
-  run_pages_ = std::max<size_t>(1, kReadRunBytes / page_bytes_);
+  run_pages_ =
+      std::max<size_t>(1, std::min(kReadRunBytes, kStagingBytes / queue_depth_) / page_bytes_);
   const size_t buffer_bytes = run_pages_ * page_bytes_;
   if (const int r = Mapping::map(size_t{queue_depth_} * buffer_bytes, &buffers_); r < 0) {
     set_detail(detail, fmt::format("tier staging buffers ({} x {} bytes): {}", queue_depth_,

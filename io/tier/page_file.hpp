@@ -39,13 +39,15 @@
 
 namespace embstore::io {
 
-// The most bytes one read of a page file takes (pages next to each other); a staging buffer
-// each, queue_depth of them.
+// The most bytes one read of a page file takes (pages next to each other), and the most its
+// staging buffers (queue_depth of them, registered and so resident) take together: a deep queue
+// gets shorter runs. A buffer holds at least one page.
 inline constexpr size_t kReadRunBytes = size_t{64} << 10;
+inline constexpr size_t kStagingBytes = size_t{4} << 20;
 
 struct PageFileOptions {
   size_t page_bytes = kAlignment;  // a multiple of kAlignment, at most 1 GiB
-  unsigned queue_depth = 32;       // reads/writes in flight at once; one staging page each
+  unsigned queue_depth = 32;       // reads/writes in flight at once; a staging buffer each
   bool direct = true;              // try O_DIRECT (falls back to buffered on EINVAL)
   bool allow_uring = true;         // try io_uring (falls back to pwrite/pread)
   bool unnamed = true;             // try O_TMPFILE (falls back to a named file, unlinked at once)
@@ -96,7 +98,8 @@ class PageFile {
   uint64_t file_pages() const { return file_pages_; }
   size_t page_bytes() const { return page_bytes_; }
   unsigned queue_depth() const { return queue_depth_; }
-  // The most pages one read takes (kReadRunBytes of them, at least one).
+  // The most pages one read takes: min(kReadRunBytes, kStagingBytes / queue_depth()) of them,
+  // at least one.
   size_t run_pages() const { return run_pages_; }
   // Bytes of pages written and read successfully, since creation.
   uint64_t bytes_written() const { return bytes_written_; }

@@ -232,6 +232,9 @@ TEST_CASE("page file: pages next to each other are one read, each page landing w
       auto f = create_ok(dir.path(), o);
       const size_t run = kReadRunBytes / page_bytes;
       REQUIRE(f->run_pages() == run);
+      o.queue_depth = 128;  // a deep queue: shorter runs, the staging bounded
+      REQUIRE(create_ok(dir.path(), o)->run_pages() == kStagingBytes / 128 / page_bytes);
+      o.queue_depth = 4;
       const std::vector<uint64_t> pages = allocate_ok(*f, 3 * run);  // 0, 1, 2, ...
       Pages data(pages.size(), page_bytes);
       data.fill(page_bytes + c.uring * 2 + c.direct);
