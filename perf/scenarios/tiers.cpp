@@ -189,6 +189,11 @@ class TiersScenario final : public Scenario {
                    "go on behind it)")
         ->check(CLI::Range(0.0, 10000.0))
         ->capture_default_str();
+    app.add_option("--staging-mib", staging_mib_,
+                   "the stores' checkpoint staging (staging_bytes) in MiB; 0: the default "
+                   "(256). Resident once a checkpoint fills it: part of the memory reported")
+        ->check(CLI::Range(0, 1 << 20))
+        ->capture_default_str();
     app.add_option("--fill-order", fill_order_,
                    "order of the fill's inserts: 'rank' (the hottest keys first) or 'scattered' "
                    "(unrelated to heat)")
@@ -372,6 +377,7 @@ class TiersScenario final : public Scenario {
 
     embstore_store_config_t config = Store::default_config();
     config.tier_dir = tier_dir.c_str();
+    if (staging_mib_ != 0) config.staging_bytes = size_t{staging_mib_} << 20;
     Store store(o, config);
     const embstore_backend_t backend = store.backend();
     *backend_out = backend;
@@ -551,6 +557,7 @@ class TiersScenario final : public Scenario {
   std::string dir_ = "/var/tmp";
   bool keep_ = false;
   std::string fill_order_ = "rank";
+  unsigned staging_mib_ = 0;
 };
 
 }  // namespace
