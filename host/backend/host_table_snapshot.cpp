@@ -64,7 +64,7 @@ uint64_t HostTable::drain(SnapshotSink* sink, uint64_t max_rows) {
   }
   uint64_t budget = std::min(max_rows, captured_left_.load());
   while (budget > 0 && drain_pending()) {
-    if (!tiered_ && row::atomic_load(&captured_[drain_word_]) == 0) {
+    if (drain_stage_ == DrainStage::kSweep && row::atomic_load(&captured_[drain_word_]) == 0) {
       ++drain_word_;  // copy-on-write only clears bits, so it stays empty
       continue;
     }
@@ -177,9 +177,9 @@ void HostTable::choose_drain_order() {
 // kSweep takes what is left (rows compaction moved behind the walk).
 bool HostTable::take_rows_by_slot(uint64_t want) {
   const uint64_t captured_rows = captured_.size() * 64;
-  const uint64_t end =
-      std::min<uint64_t>({disk_row_.size(), disk_->file_pages() * disk_->rows_per_page(),
-                          drain_slot_ + kDrainSlotsPerStep});
+  const uint64_t slots =
+      std::min<uint64_t>(disk_row_.size(), disk_->file_pages() * disk_->rows_per_page());
+  const uint64_t end = std::min(slots, drain_slot_ + kDrainSlotsPerStep);
   uint64_t got = 0;
   for (; got < want && drain_slot_ < end; ++drain_slot_) {
     const uint32_t r = disk_row_[drain_slot_];
@@ -191,10 +191,8 @@ bool HostTable::take_rows_by_slot(uint64_t want) {
     drain_rows_.push_back(r);
     ++got;
   }
-  if (drain_slot_ <
-      std::min<uint64_t>(disk_row_.size(), disk_->file_pages() * disk_->rows_per_page())) {
+  if (drain_slot_ < slots)
     return got == want;  // the batch is full, or the walk stopped at its share
-  }
   drain_stage_ = DrainStage::kSweep;
   drain_word_ = 0;
   return true;

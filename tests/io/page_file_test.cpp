@@ -266,7 +266,6 @@ TEST_CASE("page file: pages next to each other are one read, each page landing w
       }
       REQUIRE(bad == 0);
       // Writes stay a request a page.
-      reads.clear();
       size_t writes = 0;
       {
         FaultGuard count([&](uint64_t, size_t bytes) {
