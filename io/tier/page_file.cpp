@@ -253,23 +253,31 @@ void PageFile::release(const std::vector<uint64_t>& pages) {
   }
 }
 
-int PageFile::check_batch(bool write, const std::vector<uint64_t>& pages, const char* const* data,
+int PageFile::check_pages(bool write, const std::vector<uint64_t>& pages,
                           std::string* detail) const {
-  const char* what = write ? "write" : "read";
   if (ring_.broken()) {
     set_detail(detail,
                fmt::format("tier file in {}: the io_uring failed earlier; no more I/O", dir_));
     return -EIO;
   }
+  for (const uint64_t p : pages) {
+    if (p >= file_pages_ || !in_use_[p]) {
+      set_detail(detail,
+                 fmt::format("tier {}: page {} is not allocated", write ? "write" : "read", p));
+      return -EINVAL;
+    }
+  }
+  return 0;
+}
+
+int PageFile::check_buffers(bool write, const std::vector<uint64_t>& pages, const char* const* data,
+                            std::string* detail) const {
+  const char* what = write ? "write" : "read";
   if (!pages.empty() && data == nullptr) {
     set_detail(detail, fmt::format("tier {} of {} pages without buffers", what, pages.size()));
     return -EINVAL;
   }
   for (size_t i = 0; i < pages.size(); ++i) {
-    if (pages[i] >= file_pages_ || !in_use_[pages[i]]) {
-      set_detail(detail, fmt::format("tier {}: page {} is not allocated", what, pages[i]));
-      return -EINVAL;
-    }
     if (data[i] == nullptr) {
       set_detail(detail, fmt::format("tier {}: no buffer for page {}", what, pages[i]));
       return -EINVAL;
@@ -278,15 +286,33 @@ int PageFile::check_batch(bool write, const std::vector<uint64_t>& pages, const 
   return 0;
 }
 
+int PageFile::write_with(const std::vector<uint64_t>& pages, const PageFill& fill,
+                         std::string* detail) {
+  if (const int r = check_pages(true, pages, detail); r < 0) return r;
+  return transfer(true, pages, fill, nullptr, detail);
+}
+
+int PageFile::read_with(const std::vector<uint64_t>& pages, const PageTake& take,
+                        std::string* detail) {
+  if (const int r = check_pages(false, pages, detail); r < 0) return r;
+  return transfer(false, pages, nullptr, take, detail);
+}
+
 int PageFile::write(const std::vector<uint64_t>& pages, const char* const* data,
                     std::string* detail) {
-  if (const int r = check_batch(true, pages, data, detail); r < 0) return r;
-  return transfer(true, pages, data, nullptr, detail);
+  if (const int r = check_pages(true, pages, detail); r < 0) return r;
+  if (const int r = check_buffers(true, pages, data, detail); r < 0) return r;
+  return transfer(
+      true, pages, [&](size_t i, char* page) { std::memcpy(page, data[i], page_bytes_); }, nullptr,
+      detail);
 }
 
 int PageFile::read(const std::vector<uint64_t>& pages, char* const* data, std::string* detail) {
-  if (const int r = check_batch(false, pages, data, detail); r < 0) return r;
-  return transfer(false, pages, nullptr, data, detail);
+  if (const int r = check_pages(false, pages, detail); r < 0) return r;
+  if (const int r = check_buffers(false, pages, data, detail); r < 0) return r;
+  return transfer(
+      false, pages, nullptr,
+      [&](size_t i, const char* page) { std::memcpy(data[i], page, page_bytes_); }, detail);
 }
 
 std::string PageFile::describe(bool write, uint64_t page, int err) const {
@@ -295,11 +321,11 @@ std::string PageFile::describe(bool write, uint64_t page, int err) const {
                      errno_text(err));
 }
 
-int PageFile::transfer(bool write, const std::vector<uint64_t>& pages, const char* const* src,
-                       char* const* dst, std::string* detail) {
+int PageFile::transfer(bool write, const std::vector<uint64_t>& pages, const PageFill& fill,
+                       const PageTake& take, std::string* detail) {
   if (pages.empty()) return 0;
-  return ring_.ok() ? transfer_uring(write, pages, src, dst, detail)
-                    : transfer_sync(write, pages, src, dst, detail);
+  return ring_.ok() ? transfer_uring(write, pages, fill, take, detail)
+                    : transfer_sync(write, pages, fill, take, detail);
 }
 
 size_t PageFile::run_at(bool write, const std::vector<uint64_t>& pages, size_t first) const {
@@ -312,8 +338,8 @@ size_t PageFile::run_at(bool write, const std::vector<uint64_t>& pages, size_t f
   return count;
 }
 
-int PageFile::transfer_sync(bool write, const std::vector<uint64_t>& pages, const char* const* src,
-                            char* const* dst, std::string* detail) {
+int PageFile::transfer_sync(bool write, const std::vector<uint64_t>& pages, const PageFill& fill,
+                            const PageTake& take, std::string* detail) {
   char* staged = buffer(0);  // aligned, as O_DIRECT needs; one request at a time
   for (size_t i = 0; i < pages.size();) {
     const size_t count = run_at(write, pages, i);
@@ -325,7 +351,7 @@ int PageFile::transfer_sync(bool write, const std::vector<uint64_t>& pages, cons
       set_detail(detail, describe(write, pages[i], fault));
       return fault;
     }
-    if (write) std::memcpy(staged, src[i], page_bytes_);
+    if (write) fill(i, staged);
     size_t done = 0;
     while (done < len) {
       const ssize_t r =
@@ -349,8 +375,7 @@ int PageFile::transfer_sync(bool write, const std::vector<uint64_t>& pages, cons
     if (write) {
       bytes_written_ += len;
     } else {
-      for (size_t j = 0; j < count; ++j)
-        std::memcpy(dst[i + j], staged + j * page_bytes_, page_bytes_);
+      for (size_t j = 0; j < count; ++j) take(i + j, staged + j * page_bytes_);
       bytes_read_ += len;
     }
     i += count;
@@ -358,8 +383,8 @@ int PageFile::transfer_sync(bool write, const std::vector<uint64_t>& pages, cons
   return 0;
 }
 
-int PageFile::transfer_uring(bool write, const std::vector<uint64_t>& pages, const char* const* src,
-                             char* const* dst, std::string* detail) {
+int PageFile::transfer_uring(bool write, const std::vector<uint64_t>& pages, const PageFill& fill,
+                             const PageTake& take, std::string* detail) {
   spare_.clear();
   // Lowest index on top: small batches touch the first buffers only.
   for (unsigned i = queue_depth_; i-- > 0;) spare_.push_back(i);
@@ -387,7 +412,7 @@ int PageFile::transfer_uring(bool write, const std::vector<uint64_t>& pages, con
         fail(fault, pages[next], "");
         break;
       }
-      if (write) std::memcpy(buffer(index), src[next], page_bytes_);
+      if (write) fill(next, buffer(index));
       if (const int r = ring_.queue(fd_, write, index, buffer(index), len, off); r < 0) {
         fail(r, pages[next], " (io_uring queue)");
         break;
@@ -446,9 +471,7 @@ int PageFile::transfer_uring(bool write, const std::vector<uint64_t>& pages, con
         } else if (write) {
           bytes_written_ += len;
         } else {
-          for (size_t j = 0; j < s.count; ++j) {
-            std::memcpy(dst[s.item + j], buffer(index) + j * page_bytes_, page_bytes_);
-          }
+          for (size_t j = 0; j < s.count; ++j) take(s.item + j, buffer(index) + j * page_bytes_);
           bytes_read_ += len;
         }
       }

@@ -77,20 +77,32 @@ class PageFile {
   // ignored. Their space stays with the file, which never shrinks.
   void release(const std::vector<uint64_t>& pages);
 
-  // Writes page_bytes() from data[i] (caller memory, any alignment) to pages[i], for every i,
-  // queue_depth() at a time. A page at most once per call (else which write lands is not
-  // known). Returns 0, or the first error: -EINVAL before any I/O for a page not in use or a null
-  // pointer; -ENOSPC, -EIO, ... of a write (the fault hook of io/engine/fault.hpp is asked before
-  // each one, as for FileWriter). After an error no further write starts, and the call returns
-  // only once those in flight are done; the pages of a failed call hold old or new contents.
-  int write(const std::vector<uint64_t>& pages, const char* const* data, std::string* detail);
-  // Reads pages[i] into data[i] (page_bytes() each, any alignment), the same way (the read
+  // Where write_with() gets page i's image and read_with() hands page i's bytes: page is a
+  // staging buffer of the file's (page_bytes(), aligned), valid during the call only. Called on
+  // the calling thread, once for each page that is written or read, in no particular order.
+  using PageFill = std::function<void(size_t i, char* page)>;
+  using PageTake = std::function<void(size_t i, const char* page)>;
+
+  // Writes fill's image of pages[i] to pages[i], for every i, queue_depth() at a time, the image
+  // built straight into the buffer the write goes from (no copy of the caller's). A page at most
+  // once per call (else which write lands is not known). Returns 0, or the first error: -EINVAL
+  // before any I/O for a page not in use; -ENOSPC, -EIO, ... of a write (the fault hook of
+  // io/engine/fault.hpp is asked before each one, as for FileWriter). After an error no further
+  // write starts, and the call returns only once those in flight are done; the pages of a failed
+  // call hold old or new contents.
+  int write_with(const std::vector<uint64_t>& pages, const PageFill& fill, std::string* detail);
+  // Reads pages[i] and hands its bytes to take(i, page), for every i, the same way (the read
   // fault hook of io/engine/fault.hpp is asked before each read), except that pages next to
   // each other in the file and in `pages` (p, p + 1, ...) are one read of up to
   // run_pages() pages: a caller that sorts its pages reads adjacent ones at the disk's
   // bandwidth rather than a request each. A page that was allocated but never written reads as
   // zeros. -EIO when the file is shorter than the page
-  // (it was cut behind this object's back): a short read is never handed out as data.
+  // (it was cut behind this object's back): a short read is never handed out as data. On an
+  // error some pages may have been handed to take already.
+  int read_with(const std::vector<uint64_t>& pages, const PageTake& take, std::string* detail);
+  // write_with and read_with over caller memory: page_bytes() from or to data[i] (any
+  // alignment); -EINVAL before any I/O for a null pointer.
+  int write(const std::vector<uint64_t>& pages, const char* const* data, std::string* detail);
   int read(const std::vector<uint64_t>& pages, char* const* data, std::string* detail);
 
   uint64_t pages_in_use() const { return file_pages_ - free_.size(); }
@@ -129,16 +141,18 @@ class PageFile {
   // How many of pages[first..] one request takes: 1 for a write, else the run of consecutive
   // pages there, at most run_pages_.
   size_t run_at(bool write, const std::vector<uint64_t>& pages, size_t first) const;
-  // Refuses a batch with a page not in use or a null pointer, before any I/O.
-  int check_batch(bool write, const std::vector<uint64_t>& pages, const char* const* data,
-                  std::string* detail) const;
-  // The batch behind write() and read(): src for writes, dst for reads.
-  int transfer(bool write, const std::vector<uint64_t>& pages, const char* const* src,
-               char* const* dst, std::string* detail);
-  int transfer_uring(bool write, const std::vector<uint64_t>& pages, const char* const* src,
-                     char* const* dst, std::string* detail);
-  int transfer_sync(bool write, const std::vector<uint64_t>& pages, const char* const* src,
-                    char* const* dst, std::string* detail);
+  // Refuses a batch with a page not in use, or any batch once the ring broke, before any I/O.
+  int check_pages(bool write, const std::vector<uint64_t>& pages, std::string* detail) const;
+  // Refuses null buffers in the caller memory of write() and read().
+  int check_buffers(bool write, const std::vector<uint64_t>& pages, const char* const* data,
+                    std::string* detail) const;
+  // The batch behind write_with() and read_with(): fill for writes, take for reads.
+  int transfer(bool write, const std::vector<uint64_t>& pages, const PageFill& fill,
+               const PageTake& take, std::string* detail);
+  int transfer_uring(bool write, const std::vector<uint64_t>& pages, const PageFill& fill,
+                     const PageTake& take, std::string* detail);
+  int transfer_sync(bool write, const std::vector<uint64_t>& pages, const PageFill& fill,
+                    const PageTake& take, std::string* detail);
   std::string describe(bool write, uint64_t page, int err) const;
 
   std::string dir_;

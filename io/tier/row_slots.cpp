@@ -52,7 +52,6 @@ int RowSlots::create(const std::string& dir, size_t row_bytes, const RowSlotsOpt
   s->rows_per_page_ = po.page_bytes / row_bytes;
   s->compact_dead_fraction_ = options.compact_dead_fraction;
   s->compact_max_pages_ = options.compact_max_pages;
-  s->staging_pages_ = std::max<size_t>(1, options.staging_bytes / po.page_bytes);
   *out = std::move(s);
   return 0;
 }
@@ -82,72 +81,48 @@ int RowSlots::write_rows(size_t n, const char* const* rows, std::vector<uint64_t
   live_.resize(file_->file_pages() * rows_per_page_, false);
   page_live_.resize(file_->file_pages(), 0);
 
-  const size_t chunk = std::min(count, staging_pages_);
-  if (staging_.size() < chunk * page_bytes) staging_.resize(chunk * page_bytes);
-  std::vector<uint64_t> chunk_pages;
-  std::vector<const char*> images;
-  for (size_t first = 0; first < count; first += chunk) {
-    const size_t m = std::min(chunk, count - first);
-    chunk_pages.assign(pages->begin() + first, pages->begin() + first + m);
-    images.clear();
-    for (size_t j = 0; j < m; ++j) {
-      char* image = staging_.data() + j * page_bytes;
-      const size_t row0 = (first + j) * rows_per_page_;
-      const size_t k = std::min(rows_per_page_, n - row0);
-      for (size_t s = 0; s < k; ++s)
-        std::memcpy(image + s * row_bytes_, rows[row0 + s], row_bytes_);
-      // Zeros after the rows, not bytes of an earlier batch.
-      std::memset(image + k * row_bytes_, 0, page_bytes - k * row_bytes_);
-      images.push_back(image);
-    }
-    if (const int r = file_->write(chunk_pages, images.data(), detail); r < 0) {
-      file_->release(*pages);
-      pages->clear();
-      return r;
-    }
+  // Each page's image is built in the buffer its write goes from: the rows, then zeros (not
+  // bytes of an earlier batch).
+  const auto fill = [&](size_t j, char* image) {
+    const size_t row0 = j * rows_per_page_;
+    const size_t k = std::min(rows_per_page_, n - row0);
+    for (size_t s = 0; s < k; ++s) std::memcpy(image + s * row_bytes_, rows[row0 + s], row_bytes_);
+    std::memset(image + k * row_bytes_, 0, page_bytes - k * row_bytes_);
+  };
+  if (const int r = file_->write_with(*pages, fill, detail); r < 0) {
+    file_->release(*pages);
+    pages->clear();
+    return r;
   }
   return 0;
 }
 
 int RowSlots::read_rows(size_t n, const uint64_t* handles, char* const* rows, std::string* detail) {
-  // By handle, so that the rows of a page are next to each other and the pages go in file order.
+  // By handle, so that the rows of a page are next to each other and the pages go in file order
+  // (the page file reads neighbouring pages together).
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), size_t{0});
   std::sort(order.begin(), order.end(),
             [handles](size_t a, size_t b) { return handles[a] < handles[b]; });
-
-  const size_t page_bytes = file_->page_bytes();
-  std::vector<uint64_t> chunk_pages;
-  std::vector<char*> images;
-  size_t next = 0;
-  while (next < n) {
-    // The rows of up to staging_pages_ distinct pages.
-    chunk_pages.clear();
-    size_t end = next;
-    while (end < n) {
-      const uint64_t page = handles[order[end]] / rows_per_page_;
-      if (chunk_pages.empty() || chunk_pages.back() != page) {
-        if (chunk_pages.size() == staging_pages_) break;
-        chunk_pages.push_back(page);
-      }
-      ++end;
+  // The distinct pages, and where each one's rows start in `order`.
+  std::vector<uint64_t> pages;
+  std::vector<size_t> first;
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t page = handles[order[i]] / rows_per_page_;
+    if (pages.empty() || pages.back() != page) {
+      pages.push_back(page);
+      first.push_back(i);
     }
-    if (staging_.size() < chunk_pages.size() * page_bytes) {
-      staging_.resize(chunk_pages.size() * page_bytes);
-    }
-    images.clear();
-    for (size_t j = 0; j < chunk_pages.size(); ++j)
-      images.push_back(staging_.data() + j * page_bytes);
-    if (const int r = file_->read(chunk_pages, images.data(), detail); r < 0) return r;
-    size_t j = 0;
-    for (size_t i = next; i < end; ++i) {
-      const uint64_t h = handles[order[i]];
-      while (chunk_pages[j] != h / rows_per_page_) ++j;
-      std::memcpy(rows[order[i]], images[j] + (h % rows_per_page_) * row_bytes_, row_bytes_);
-    }
-    next = end;
   }
-  return 0;
+  first.push_back(n);
+  // Each row straight from the buffer its page landed in.
+  const auto take = [&](size_t j, const char* image) {
+    for (size_t i = first[j]; i < first[j + 1]; ++i) {
+      const uint64_t h = handles[order[i]];
+      std::memcpy(rows[order[i]], image + (h % rows_per_page_) * row_bytes_, row_bytes_);
+    }
+  };
+  return file_->read_with(pages, take, detail);
 }
 
 int RowSlots::put(size_t n, const char* const* rows, uint64_t* handles, std::string* detail) {

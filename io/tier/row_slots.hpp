@@ -30,7 +30,7 @@
 //
 // liburing style: every call returns 0 or -errno, with a message in *detail (may be null) where
 // one helps; nothing throws. Not thread-safe: one caller at a time, reads included (they share
-// the page file's ring and buffers, and this object's staging pages).
+// the page file's ring and buffers).
 #pragma once
 
 #include <cstddef>
@@ -55,9 +55,6 @@ struct RowSlotsOptions {
   // The most pages one compact() call reads (and so the most rows it holds in memory); the
   // sparsest go first. The table calls again while dead_slots() stays high.
   size_t compact_max_pages = 1024;
-  // Page images assembled (put) or read (get) at once: bounds this object's memory whatever the
-  // batch size. At least one page is always staged.
-  size_t staging_bytes = size_t{8} << 20;
 };
 
 class RowSlots {
@@ -114,7 +111,8 @@ class RowSlots {
   // empty and the pages it took are released.
   int write_rows(size_t n, const char* const* rows, std::vector<uint64_t>* pages,
                  std::string* detail);
-  // Copies live handles[0..n) out to rows[i], staging_pages_ distinct pages at a time.
+  // Copies live handles[0..n) out to rows[i], each from the page file's buffer its page landed
+  // in. On error some rows may have been copied.
   int read_rows(size_t n, const uint64_t* handles, char* const* rows, std::string* detail);
   // Makes row i of write_rows' pages live and returns its handle.
   uint64_t mark_live(const std::vector<uint64_t>& pages, size_t i);
@@ -127,9 +125,7 @@ class RowSlots {
   size_t rows_per_page_ = 0;
   double compact_dead_fraction_ = 0;
   size_t compact_max_pages_ = 0;
-  size_t staging_pages_ = 0;
-  std::vector<char> staging_;  // staging_pages_ page images, one after another
-  std::vector<bool> live_;     // by handle; grows with the file
+  std::vector<bool> live_;  // by handle; grows with the file
   // Live rows by page; grows with the file. A page holds at most 4096 rows (of one byte: a row
   // over kAlignment gets a page of its own), so 16 bits do, at 2 bytes per 4 KiB of disk.
   std::vector<uint16_t> page_live_;

@@ -2,7 +2,7 @@
 // against a std::map through every engine combination and row sizes from a word to more than a
 // page; write faults in put and in compaction; dead handles refused before any I/O.
 //
-// Small staging (a few pages) and queue depths make every batch cross several PageFile calls.
+// Small queue depths (4 pages in flight) make every batch cross several rounds of the page file.
 #include "io/tier/row_slots.hpp"
 
 #include <algorithm>
@@ -38,7 +38,6 @@ RowSlotsOptions options_for(Combo c) {
   o.allow_uring = c.uring;
   o.direct = c.direct;
   o.queue_depth = 4;
-  o.staging_bytes = 3 * kAlignment;  // 3 pages of 4 KiB, 1 of 8 KiB
   return o;
 }
 
@@ -169,7 +168,7 @@ TEST_CASE("row slots: random put/get/free/compact equal a map through every engi
         // going back and coming again.
         const bool full = model.size() >= target;
         if (model.empty() || (what < 7 && !full)) {
-          // Batches from one row to a few pages, and more than the staging holds.
+          // Batches from one row to a few pages, and more than the queue holds.
           const size_t n = 1 + rng() % std::min<uint64_t>(4 * rpp + 2, 600);
           std::vector<std::string> rows;
           for (size_t i = 0; i < n; ++i) rows.push_back(random_row(rng, row_bytes));
@@ -418,7 +417,7 @@ TEST_CASE("row slots: compaction interrupted by a write fault leaves every old h
       auto s = create_ok(dir.path(), 520, o);
       std::mt19937_64 rng(fail_at);
       std::map<uint64_t, std::string> model;
-      // 40 pages, 35 with one row: those 35 rows move into 5 pages (more than the staging holds).
+      // 40 pages, 35 with one row: those 35 rows move into 5 pages (more than the queue holds).
       sparse_file(*s, rng, 40, 5, &model);
       const uint64_t in_use = s->pages_in_use(), dead = s->dead_slots();
       const uint64_t written = s->bytes_written();
