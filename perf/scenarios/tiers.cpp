@@ -39,8 +39,9 @@
 // written per timed step (deltas of the table's stats); rows in memory at the end; the
 // process's resident memory (VmRSS) after the fill and at the end; the incremental
 // checkpoint's time and bytes (embstore_checkpoint_info). A cell's working files (the tier's
-// file, the checkpoints) live under a directory in --dir, which must be on a disk, not tmpfs;
-// its checkpoints are removed after the cell and the directory at the end, unless --keep.
+// file, the checkpoints) live under a directory in --dir (the checkpoints under one in
+// --ckpt-dir when given), which must be on a disk, not tmpfs; its checkpoints are removed after
+// the cell and the directories at the end, unless --keep.
 //
 // Defaults: 2 distributions x 4 shares of a 1,000,000-row dim-64 Adagrad table (512 B of value
 // and state a row), 20 timed steps of 16384 keys (not the harness's 100 of 65536) after 5
@@ -59,6 +60,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -178,6 +180,9 @@ class TiersScenario final : public Scenario {
                    "the working directory (tier file, checkpoints) is created under this one; "
                    "it must be on a disk, not tmpfs")
         ->capture_default_str();
+    app.add_option("--ckpt-dir", ckpt_parent_,
+                   "checkpoints go to a directory created under this one rather than under "
+                   "--dir (a tier on a small fast disk, checkpoints elsewhere); on a disk too");
     app.add_flag("--keep", keep_, "keep the working directory and its checkpoints");
     app.add_flag("--prefetch,!--no-prefetch", prefetch_,
                  "each step prefetches the next step's keys after its lookup, as a pipelined "
@@ -229,6 +234,13 @@ class TiersScenario final : public Scenario {
     const ScenarioDir work(dir_, name(), keep_);
     const std::string tier_dir = work.path() + "/tier";
     fs::create_directories(tier_dir);
+    std::optional<ScenarioDir> ckpt_work;
+    if (!ckpt_parent_.empty()) {
+      require_disk(ckpt_parent_);
+      ckpt_work.emplace(ckpt_parent_, name(), keep_);
+      fs::create_directories(ckpt_work->path());
+    }
+    const std::string ckpt_root = ckpt_work ? ckpt_work->path() : work.path();
 
     std::vector<float> grads(o.batch * o.dim);
     SplitMix64 rng(o.seed ^ 0x7469657273ull);
@@ -257,7 +269,7 @@ class TiersScenario final : public Scenario {
         }
       }
       for (const double share : shares) {
-        const std::string ckpt_dir = fmt::format("{}/ckpt-{}-{}", work.path(), dist, share);
+        const std::string ckpt_dir = fmt::format("{}/ckpt-{}-{}", ckpt_root, dist, share);
         Cell c = run_cell(o, dist, share, exponent, grads, tier_dir, ckpt_dir, &backend);
         c.keys_ok = c.keys_hash == want_keys;
         std::error_code ec;
@@ -284,12 +296,13 @@ class TiersScenario final : public Scenario {
         "steps/s, up ms is) after {} warm-up, {}, {} ms of dense "
         "compute each; per step: means over the timed steps; full: the full checkpoint before "
         "them, to its commit, and the tier's reads meanwhile; delta: one incremental checkpoint "
-        "after them, to its commit; {} backend ({}), {} thread(s), fill in {} order, --dir {}",
+        "after them, to its commit; {} backend ({}), {} thread(s), fill in {} order, --dir {}{}",
         rows_, o.dim, optimizer_, o.steps, o.batch, warmup_,
         prefetch_ ? "each prefetching the next" : "no prefetch", dense_ms_, backend_name(backend),
         backend == EMBSTORE_BACKEND_CUDA ? "budget: device_rows, the rest in host memory"
                                          : "budget: memory_rows, the rest on disk",
-        o.threads, fill_order_, dir_);
+        o.threads, fill_order_, dir_,
+        ckpt_parent_.empty() ? "" : fmt::format(", --ckpt-dir {}", ckpt_parent_));
 
     report_common(report, o, backend);
     report.set("rows", rows_);
@@ -298,6 +311,7 @@ class TiersScenario final : public Scenario {
     report.set("prefetch", prefetch_);
     report.set("dense_ms", dense_ms_);
     report.set("dir", dir_);
+    report.set("ckpt_dir", ckpt_parent_.empty() ? dir_ : ckpt_parent_);
     report.set("fill_order", fill_order_);
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
     for (const Cell& c : cells) {
@@ -555,6 +569,7 @@ class TiersScenario final : public Scenario {
   bool prefetch_ = true;
   double dense_ms_ = 0;
   std::string dir_ = "/var/tmp";
+  std::string ckpt_parent_;  // empty: checkpoints under dir_
   bool keep_ = false;
   std::string fill_order_ = "rank";
   unsigned staging_mib_ = 0;
