@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -276,6 +277,77 @@ TEST_CASE("page file: pages next to each other are one read, each page landing w
       }
       REQUIRE(writes == pages.size());
     }
+  }
+}
+
+TEST_CASE("page file: write_with and read_with fill and hand each page once, in its buffer",
+          "[io][tier]") {
+  TierDir dir;
+  for (const Combo c : kCombos) {
+    CAPTURE(c.uring, c.direct);
+    PageFileOptions o = options_for(c);
+    o.queue_depth = 4;  // several rounds of buffers per batch
+    auto f = create_ok(dir.path(), o);
+    const std::vector<uint64_t> pages = allocate_ok(*f, 40);
+    // A page's bytes: its page number, then a pattern of it.
+    const auto image = [](uint64_t page, char* out) {
+      for (size_t b = 0; b < kAlignment; ++b) out[b] = static_cast<char>(page * 31 + b * 7);
+    };
+    std::vector<int> filled(pages.size(), 0);
+    size_t unaligned = 0;
+    std::string detail;
+    REQUIRE(f->write_with(
+                pages,
+                [&](size_t i, char* page) {
+                  ++filled[i];
+                  unaligned += reinterpret_cast<uintptr_t>(page) % kAlignment != 0;
+                  image(pages[i], page);
+                },
+                &detail) == 0);
+    REQUIRE(std::count(filled.begin(), filled.end(), 1) == static_cast<long>(pages.size()));
+    REQUIRE(unaligned == 0);  // the buffer a write goes from, as O_DIRECT needs
+
+    // Runs, a page asked twice, pages out of order.
+    const std::vector<uint64_t> asked = {3, 4, 5, 6, 7, 20, 20, 39, 0, 1, 38, 12};
+    std::vector<int> taken(asked.size(), 0);
+    size_t wrong = 0;
+    std::vector<char> want(kAlignment);
+    REQUIRE(f->read_with(
+                asked,
+                [&](size_t i, const char* page) {
+                  ++taken[i];
+                  image(asked[i], want.data());
+                  wrong += std::memcmp(page, want.data(), kAlignment) != 0;
+                },
+                &detail) == 0);
+    REQUIRE(std::count(taken.begin(), taken.end(), 1) == static_cast<long>(asked.size()));
+    REQUIRE(wrong == 0);
+
+    // A page not in use: refused before any I/O, nothing filled or handed.
+    f->release({9});
+    size_t calls = 0;
+    REQUIRE(f->write_with(
+                {8, 9}, [&](size_t, char*) { ++calls; }, &detail) == -EINVAL);
+    REQUIRE_THAT(detail, Catch::Contains("page 9 is not allocated"));
+    REQUIRE(f->read_with(
+                {8, 9}, [&](size_t, const char*) { ++calls; }, &detail) == -EINVAL);
+    REQUIRE(calls == 0);
+
+    // A failed read hands out none of the pages of its request: the run 20..23 fails, and only
+    // pages of the other requests may have been handed.
+    const std::vector<uint64_t> batch = {0, 20, 21, 22, 23, 30};
+    std::vector<uint64_t> handed;
+    int r = 0;
+    {
+      ReadFaultGuard fail(
+          [&](uint64_t offset, size_t) { return offset == 20 * kAlignment ? -EIO : 0; });
+      r = f->read_with(
+          batch, [&](size_t i, const char*) { handed.push_back(batch[i]); }, &detail);
+    }
+    REQUIRE(r == -EIO);
+    REQUIRE_THAT(detail, Catch::Contains("page 20"));
+    REQUIRE(
+        std::none_of(handed.begin(), handed.end(), [](uint64_t p) { return p >= 20 && p <= 23; }));
   }
 }
 
