@@ -286,14 +286,22 @@ int PageFile::check_buffers(bool write, const std::vector<uint64_t>& pages, cons
   return 0;
 }
 
+int PageFile::no_callback(bool write, size_t pages, std::string* detail) const {
+  set_detail(detail, fmt::format("tier {} of {} pages without a callback", write ? "write" : "read",
+                                 pages));
+  return -EINVAL;
+}
+
 int PageFile::write_with(const std::vector<uint64_t>& pages, const PageFill& fill,
                          std::string* detail) {
+  if (!fill) return no_callback(true, pages.size(), detail);
   if (const int r = check_pages(true, pages, detail); r < 0) return r;
   return transfer(true, pages, fill, nullptr, detail);
 }
 
 int PageFile::read_with(const std::vector<uint64_t>& pages, const PageTake& take,
                         std::string* detail) {
+  if (!take) return no_callback(false, pages.size(), detail);
   if (const int r = check_pages(false, pages, detail); r < 0) return r;
   return transfer(false, pages, nullptr, take, detail);
 }

@@ -79,17 +79,19 @@ class PageFile {
 
   // Where write_with() gets page i's image and read_with() hands page i's bytes: page is a
   // staging buffer of the file's (page_bytes(), aligned), valid during the call only. Called on
-  // the calling thread, once for each page that is written or read, in no particular order.
+  // the calling thread, in no particular order: fill at most once a page, before its write
+  // (a batch that fails may leave pages filled and not written); take exactly once for each page
+  // read whole, never for one whose read failed. They must not throw (requests may be in flight).
   using PageFill = std::function<void(size_t i, char* page)>;
   using PageTake = std::function<void(size_t i, const char* page)>;
 
   // Writes fill's image of pages[i] to pages[i], for every i, queue_depth() at a time, the image
   // built straight into the buffer the write goes from (no copy of the caller's). A page at most
   // once per call (else which write lands is not known). Returns 0, or the first error: -EINVAL
-  // before any I/O for a page not in use; -ENOSPC, -EIO, ... of a write (the fault hook of
-  // io/engine/fault.hpp is asked before each one, as for FileWriter). After an error no further
-  // write starts, and the call returns only once those in flight are done; the pages of a failed
-  // call hold old or new contents.
+  // before any I/O for a page not in use or an empty fill; -ENOSPC, -EIO, ... of a write (the fault
+  // hook of io/engine/fault.hpp is asked before each one, as for FileWriter). After an error no
+  // further write starts, and the call returns only once those in flight are done; the pages of a
+  // failed call hold old or new contents.
   int write_with(const std::vector<uint64_t>& pages, const PageFill& fill, std::string* detail);
   // Reads pages[i] and hands its bytes to take(i, page), for every i, the same way (the read
   // fault hook of io/engine/fault.hpp is asked before each read), except that pages next to
@@ -97,8 +99,8 @@ class PageFile {
   // run_pages() pages: a caller that sorts its pages reads adjacent ones at the disk's
   // bandwidth rather than a request each. A page that was allocated but never written reads as
   // zeros. -EIO when the file is shorter than the page
-  // (it was cut behind this object's back): a short read is never handed out as data. On an
-  // error some pages may have been handed to take already.
+  // (it was cut behind this object's back): a short read is never handed out as data. -EINVAL
+  // for an empty take. On an error some pages may have been handed to take already.
   int read_with(const std::vector<uint64_t>& pages, const PageTake& take, std::string* detail);
   // write_with and read_with over caller memory: page_bytes() from or to data[i] (any
   // alignment); -EINVAL before any I/O for a null pointer.
@@ -143,6 +145,8 @@ class PageFile {
   size_t run_at(bool write, const std::vector<uint64_t>& pages, size_t first) const;
   // Refuses a batch with a page not in use, or any batch once the ring broke, before any I/O.
   int check_pages(bool write, const std::vector<uint64_t>& pages, std::string* detail) const;
+  // -EINVAL for write_with() or read_with() without a callback.
+  int no_callback(bool write, size_t pages, std::string* detail) const;
   // Refuses null buffers in the caller memory of write() and read().
   int check_buffers(bool write, const std::vector<uint64_t>& pages, const char* const* data,
                     std::string* detail) const;

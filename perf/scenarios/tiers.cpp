@@ -87,14 +87,14 @@ uint64_t resident_bytes() {
 
 // Throws unless dir exists on a file system whose pages are not memory (tmpfs, ramfs): the SSD
 // tier there would measure memory copies, and embstore_table_create refuses it anyway.
-void require_disk(const std::string& dir) {
+void require_disk(const char* option, const std::string& dir) {
   struct statfs sfs {};
   if (::statfs(dir.c_str(), &sfs) != 0) {
-    throw std::runtime_error(fmt::format("--dir '{}': {}", dir, std::strerror(errno)));
+    throw std::runtime_error(fmt::format("{} '{}': {}", option, dir, std::strerror(errno)));
   }
   if (sfs.f_type == TMPFS_MAGIC || sfs.f_type == RAMFS_MAGIC) {
     throw std::runtime_error(fmt::format(
-        "--dir '{}' is on tmpfs or ramfs: the SSD tier needs a directory on a disk", dir));
+        "{} '{}' is on tmpfs or ramfs: the tier and the checkpoints need a disk", option, dir));
   }
 }
 
@@ -230,13 +230,15 @@ class TiersScenario final : public Scenario {
     std::sort(shares.begin(), shares.end(), std::greater<>());
     shares.erase(std::unique(shares.begin(), shares.end()), shares.end());
 
-    require_disk(dir_);
+    require_disk("--dir", dir_);
     const ScenarioDir work(dir_, name(), keep_);
     const std::string tier_dir = work.path() + "/tier";
     fs::create_directories(tier_dir);
     std::optional<ScenarioDir> ckpt_work;
-    if (!ckpt_parent_.empty()) {
-      require_disk(ckpt_parent_);
+    // The same directory as --dir: the checkpoints go in the working directory, as without.
+    std::error_code same;
+    if (!ckpt_parent_.empty() && !fs::equivalent(ckpt_parent_, dir_, same)) {
+      require_disk("--ckpt-dir", ckpt_parent_);
       ckpt_work.emplace(ckpt_parent_, name(), keep_);
       fs::create_directories(ckpt_work->path());
     }

@@ -332,6 +332,15 @@ TEST_CASE("page file: write_with and read_with fill and hand each page once, in 
     REQUIRE(f->read_with(
                 {8, 9}, [&](size_t, const char*) { ++calls; }, &detail) == -EINVAL);
     REQUIRE(calls == 0);
+    // No callback, no buffers: refused before any I/O.
+    REQUIRE(f->write_with({8}, nullptr, &detail) == -EINVAL);
+    REQUIRE_THAT(detail, Catch::Contains("without a callback"));
+    REQUIRE(f->read_with({8}, nullptr, &detail) == -EINVAL);
+    REQUIRE(f->read({8}, nullptr, &detail) == -EINVAL);
+    REQUIRE_THAT(detail, Catch::Contains("without buffers"));
+    char* none[] = {nullptr};
+    REQUIRE(f->read({8}, none, &detail) == -EINVAL);
+    REQUIRE_THAT(detail, Catch::Contains("no buffer for page 8"));
 
     // A failed read hands out none of the pages of its request: the run 20..23 fails, and only
     // pages of the other requests may have been handed.
@@ -669,6 +678,12 @@ TEST_CASE("page file: a page the file no longer reaches is -EIO, never data", "[
     REQUIRE(f->read({0, 1, 2}, back.out(), &detail) == -EIO);
     REQUIRE_THAT(detail,
                  Catch::Contains("page 1 ") && Catch::Contains("after 2048 bytes: the file ends"));
+    // The run's pages are never handed out: its read came back short, then at the end.
+    const std::vector<uint64_t> run = {0, 1, 2};
+    std::vector<uint64_t> handed;
+    REQUIRE(f->read_with(
+                run, [&](size_t i, const char*) { handed.push_back(run[i]); }, &detail) == -EIO);
+    REQUIRE(handed.empty());
     // A batch with a cut page fails as a whole, after the others completed.
     REQUIRE(f->read({0, 3, 0}, back.out(), &detail) == -EIO);
     REQUIRE(f->read({0}, back.out(), &detail) == 0);

@@ -2,7 +2,8 @@
 // against a std::map through every engine combination and row sizes from a word to more than a
 // page; write faults in put and in compaction; dead handles refused before any I/O.
 //
-// Small queue depths (4 pages in flight) make every batch cross several rounds of the page file.
+// A small queue depth (4 requests in flight: a page each for writes, a run of pages each for
+// reads) makes larger batches cross several rounds of the page file.
 #include "io/tier/row_slots.hpp"
 
 #include <algorithm>
