@@ -289,7 +289,7 @@ TEST_CASE("page file: write_with and read_with fill and hand each page once, in 
     o.queue_depth = 4;  // several rounds of buffers per batch
     auto f = create_ok(dir.path(), o);
     const std::vector<uint64_t> pages = allocate_ok(*f, 40);
-    // A page's bytes: its page number, then a pattern of it.
+    // A page's bytes: a pattern of its page number, so that a page handed for another is seen.
     const auto image = [](uint64_t page, char* out) {
       for (size_t b = 0; b < kAlignment; ++b) out[b] = static_cast<char>(page * 31 + b * 7);
     };
