@@ -4,6 +4,7 @@
 # here.
 #   scripts/test-gpu.sh [--build DIR] [--out DIR] [--budget SECONDS] [--no-perf]
 #                       [--no-sanitize] [--host-perf] [--python PYTHON] [--bundle FILE]
+#                       [--only REGEX] [--profile]
 # Phases, in order, each given what is left of the budget:
 #   cuda      the behaviour tests with --backend cuda (in parallel), the Python package's tests
 #             against DIR's library (tests/python, test_cuda.py's CUDA paths among them), the
@@ -20,6 +21,10 @@
 #             checkpoints per codec (10M rows)
 #   sanitize  compute-sanitizer: memcheck over every behaviour test, racecheck and synccheck
 #             over some, until the budget runs out (a check cut off is reported as such)
+#   profile   with --profile, where nsys is installed: the device tier's tiers cell (10% of the
+#             rows on the device, Zipf 1.1) under nsys, its kernel and API summaries in the log
+# --only REGEX runs only the checks whose names match (grep -E), the rest reported as skipped:
+# a short lent machine spent on what a change needs.
 # Writes OUT/summary.txt (a line per check: name, exit status, seconds), a log per check, and
 # OUT/*.json of the perf runs; prints the summary; with --bundle, packs OUT into FILE (a
 # .tar.gz: one file to bring back). Exits 1 when a check failed.
@@ -32,6 +37,8 @@ perf=1
 sanitize=1
 host_perf=0
 bundle=""
+only=""
+profile=0
 python=${PYTHON:-python3}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -43,8 +50,11 @@ while [ $# -gt 0 ]; do
     --host-perf) host_perf=1; shift ;;
     --bundle) bundle=$2; shift 2 ;;
     --python) python=$2; shift 2 ;;
+    --only) only=$2; shift 2 ;;
+    --profile) profile=1; shift ;;
     *) echo "usage: scripts/test-gpu.sh [--build DIR] [--out DIR] [--budget SECONDS]" \
-         "[--no-perf] [--no-sanitize] [--host-perf] [--python PYTHON] [--bundle FILE]" >&2
+         "[--no-perf] [--no-sanitize] [--host-perf] [--python PYTHON] [--bundle FILE]" \
+         "[--only REGEX] [--profile]" >&2
        exit 2 ;;
   esac
 done
@@ -66,6 +76,10 @@ left() { echo $((deadline - SECONDS)); }
 check() {
   local name=$1 limit=$2
   shift 2
+  if [ -n "$only" ] && ! grep -Eq -- "$only" <<<"$name"; then
+    echo "$name skipped (not selected)" >>"$summary"
+    return
+  fi
   if [ "$limit" -le 5 ]; then
     echo "$name skipped (no time left)" >>"$summary"
     return
@@ -154,6 +168,15 @@ if [ "$perf" = 1 ]; then
       --dir "$tmp/ckpt-codecs" --rows 10000000 --dim 64 --dirty-fraction 0.01 \
       --codecs none,lossless/lossless,int8/bf16 --json "$out/perf-checkpoint-codecs-host.json"
   fi
+fi
+
+# -- profile: where a tiered step's time goes, on the device --
+if [ "$profile" = 1 ] && command -v nsys >/dev/null; then
+  check profile-tiers-cuda "$(( $(left) / 3 ))" nsys profile --stats=true --force-overwrite=true \
+    -o "$tmp/tiers-profile" "$build/perf/embstore-perf" tiers --backend cuda --shares 0.1 \
+    --dists 1.1 --batch 65536 --steps 20 --fill-order scattered
+elif [ "$profile" = 1 ]; then
+  echo "profile-tiers-cuda skipped (no nsys)" >>"$summary"
 fi
 
 # -- sanitize: what the budget leaves --
