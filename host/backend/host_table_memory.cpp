@@ -92,8 +92,8 @@ void HostTable::spill(SpillFile& file) {
                       0,
                       0,
                       0};
-    part.values_xxh3 = XXH3_64bits(value_chunks_[c].as<char>(), part.value_bytes);
-    part.meta_xxh3 = XXH3_64bits(meta_chunks_[c].as<char>(), part.meta_bytes);
+    part.values_xxh3 = io::xxh3_64(value_chunks_[c].as<char>(), part.value_bytes);
+    part.meta_xxh3 = io::xxh3_64(meta_chunks_[c].as<char>(), part.meta_bytes);
     check_spill(file.append(value_chunks_[c].as<char>(), part.value_bytes, &part.values_at),
                 "write");
     check_spill(file.append(meta_chunks_[c].as<char>(), part.meta_bytes, &part.meta_at), "write");
@@ -115,8 +115,8 @@ void HostTable::unspill(SpillFile& file) {
                 "read back");
     check_spill(file.read(meta_chunks_[p.chunk].as<char>(), p.meta_bytes, p.meta_at), "read back");
     // The disk gave back what it was given, or the restore says the rows are lost.
-    if (XXH3_64bits(value_chunks_[p.chunk].as<char>(), p.value_bytes) != p.values_xxh3 ||
-        XXH3_64bits(meta_chunks_[p.chunk].as<char>(), p.meta_bytes) != p.meta_xxh3) {
+    if (io::xxh3_64(value_chunks_[p.chunk].as<char>(), p.value_bytes) != p.values_xxh3 ||
+        io::xxh3_64(meta_chunks_[p.chunk].as<char>(), p.meta_bytes) != p.meta_xxh3) {
       check_spill(-EBADMSG, "read back (checksum mismatch)");
     }
   }

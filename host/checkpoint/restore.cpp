@@ -153,7 +153,7 @@ uint64_t signature_of(const Replacement& r) {
     bytes += l.table->entry->name;
     bytes += l.values_only ? '\1' : '\0';
   }
-  return XXH3_64bits(bytes.data(), bytes.size());
+  return io::xxh3_64(bytes.data(), bytes.size());
 }
 
 // A sharded store's restore or warm start, before any rank reads rows: every rank planned the

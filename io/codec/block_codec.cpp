@@ -178,7 +178,7 @@ bool sampled_rows_repeat(const float* in, uint32_t rows, uint32_t width) {
   uint64_t hashes[kSampledRows];
   for (uint32_t i = 0; i < k; ++i) {
     const uint64_t r = uint64_t{i} * rows / k;
-    hashes[i] = XXH3_64bits(in + r * width, size_t{width} * sizeof(float));
+    hashes[i] = xxh3_64(in + r * width, size_t{width} * sizeof(float));
   }
   std::sort(hashes, hashes + k);
   return std::adjacent_find(hashes, hashes + k) != hashes + k;

@@ -396,7 +396,7 @@ int read_checked_file(const std::string& vdir, const FileEntry& f, std::string* 
                                        "read",
                                        path, data->size(), f.bytes));
   }
-  if (const uint64_t sum = XXH3_64bits(data->data(), data->size()); sum != f.xxh3) {
+  if (const uint64_t sum = xxh3_64(data->data(), data->size()); sum != f.xxh3) {
     return corrupt(detail, fmt::format("{}: XXH3 checksum mismatch: the file hashes to {:016x}, "
                                        "the manifest says {:016x}",
                                        path, sum, f.xxh3));

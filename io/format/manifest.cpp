@@ -231,7 +231,7 @@ json manifest_json(const Manifest& m) {
 
 uint64_t body_checksum(const json& body) {
   const std::string text = body.dump();
-  return XXH3_64bits(text.data(), text.size());
+  return xxh3_64(text.data(), text.size());
 }
 
 // A serving-only version's table holds values only: what a reader would otherwise expect of
@@ -584,7 +584,7 @@ int checksum_file(const std::string& path, uint64_t* xxh3, uint64_t* bytes,
       return -errno;
     }
     if (n == 0) break;
-    XXH3_64bits_update(state.get(), buf.get(), static_cast<size_t>(n));
+    xxh3_update(state.get(), buf.get(), static_cast<size_t>(n));
     total += static_cast<uint64_t>(n);
     if (progress) progress(total, ctx);
   }

@@ -224,8 +224,8 @@ void RowFileWriter::lay_out_block(Block& b, Coder* coder) const {
   put_u32(h + 20, dim_);
   put_u32(h + 24, state_dim_);
   put_u64(h + 40, payload_bytes);
-  put_u64(h + 48, XXH3_64bits(payload, payload_bytes));
-  put_u64(h + 56, XXH3_64bits(h, kHeaderHashedBytes));
+  put_u64(h + 48, xxh3_64(payload, payload_bytes));
+  put_u64(h + 56, xxh3_64(h, kHeaderHashedBytes));
 }
 
 int RowFileWriter::flush_block() {
@@ -277,7 +277,7 @@ int RowFileWriter::submit_pending(size_t keep) {
     }
     if (error_ == 0) {
       // Hash before submit: the buffer goes back to the writer with it.
-      XXH3_64bits_update(hash_.get(), b.buf, b.bytes);
+      xxh3_update(hash_.get(), b.buf, b.bytes);
       if (const int r = writer_->submit(b.buf, b.bytes); r < 0) fail(r);
     }
     pending_.pop_front();
@@ -418,8 +418,8 @@ RowFileReader::~RowFileReader() {
 }
 
 const char* RowFileReader::check_payload(const Payload& p, bool hash) {
-  if (hash) XXH3_64bits_update(hash_.get(), p.data, p.span);
-  if (p.xxh3 != XXH3_64bits(p.data, p.bytes)) return "payload checksum mismatch";
+  if (hash) xxh3_update(hash_.get(), p.data, p.span);
+  if (p.xxh3 != xxh3_64(p.data, p.bytes)) return "payload checksum mismatch";
   // Padding lies outside both checksums; zeros keep the file's bytes fully determined.
   for (uint64_t i = p.bytes; i < p.span; ++i) {
     if (p.data[i] != 0) return "nonzero padding";
@@ -449,7 +449,7 @@ int RowFileReader::take(size_t n, const char** data, bool hash) {
   }
   if (chunk_bytes_ - chunk_at_ >= n) {
     *data = chunk_ + chunk_at_;
-    if (hash) XXH3_64bits_update(hash_.get(), *data, n);
+    if (hash) xxh3_update(hash_.get(), *data, n);
     chunk_at_ += n;
     offset_ += n;
     return 0;
@@ -473,7 +473,7 @@ int RowFileReader::take(size_t n, const char** data, bool hash) {
   }
   offset_ += n;
   *data = dst;
-  if (hash) XXH3_64bits_update(hash_.get(), dst, n);
+  if (hash) xxh3_update(hash_.get(), dst, n);
   return 0;
 }
 
@@ -490,7 +490,7 @@ int RowFileReader::read_block(Ahead* a) {
   char h[kRowBlockHeaderBytes];
   std::memcpy(h, p, sizeof h);
   if (std::memcmp(h, kRowFileMagic, sizeof kRowFileMagic) != 0) return corrupt(at, "bad magic");
-  if (get_u64(h + 56) != XXH3_64bits(h, kHeaderHashedBytes)) {
+  if (get_u64(h + 56) != xxh3_64(h, kHeaderHashedBytes)) {
     return corrupt(at, "header checksum mismatch");
   }
   const uint32_t version = get_u32(h + 8);

@@ -148,7 +148,7 @@ int write_whole(const std::string& staging, const std::string& rel, const void* 
   if (durable) {
     if (int r = fsync_path(path); r < 0) return failed(detail, r, fmt::format("fsync of {}", rel));
   }
-  *entry = FileEntry{rel, bytes, 0, XXH3_64bits(data, bytes)};
+  *entry = FileEntry{rel, bytes, 0, xxh3_64(data, bytes)};
   return 0;
 }
 
