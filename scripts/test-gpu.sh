@@ -130,10 +130,12 @@ if [ "$perf" = 1 ]; then
   check perf-tiers-cuda-scattered "$(( $(left) / 7 ))" "$p" tiers --backend cuda \
     --shares 1,0.1 --dists 1.1,uniform --batch 65536 --steps 50 --fill-order scattered \
     --json "$out/perf-tiers-cuda-scattered.json"
-  # Eviction at max_capacity: every insert past 1M rows makes room (make_room's histogram).
-  check perf-train-cuda-maxcap "$(( $(left) / 8 ))" "$p" train --backend cuda \
+  # Eviction at max_capacity: every insert past 1M rows makes room (make_room's histogram). Two
+  # pairs, off then on and on then off: on 2026-12-04 the one run without checkpoints (first)
+  # was 6x slower than the one with them.
+  check perf-train-cuda-maxcap "$(( $(left) / 7 ))" "$p" train --backend cuda \
     --dir "$tmp/train" --max-capacity 1000000 --evict-idle-steps 500 --incremental-every 100 \
-    --steps 1000 --repeat 1 --json "$out/perf-train-cuda-maxcap.json"
+    --steps 1000 --repeat 2 --json "$out/perf-train-cuda-maxcap.json"
   check perf-optimizer-cuda "$(( $(left) / 8 ))" "$p" optimizer --backend cuda \
     --json "$out/perf-optimizer-cuda.json"
   check perf-tiers-cuda-rank "$(( $(left) / 8 ))" "$p" tiers --backend cuda \
