@@ -1,10 +1,11 @@
 // What embstore's calls leave behind on the caller's thread: the vector registers' upper halves
 // unused (x86-64; tests/support/vector_state.hpp says why). Found on 2026-12-04: every delta read
 // its parent's manifest through libxxhash's AVX-512 path, which returns without vzeroupper, and
-// the trainer's next baseline SSE code ran 10 times slower.
+// the trainer's baseline SSE code after it ran slower (a Zipf sampler 10 times, Python floats 3).
 #include <catch2/catch.hpp>
 #include <functional>
 
+#include "io/format/xxh3.hpp"
 #include "tests/checkpoint/checkpoint_fixtures.hpp"
 #include "tests/support/vector_state.hpp"
 
@@ -15,7 +16,7 @@ namespace {
 
 // Runs call with the upper halves cleared first; checks that they are still unused after it.
 void leaves_clear(const char* what, const std::function<void()>& call) {
-  clear_vector_upper();
+  embstore::io::clear_vector_upper();
   REQUIRE_FALSE(*vector_upper_in_use());
   call();
   INFO(what);

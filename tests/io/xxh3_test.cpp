@@ -2,6 +2,7 @@
 // registers left as it found them.
 #include "io/format/xxh3.hpp"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <vector>
@@ -54,11 +55,11 @@ TEST_CASE("xxh3: a hash leaves the thread's vector registers' upper halves unuse
   for (const size_t n : kLengths) {
     const std::vector<unsigned char> data = pattern(n);
     CAPTURE(n);
-    embstore_test::clear_vector_upper();
+    embstore::io::clear_vector_upper();
     REQUIRE_FALSE(*embstore_test::vector_upper_in_use());
     (void)embstore::io::xxh3_64(data.data(), n);
     CHECK_FALSE(*embstore_test::vector_upper_in_use());
-    embstore_test::clear_vector_upper();
+    embstore::io::clear_vector_upper();
     REQUIRE(embstore::io::xxh3_update(state, data.data(), n) == XXH_OK);
     CHECK_FALSE(*embstore_test::vector_upper_in_use());
   }

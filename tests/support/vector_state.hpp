@@ -1,7 +1,8 @@
 // Whether a thread's vector registers have their upper halves in use (x86-64): a library that
 // leaves them so (AVX code returning without vzeroupper) makes every SSE instruction the thread
 // runs afterwards pay a false dependency on them, so the caller's own code, built for the
-// baseline, runs many times slower. Tests check that embstore's calls leave them clear.
+// baseline, runs many times slower. Tests check that embstore's calls leave them clear, having
+// cleared them first with embstore::io::clear_vector_upper (io/format/xxh3.hpp).
 #pragma once
 
 #include <cstdint>
@@ -9,15 +10,12 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
-#include <immintrin.h>
 #endif
 
 namespace embstore_test {
 
 #if defined(__x86_64__)
 namespace detail {
-__attribute__((target("avx"))) inline void zero_upper_avx() { _mm256_zeroupper(); }
-
 // XGETBV with ECX = 1 reads XINUSE, the state components in use: the OS enabled XSAVE
 // (CPUID.1:ECX.OSXSAVE) and the CPU has that form (CPUID.(EAX=0DH,ECX=1):EAX[2]).
 inline bool has_xinuse() {
@@ -37,14 +35,8 @@ inline std::optional<bool> vector_upper_in_use() {
   __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(1));
   return (eax & ((1u << 2) | (1u << 6))) != 0;
 }
-
-// Marks them unused (vzeroupper), where the CPU has AVX.
-inline void clear_vector_upper() {
-  if (__builtin_cpu_supports("avx")) detail::zero_upper_avx();
-}
 #else
 inline std::optional<bool> vector_upper_in_use() { return std::nullopt; }
-inline void clear_vector_upper() {}
 #endif
 
 }  // namespace embstore_test
