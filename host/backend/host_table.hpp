@@ -109,6 +109,13 @@ class HostTable final : public Table {
   void unspill(SpillFile& file) override;
   bool load_admission(const io::AdmissionFile& counts, std::string* why) override;
   uint64_t evict_before(uint64_t cutoff_step) override;
+  // host_table_moves.cpp
+  uint64_t live_rows() override;
+  void find_held(const int64_t* keys, size_t n, uint8_t* held) override;
+  void take_rows(const int64_t* keys, size_t n, MovedRows* out) override;
+  void take_coldest(uint64_t count, uint64_t before_step, const int64_t* spare, size_t n_spare,
+                    MovedRows* out) override;
+  void put_rows(const MovedRows& rows) override;
 
  private:
   struct Group {
@@ -142,10 +149,19 @@ class HostTable final : public Table {
   void update_groups(const float* grads, uint64_t step);
 
   // host_table_eviction.cpp
-  void evict_rows(std::vector<uint32_t>& victims);
+  // Evicts `victims` (live rows, each once): remove_rows with tombstones.
+  void evict_rows(std::vector<uint32_t>& victims) { remove_rows(victims, nullptr); }
+  // Removes `victims` (live rows, each once): written to a snapshot in progress first, then
+  // their keys leave the index and the rows go to the free list. With out, their rows are
+  // appended to it (read from disk where they are there) and no tombstones are left (a move to
+  // another table); without, an eviction. Throws with nothing removed.
+  void remove_rows(std::vector<uint32_t>& victims, MovedRows* out);
   template <typename F>
   void for_each_candidate(uint64_t before, const uint64_t* spared, F&& f) const;
   void make_room(uint64_t need, uint64_t step, const uint32_t* reading, size_t n);
+  // The min(need, candidates) least recently used rows touched before `step`, sparing the n
+  // `reading` rows, into victims_; returns the candidates.
+  uint64_t pick_least_recent(uint64_t need, uint64_t step, const uint32_t* reading, size_t n);
 
   // host_table_snapshot.cpp
   void take_for_copy(uint32_t r);
@@ -252,6 +268,9 @@ class HostTable final : public Table {
                       uint64_t clock);
   // Frees the disk handles or frames of rows that leave the table (eviction).
   void release_homes(const std::vector<uint32_t>& rows);
+  // The records of `rows` into records (stride floats each), those on disk read in one batch.
+  // Throws IO_ERROR, with nothing changed, when the read fails.
+  void read_records(const std::vector<uint32_t>& rows, float* records);
   void compact_disk();
   // rows' frames (kNoRow kept) into frames_scratch_; rows itself when untiered.
   const uint32_t* frames_of(const uint32_t* rows, size_t n);

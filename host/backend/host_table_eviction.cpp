@@ -24,30 +24,55 @@ uint64_t HostTable::evict_before(uint64_t cutoff_step) {
   return victims_.size();
 }
 
-// Evicts `victims` (live rows, each once): written to a snapshot in progress first, then
-// their keys leave the index and the rows go to the free list.
-void HostTable::evict_rows(std::vector<uint32_t>& victims) {
+void HostTable::remove_rows(std::vector<uint32_t>& victims, MovedRows* out) {
   if (victims.empty()) return;
   if (tiered_) {
     finish_prefetch();  // a row being read must not lose its disk slot
     reserve_release(victims.size());
   }
+  const uint32_t stride = spec().stride();
+  const size_t out_before = out != nullptr ? out->size() : 0;
+  if (out != nullptr) {
+    out->reserve_more(victims.size(), stride);
+    out->records.resize((out_before + victims.size()) * size_t{stride});
+    try {
+      read_records(victims, out->records.data() + out_before * size_t{stride});
+    } catch (...) {
+      out->truncate(out_before, stride);
+      throw;
+    }
+  }
   if (captured_left_.load() > 0) {
     cow_rows_.clear();
     cow_rows_.reserve(victims.size());
     for (const uint32_t r : victims) take_for_copy(r);
-    copy_out_taken();
+    try {
+      copy_out_taken();
+    } catch (...) {
+      if (out != nullptr) out->truncate(out_before, stride);
+      throw;
+    }
   }
   // Room first: past this point nothing can fail.
   free_rows_.reserve(free_rows_.size() + victims.size());
   if (tiered_) release_homes(victims);
-  ledger_.reserve_evicted(victims.size());
+  if (out == nullptr) ledger_.reserve_evicted(victims.size());
+  // A row of the snapshot in flight leaves dirty (Table::take_rows): if the snapshot fails, the
+  // table it goes to still writes it next time.
+  const bool in_snapshot = sink_ != nullptr && !snapshot_set_.empty();
   for (const uint32_t r : victims) {
-    const int64_t key = arena_.row_meta(r)->key;
-    index_.erase_serial(key);
+    const row::RowMeta meta = *arena_.row_meta(r);
+    if (out != nullptr) {
+      const bool snapshotted =
+          in_snapshot && r < snapshot_set_.size() * 64 && row::bitmap_test(snapshot_set_.data(), r);
+      out->keys.push_back(meta.key);
+      out->steps.push_back(meta.step);
+      out->dirty.push_back(row::bitmap_test(dirty_.data(), r) || snapshotted ? 1 : 0);
+    }
+    index_.erase_serial(meta.key);
     row::release_row<false>(dirty_.data(), freed_.data(), r);
     free_rows_.push_back(r);
-    ledger_.evicted(&key, 1);
+    if (out == nullptr) ledger_.evicted(&meta.key, 1);
   }
   rows_ -= victims.size();
 }
@@ -69,6 +94,14 @@ void HostTable::for_each_candidate(uint64_t before, const uint64_t* spared, F&& 
 // rows' stamps and no sort of the table: a histogram of the stamps finds the step below
 // which every row goes, and only the rows of the boundary step range are ordered.
 void HostTable::make_room(uint64_t need, uint64_t step, const uint32_t* reading, size_t n) {
+  const uint64_t candidates = pick_least_recent(need, step, reading, n);
+  if (candidates < need) fail_no_room(spec(), need, candidates, step);
+  evict_rows(victims_);
+}
+
+uint64_t HostTable::pick_least_recent(uint64_t need, uint64_t step, const uint32_t* reading,
+                                      size_t n) {
+  victims_.clear();
   reading_.resize(dirty_.size(), 0);
   for (size_t i = 0; i < n; ++i) {
     if (reading[i] != row::kNoRow) row::bitmap_set<false>(reading_.data(), reading[i]);
@@ -89,12 +122,12 @@ void HostTable::make_room(uint64_t need, uint64_t step, const uint32_t* reading,
     oldest = std::min(oldest, s);
     ++candidates;
   });
-  if (candidates < need) fail_no_room(spec(), need, candidates, step);
+  need = std::min(need, candidates);
+  if (need == 0) return candidates;
   const row::RoomBuckets buckets = row::RoomBuckets::spanning(oldest, step);
   std::vector<uint64_t> histogram(row::RoomBuckets::kCount, 0);
   for_each_candidate(step, spared, [&](uint32_t, uint64_t s) { ++histogram[buckets.of(s)]; });
   const row::RoomBoundary edge_of = row::room_boundary(buckets, histogram.data(), need);
-  victims_.clear();
   struct Edge {  // a candidate of the boundary bucket
     uint64_t step;
     int64_t key;
@@ -113,7 +146,7 @@ void HostTable::make_room(uint64_t need, uint64_t step, const uint32_t* reading,
   const size_t rest = need - victims_.size();
   std::nth_element(edge.begin(), edge.begin() + rest, edge.end());
   for (size_t i = 0; i < rest; ++i) victims_.push_back(edge[i].row);
-  evict_rows(victims_);
+  return candidates;
 }
 
 }  // namespace embstore::host_backend

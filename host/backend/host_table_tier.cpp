@@ -18,7 +18,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -651,6 +653,33 @@ void HostTable::read_disk_rows(size_t n, const uint32_t* homes, float* out) {
   std::string detail;
   if (int err = disk_->get(n, handles_for_read_.data(), read_ptrs_.data(), &detail); err < 0) {
     fail_tier(err, "reading rows for a checkpoint from", detail);
+  }
+}
+
+// On the training thread, the only writer of home_. The drain reads the disk with the same
+// handle lists (read_disk_rows): they are filled under disk_mutex_ too.
+void HostTable::read_records(const std::vector<uint32_t>& rows, float* records) {
+  const size_t stride = spec().stride();
+  std::unique_lock<std::mutex> disk_lock(disk_mutex_, std::defer_lock);
+  if (tiered_) disk_lock.lock();
+  handles_for_read_.clear();
+  read_ptrs_.clear();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    float* dst = records + i * stride;
+    const uint32_t h = frame_of(rows[i]);
+    if (tiered_ && (h & kOnDisk) != 0) {
+      handles_for_read_.push_back(h & ~kOnDisk);
+      read_ptrs_.push_back(reinterpret_cast<char*>(dst));
+    } else {
+      std::memcpy(dst, arena_.row(h), stride * sizeof(float));
+    }
+  }
+  if (handles_for_read_.empty()) return;
+  std::string detail;
+  if (int err = disk_->get(handles_for_read_.size(), handles_for_read_.data(), read_ptrs_.data(),
+                           &detail);
+      err < 0) {
+    fail_tier(err, "reading rows from", detail);
   }
 }
 

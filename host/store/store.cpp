@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 
 #include "host/backend/backends.hpp"
 #include "host/error.hpp"
+#include "host/table/stacked_table.hpp"
 #include "io/engine/engine.hpp"
 #include "io/format/manifest.hpp"
 
@@ -165,7 +167,8 @@ std::unique_ptr<embstore::Table> embstore_store::make_table_impl(embstore::Table
   // A user's table gets the store's tier_dir here; one a restore builds keeps the existing
   // table's spec (and so its budgets and directory) or has no budgets (a manifest's).
   if (spec.tier_dir.empty()) spec.tier_dir = tier_dir;
-  // The CUDA backend's tiers stop at mapped host memory (device_rows): no SSD tier below it yet.
+  // The CUDA backend's SSD tier will be a stack (make_stacked_table) once the CUDA table can move
+  // its rows whole (Table::take_rows and the rest); until then it is refused here.
   if (backend == EMBSTORE_BACKEND_CUDA && spec.memory_rows != 0) {
     fail(EMBSTORE_UNSUPPORTED,
          "table '{}': memory_rows (an SSD tier below host memory) is not built for the CUDA "
@@ -177,8 +180,31 @@ std::unique_ptr<embstore::Table> embstore_store::make_table_impl(embstore::Table
          "table '{}': memory_rows is {} but the store has no tier_dir for the rows beyond it",
          spec.name, spec.memory_rows);
   }
+  if (spec.tiered() && stacks_host_tiers()) return make_stacked_table(std::move(spec));
   return backend == EMBSTORE_BACKEND_CUDA ? embstore::make_cuda_table(std::move(spec), device)
                                           : embstore::make_host_table(std::move(spec), *pool);
+}
+
+// A table with memory_rows as a stack of two tables (host/table/stacked_table.hpp): for now two
+// host tables, the upper one untiered, for the tests (stacks_host_tiers); the CUDA backend's SSD
+// tier will put its CUDA table on top.
+std::unique_ptr<embstore::Table> embstore_store::make_stacked_table(embstore::TableSpec spec) {
+  embstore::StackSpecs specs = embstore::stack_specs(spec);
+  std::unique_ptr<embstore::Table> upper = embstore::make_host_table(std::move(specs.upper), *pool);
+  std::unique_ptr<embstore::Table> lower = embstore::make_host_table(std::move(specs.lower), *pool);
+  auto keys_to_host = [](const int64_t* keys, size_t n, void*, std::vector<int64_t>* out) {
+    out->assign(keys, keys + n);
+  };
+  return std::make_unique<embstore::StackedTable>(std::move(spec), std::move(upper),
+                                                  std::move(lower), specs.upper_rows,
+                                                  std::move(keys_to_host));
+}
+
+// Tests only: the host backend's tiered tables built as a stack of two host tables (as the CUDA
+// backend's will be), so that the tier tests exercise the stack where no GPU is.
+bool embstore_store::stacks_host_tiers() {
+  const char* v = std::getenv("EMBSTORE_TEST_STACKED_TIERS");
+  return v != nullptr && v[0] == '1';
 }
 
 embstore_table* embstore_store::create_table(const embstore_table_config_t& config) {

@@ -109,6 +109,8 @@ struct embstore_store {
   embstore::TableCalls table_calls;
 
  private:
+  std::unique_ptr<embstore::Table> make_stacked_table(embstore::TableSpec spec);
+  static bool stacks_host_tiers();
   // Evicts the table's rows idle by its rules at (step, now); returns how many.
   uint64_t run_idle_rules(embstore_table* table, uint64_t step, double now);
 

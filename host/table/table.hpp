@@ -78,6 +78,37 @@ struct TableCounters {
            rows_moved_down = 0, tier_bytes_read = 0, tier_bytes_written = 0;
 };
 
+// Whole rows moving between the tables of a stack (host/table/stacked_table.hpp), in host
+// memory: each row's key, last-touched step, dirty bit and record (value then optimizer state,
+// stride floats).
+struct MovedRows {
+  std::vector<int64_t> keys;
+  std::vector<uint64_t> steps;
+  std::vector<uint8_t> dirty;
+  std::vector<float> records;
+  size_t size() const { return keys.size(); }
+  void clear() {
+    keys.clear();
+    steps.clear();
+    dirty.clear();
+    records.clear();
+  }
+  // Room for n more rows of `stride` floats, so that appending them cannot fail.
+  void reserve_more(size_t n, uint32_t stride) {
+    keys.reserve(keys.size() + n);
+    steps.reserve(steps.size() + n);
+    dirty.reserve(dirty.size() + n);
+    records.reserve(records.size() + n * size_t{stride});
+  }
+  // Drops the rows from the n-th on (a failed take gives back what it appended).
+  void truncate(size_t n, uint32_t stride) {
+    keys.resize(n);
+    steps.resize(n);
+    dirty.resize(n);
+    records.resize(n * size_t{stride});
+  }
+};
+
 class Table {
  public:
   explicit Table(TableSpec spec) : spec_(std::move(spec)) {}
@@ -167,6 +198,26 @@ class Table {
   virtual bool can_spill() const { return false; }
   virtual void spill(SpillFile& /*file*/) {}
   virtual void unspill(SpillFile& /*file*/) {}
+
+  // ---- rows moving whole between tables (a stack: host/table/stacked_table.hpp) --------------
+  // None of these is an insert or an eviction: no counts change (inserted, admitted, evicted), no
+  // tombstones. Keys are in host memory. A backend that cannot (none yet) throws UNSUPPORTED.
+  // The table's live rows, exactly.
+  virtual uint64_t live_rows();
+  // held[i] = 1 where the table holds keys[i], else 0.
+  virtual void find_held(const int64_t* keys, size_t n, uint8_t* held);
+  // Takes the rows of keys (distinct; keys the table does not hold are skipped) out of the table
+  // and appends them to *out. A row a snapshot in flight captured is written to it first
+  // (copy-on-write); a row of the snapshot in flight leaves marked dirty, so that a snapshot that
+  // fails still leaves it for the next one. Throws with nothing taken (out as it was).
+  virtual void take_rows(const int64_t* keys, size_t n, MovedRows* out);
+  // Takes out up to `count` least recently used rows touched before `before_step` (the order of
+  // eviction at max_capacity), sparing the rows of spare[0, n_spare); as take_rows.
+  virtual void take_coldest(uint64_t count, uint64_t before_step, const int64_t* spare,
+                            size_t n_spare, MovedRows* out);
+  // Puts rows (keys distinct, none held) in, as they were: stamps, dirty bits, records; none
+  // captured. Throws CAPACITY_EXCEEDED past max_capacity, or IO_ERROR, with nothing put.
+  virtual void put_rows(const MovedRows& rows);
 
  private:
   TableSpec spec_;

@@ -246,4 +246,20 @@ void fail_no_room(const TableSpec& spec, uint64_t need, uint64_t candidates, uin
        spec.name, need, spec.max_capacity, candidates, step);
 }
 
+namespace {
+
+[[noreturn]] void fail_no_moves(const TableSpec& spec) {
+  fail(EMBSTORE_UNSUPPORTED, "table '{}': this backend cannot move rows between tables", spec.name);
+}
+
+}  // namespace
+
+uint64_t Table::live_rows() { fail_no_moves(spec_); }
+void Table::find_held(const int64_t*, size_t, uint8_t*) { fail_no_moves(spec_); }
+void Table::take_rows(const int64_t*, size_t, MovedRows*) { fail_no_moves(spec_); }
+void Table::take_coldest(uint64_t, uint64_t, const int64_t*, size_t, MovedRows*) {
+  fail_no_moves(spec_);
+}
+void Table::put_rows(const MovedRows&) { fail_no_moves(spec_); }
+
 }  // namespace embstore

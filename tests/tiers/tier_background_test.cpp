@@ -91,7 +91,7 @@ struct PrefetchScene {
 };
 
 TEST_CASE("a prefetch moves rows down on its own thread, and its next call finishes the move",
-          "[tiers]") {
+          "[tiers][host_tier]") {
   if (!has_tiers()) return;
   PrefetchScene scene;
   const embstore_table_stats_t before = stats(scene.tiered);
@@ -117,7 +117,7 @@ TEST_CASE("a prefetch moves rows down on its own thread, and its next call finis
 }
 
 TEST_CASE("calls and checkpoints that meet rows a prefetch moves down see their values",
-          "[tiers]") {
+          "[tiers][host_tier]") {
   if (!has_tiers()) return;
   PrefetchScene scene;
   TempDir dir_a, dir_b;
@@ -143,7 +143,7 @@ TEST_CASE("calls and checkpoints that meet rows a prefetch moves down see their 
   require_same_checkpoint(scene.plain_store, scene.tiered_store, dir_a.path(), dir_b.path(), "emb");
 }
 
-TEST_CASE("rows a prefetch moves down can be evicted before it ends", "[tiers]") {
+TEST_CASE("rows a prefetch moves down can be evicted before it ends", "[tiers][host_tier]") {
   if (!has_tiers()) return;
   PrefetchScene scene({.evict_idle_steps = 100});
   ok(embstore_prefetch(scene.tiered, scene.read.data(), scene.read.size(), nullptr));
@@ -161,7 +161,7 @@ TEST_CASE("rows a prefetch moves down can be evicted before it ends", "[tiers]")
 }
 
 TEST_CASE("rows captured by a checkpoint in flight go to it before a prefetch moves them down",
-          "[tiers]") {
+          "[tiers][host_tier]") {
   if (!has_tiers()) return;
   // 30,000 rows of lower row ids than old's, and 1 MiB of staging: with the writer held, the
   // drain fills the staging before it reaches old's rows, which stay captured.
@@ -199,7 +199,7 @@ TEST_CASE("rows captured by a checkpoint in flight go to it before a prefetch mo
 }
 
 TEST_CASE("a prefetch whose write fails moves nothing and reads nothing, and loses no row",
-          "[tiers][failure]") {
+          "[tiers][host_tier][failure]") {
   if (!has_tiers()) return;
   PrefetchScene scene;
   TempDir dir_a, dir_b;
@@ -240,7 +240,7 @@ TEST_CASE("a prefetch whose write fails moves nothing and reads nothing, and los
 }
 
 TEST_CASE("a table that does not prefetch gets cold rows written down between its calls",
-          "[tiers]") {
+          "[tiers][host_tier]") {
   if (!has_tiers()) return;
   TierDir tier;
   StoreGuard plain_store(tier_store(nullptr));

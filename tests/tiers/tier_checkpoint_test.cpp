@@ -58,7 +58,7 @@ TEST_CASE("full and incremental checkpoints of a tiered table equal its untiered
 }
 
 TEST_CASE("a full checkpoint of a tiered table reads its pages on disk once each, in any order",
-          "[tiers][checkpoint]") {
+          "[tiers][host_tier][checkpoint]") {
   TierDir tier;
   if (!backend_has_tiers(tier.path())) return;
   TempDir dir_a, dir_b;

@@ -188,7 +188,7 @@ struct AllocFaultGuard {
 };
 
 TEST_CASE("a failed allocation while rows move up fails the call and loses no row",
-          "[tiers][failure]") {
+          "[tiers][host_tier][failure]") {
   TierDir tier;
   if (backend() == EMBSTORE_BACKEND_CUDA) return;  // the hook is the host backend's memory
   TempDir dir_a, dir_b;

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <ostream>
 #include <string>
 #include <thread>
@@ -19,6 +20,15 @@
 namespace embstore_test::tiers {
 
 using namespace embstore_test::checkpoint;  // NOLINT: the checkpoint tests' vocabulary
+
+// Whether this run builds the host backend's tiered tables as a stack of two host tables, as the
+// CUDA backend's SSD tier is built (host/table/stacked_table.hpp): ctest's "host-stacked:" run of
+// these tests sets EMBSTORE_TEST_STACKED_TIERS=1 and leaves out the cases tagged [host_tier],
+// which check the host table's own moves (its counts, its background thread, its frames).
+inline bool stacked_tiers() {
+  const char* v = std::getenv("EMBSTORE_TEST_STACKED_TIERS");
+  return v != nullptr && v[0] == '1';
+}
 
 // A store of the tested backend whose tier files go to dir (NULL: no tier_dir).
 inline embstore_store_t* tier_store(const char* dir, size_t staging_bytes = 0) {

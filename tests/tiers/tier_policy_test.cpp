@@ -6,7 +6,8 @@
 namespace embstore_test::tiers {
 namespace {
 
-TEST_CASE("rows used in many calls stay in memory while rows used once pass through", "[tiers]") {
+TEST_CASE("rows used in many calls stay in memory while rows used once pass through",
+          "[tiers][host_tier]") {
   TierDir tier;
   if (!backend_has_tiers(tier.path())) return;
   StoreGuard store(tier_store(tier.path().c_str()));

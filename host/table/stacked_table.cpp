@@ -1,0 +1,311 @@
+// A table stacked on another: see stacked_table.hpp.
+#include "host/table/stacked_table.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "host/error.hpp"
+
+namespace embstore {
+namespace {
+
+// take_coldest's cutoff: rows touched at `step` or before.
+uint64_t through(uint64_t step) { return step == UINT64_MAX ? step : step + 1; }
+
+}  // namespace
+
+StackSpecs stack_specs(const TableSpec& spec) {
+  if (spec.max_capacity != 0) {
+    fail(EMBSTORE_UNSUPPORTED,
+         "table '{}': max_capacity with memory_rows on this backend (a stack of tables: the SSD "
+         "tier below a CUDA table) is not built in this version",
+         spec.name);
+  }
+  StackSpecs s{spec, spec, 0};
+  const uint64_t below = std::max<uint64_t>(spec.memory_rows / 8, 1);
+  s.upper_rows = spec.device_rows + spec.memory_rows - below;
+  s.upper.memory_rows = 0;
+  s.upper.tier_dir.clear();
+  s.upper.initial_capacity = std::min(spec.initial_capacity, s.upper_rows);
+  s.lower.device_rows = 0;
+  s.lower.memory_rows = below;
+  s.lower.admit_after = 0;
+  s.lower.admit_bloom_bytes = 0;
+  return s;
+}
+
+StackedTable::StackedTable(TableSpec spec, std::unique_ptr<Table> upper,
+                           std::unique_ptr<Table> lower, uint64_t upper_rows,
+                           KeysToHost keys_to_host)
+    : Table(std::move(spec)),
+      upper_(std::move(upper)),
+      lower_(std::move(lower)),
+      upper_rows_(upper_rows),
+      keys_to_host_(std::move(keys_to_host)) {}
+
+const std::vector<int64_t>& StackedTable::host_keys(const int64_t* keys, size_t n, void* stream) {
+  keys_to_host_(keys, n, stream, &keys_);
+  return keys_;
+}
+
+void StackedTable::lookup(const int64_t* keys, size_t n, float* values_out, bool insert,
+                          uint64_t step, void* stream) {
+  std::lock_guard lock(mutex_);
+  if (n == 0) return;
+  last_step_ = std::max(last_step_, step);
+  bring_up(host_keys(keys, n, stream).data(), n, insert, step);
+  upper_->lookup(keys, n, values_out, insert, step, stream);
+  end_call();
+}
+
+void StackedTable::apply_gradients(const int64_t* keys, const float* grads, size_t n, uint64_t step,
+                                   void* stream) {
+  std::lock_guard lock(mutex_);
+  if (n == 0) return;
+  last_step_ = std::max(last_step_, step);
+  bring_up(host_keys(keys, n, stream).data(), n, false, step);
+  upper_->apply_gradients(keys, grads, n, step, stream);
+  end_call();
+}
+
+void StackedTable::prefetch(const int64_t* keys, size_t n, void* stream) {
+  std::lock_guard lock(mutex_);
+  if (n == 0) return;
+  try {
+    bring_up(host_keys(keys, n, stream).data(), n, false, last_step_);
+  } catch (const Error& e) {
+    // A hint, as a host table's prefetch: a failed move leaves the rows where they were (below),
+    // and the call that needs them moves them itself, and reports the failure if it happens
+    // again.
+    if (e.status() != EMBSTORE_IO_ERROR) throw;
+  }
+  upper_->prefetch(keys, n, stream);
+  end_call();
+}
+
+// Stages: the keys the upper table lacks (distinct), those of them the lower table holds, room
+// above for them (and for the keys neither holds, which an insert may add), the move up.
+void StackedTable::bring_up(const int64_t* keys, size_t n, bool insert, uint64_t step) {
+  held_.resize(n);
+  upper_->find_held(keys, n, held_.data());
+  missing_.clear();
+  for (size_t i = 0; i < n; ++i) {
+    if (held_[i] == 0) missing_.push_back(keys[i]);
+  }
+  if (missing_.empty()) return;
+  std::sort(missing_.begin(), missing_.end());
+  missing_.erase(std::unique(missing_.begin(), missing_.end()), missing_.end());
+  held_.resize(missing_.size());
+  lower_->find_held(missing_.data(), missing_.size(), held_.data());
+  ups_.clear();
+  for (size_t i = 0; i < missing_.size(); ++i) {
+    if (held_[i] != 0) ups_.push_back(missing_[i]);
+  }
+  const uint64_t coming = insert ? missing_.size() : ups_.size();
+  if (coming == 0) return;
+  const uint64_t live = upper_->live_rows();
+  if (live + coming > upper_rows_) make_room_above(live + coming - upper_rows_, step, true);
+  if (!ups_.empty()) move_up(ups_);
+}
+
+void StackedTable::make_room_above(uint64_t count, uint64_t step, bool spare_calls) {
+  spare_.clear();
+  if (spare_calls) {
+    spare_.assign(keys_.begin(), keys_.end());
+    spare_.insert(spare_.end(), previous_.begin(), previous_.end());
+  }
+  moved_.clear();
+  upper_->take_coldest(count, through(step), spare_.data(), spare_.size(), &moved_);
+  if (moved_.size() == 0) return;
+  try {
+    lower_->put_rows(moved_);
+  } catch (...) {
+    // Back where they were: the upper table just gave up their rows, so it has the room.
+    upper_->put_rows(moved_);
+    throw;
+  }
+  moved_down_ += moved_.size();
+}
+
+void StackedTable::move_up(const std::vector<int64_t>& keys) {
+  moved_.clear();
+  lower_->take_rows(keys.data(), keys.size(), &moved_);
+  try {
+    upper_->put_rows(moved_);
+  } catch (...) {
+    lower_->put_rows(moved_);
+    throw;
+  }
+  moved_up_ += moved_.size();
+}
+
+void StackedTable::end_call() noexcept {
+  try {
+    // The rows of this call and the one before go last: a prefetch's are about to be used.
+    for (const bool spare_calls : {true, false}) {
+      const uint64_t live = upper_->live_rows();
+      if (live > upper_rows_) make_room_above(live - upper_rows_, last_step_, spare_calls);
+    }
+  } catch (...) {
+    // The rows stay above, over the budget; the next call that needs room meets the failure
+    // again and reports it.
+  }
+  keys_.swap(previous_);
+}
+
+TableCounters StackedTable::counters() {
+  std::lock_guard lock(mutex_);
+  const TableCounters a = upper_->counters();
+  const TableCounters b = lower_->counters();
+  TableCounters c;
+  c.rows = a.rows + b.rows;
+  c.capacity = a.capacity + b.capacity;
+  c.dirty_rows = a.dirty_rows + b.dirty_rows;
+  c.inserted = a.inserted + b.inserted;  // the lower table's: rows a restore loaded there
+  c.evicted = a.evicted + b.evicted;
+  c.pending_admission = a.pending_admission;  // admission counts only above
+  c.skipped_keys = a.skipped_keys;
+  c.admitted = a.admitted;
+  c.rows_in_device = a.rows_in_device;
+  c.rows_in_memory = a.rows - a.rows_in_device + b.rows_in_memory;
+  c.rows_on_disk = b.rows_on_disk;
+  // Every hop counts: within the upper table (device and host memory), between the tables,
+  // within the lower one (host memory and SSD).
+  c.rows_moved_up = a.rows_moved_up + moved_up_ + b.rows_moved_up;
+  c.rows_moved_down = a.rows_moved_down + moved_down_ + b.rows_moved_down;
+  c.tier_bytes_read = b.tier_bytes_read;
+  c.tier_bytes_written = b.tier_bytes_written;
+  return c;
+}
+
+void StackedTable::set_dirty_tracking(bool on) {
+  std::lock_guard lock(mutex_);
+  upper_->set_dirty_tracking(on);
+  lower_->set_dirty_tracking(on);
+}
+
+uint64_t StackedTable::capture(bool full, SnapshotSink* sink, uint64_t* live_rows) {
+  std::lock_guard lock(mutex_);
+  uint64_t live_above = 0, live_below = 0;
+  const uint64_t above = upper_->capture(full, sink, &live_above);
+  uint64_t below = 0;
+  try {
+    below = lower_->capture(full, sink, &live_below);
+  } catch (...) {
+    upper_->end_snapshot(true);
+    throw;
+  }
+  try {
+    // The tombstones of both tables, less the keys with a row in either: a key evicted below may
+    // have a new row above.
+    evicted_ = upper_->evicted_at_capture();
+    const std::vector<int64_t>& below_evicted = lower_->evicted_at_capture();
+    evicted_.insert(evicted_.end(), below_evicted.begin(), below_evicted.end());
+    if (!evicted_.empty()) {
+      std::vector<uint8_t> held_above(evicted_.size()), held_below(evicted_.size());
+      upper_->find_held(evicted_.data(), evicted_.size(), held_above.data());
+      lower_->find_held(evicted_.data(), evicted_.size(), held_below.data());
+      size_t kept = 0;
+      for (size_t i = 0; i < evicted_.size(); ++i) {
+        if (held_above[i] == 0 && held_below[i] == 0) evicted_[kept++] = evicted_[i];
+      }
+      evicted_.resize(kept);
+    }
+  } catch (...) {
+    upper_->end_snapshot(true);
+    lower_->end_snapshot(true);
+    throw;
+  }
+  *live_rows = live_above + live_below;
+  return above + below;
+}
+
+uint64_t StackedTable::drain(SnapshotSink* sink, uint64_t max_rows) {
+  const uint64_t left_above = upper_->drain(sink, max_rows);
+  const uint64_t left_below = lower_->drain(sink, left_above == 0 ? max_rows : 0);
+  return left_above + left_below;
+}
+
+void StackedTable::end_snapshot(bool failed) {
+  std::lock_guard lock(mutex_);
+  upper_->end_snapshot(failed);
+  lower_->end_snapshot(failed);
+  evicted_.clear();
+}
+
+uint64_t StackedTable::evict_before(uint64_t cutoff_step) {
+  std::lock_guard lock(mutex_);
+  return upper_->evict_before(cutoff_step) + lower_->evict_before(cutoff_step);
+}
+
+void StackedTable::reserve(uint64_t rows) {
+  std::lock_guard lock(mutex_);
+  upper_->reserve(std::min(rows, upper_rows_));
+  if (rows > upper_rows_) lower_->reserve(rows - upper_rows_);
+}
+
+// The rows fill the upper table up to its budget, the rest go below. Newest version first: with
+// skip_held, a key either table holds is left out, as is a repeat within the input.
+void StackedTable::load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
+                             uint64_t step, bool skip_held) {
+  std::lock_guard lock(mutex_);
+  if (n == 0) return;
+  const uint32_t dim = spec().dim;
+  const uint32_t state_dim = spec().state_dim();
+  std::vector<size_t> keep;
+  keep.reserve(n);
+  if (skip_held) {
+    std::vector<uint8_t> held_above(n), held_below(n);
+    upper_->find_held(keys, n, held_above.data());
+    lower_->find_held(keys, n, held_below.data());
+    std::vector<std::pair<int64_t, size_t>> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = {keys[i], i};
+    std::sort(order.begin(), order.end());  // by key, then input position: the first of a run
+    for (size_t j = 0; j < n; ++j) {
+      const size_t i = order[j].second;
+      if (j > 0 && order[j - 1].first == order[j].first) continue;
+      if (held_above[i] == 0 && held_below[i] == 0) keep.push_back(i);
+    }
+    std::sort(keep.begin(), keep.end());
+  } else {
+    for (size_t i = 0; i < n; ++i) keep.push_back(i);
+  }
+  const uint64_t live = upper_->live_rows();
+  const size_t above = static_cast<size_t>(
+      std::min<uint64_t>(keep.size(), upper_rows_ > live ? upper_rows_ - live : 0));
+  std::vector<int64_t> part_keys;
+  std::vector<float> part_values, part_state;
+  const auto load_part = [&](Table& table, size_t first, size_t last) {
+    if (first == last) return;
+    part_keys.clear();
+    part_values.clear();
+    part_state.clear();
+    for (size_t j = first; j < last; ++j) {
+      const size_t i = keep[j];
+      part_keys.push_back(keys[i]);
+      part_values.insert(part_values.end(), values + i * dim, values + (i + 1) * dim);
+      if (state_dim > 0) {
+        part_state.insert(part_state.end(), state + i * state_dim, state + (i + 1) * state_dim);
+      }
+    }
+    table.load_rows(part_keys.data(), part_values.data(), part_state.data(), part_keys.size(), step,
+                    false);
+  };
+  load_part(*upper_, 0, above);
+  load_part(*lower_, above, keep.size());
+}
+
+uint64_t StackedTable::live_rows() {
+  std::lock_guard lock(mutex_);
+  return upper_->live_rows() + lower_->live_rows();
+}
+
+void StackedTable::find_held(const int64_t* keys, size_t n, uint8_t* held) {
+  std::lock_guard lock(mutex_);
+  std::vector<uint8_t> below(n);
+  upper_->find_held(keys, n, held);
+  lower_->find_held(keys, n, below.data());
+  for (size_t i = 0; i < n; ++i) held[i] |= below[i];
+}
+
+}  // namespace embstore

@@ -1,0 +1,114 @@
+// A table stacked on another (issue 34): the rows beyond the upper table's budget live in a
+// lower table. The CUDA backend's SSD tier is built so: the upper table is a CUDA table (its
+// device tier over mapped host memory), the lower a host table whose own SSD tier holds all but a
+// few of its rows. Each row lives in exactly one of the two, whole (value, optimizer state, stamp,
+// dirty bit). A call brings the rows it needs up from the lower table first, making room in the
+// upper one by moving its least recently used rows down, then runs on the upper table alone, so
+// that it computes exactly what the upper table alone computes.
+//
+// Checkpoints see one table: capture, drain and end_snapshot go to both, at the same call
+// boundary (the stack's lock). A row that leaves a table after a capture is written to the
+// snapshot on its way out (copy-on-write, Table::take_rows), and leaves dirty while the snapshot
+// is in flight, so that a failed snapshot still leaves it for the next one.
+//
+// Stages of a call (bring_up): which keys the upper table lacks, which of those the lower holds,
+// room made above (make_room_above), the rows moved up (move_up); then the call itself.
+// A move whose second half fails puts the rows back where they came from: no row is lost.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "host/table/table.hpp"
+
+namespace embstore {
+
+// A stack's two tables, for a table whose spec has memory_rows: the upper one holds device_rows
+// rows on the device (a CUDA table's device tier) and most of memory_rows in host memory, the
+// lower one an eighth of memory_rows (at least one row) in host memory and the rest on its SSD
+// tier. Neither has a row limit (max_capacity is refused for a stack, for now); admission
+// counts live above, where every key is first met.
+struct StackSpecs {
+  TableSpec upper, lower;
+  uint64_t upper_rows = 0;
+};
+StackSpecs stack_specs(const TableSpec& spec);
+
+class StackedTable final : public Table {
+ public:
+  // A call's keys in host memory (the CUDA backend's are in device memory); the output's
+  // contents are the n keys.
+  using KeysToHost =
+      std::function<void(const int64_t* keys, size_t n, void* stream, std::vector<int64_t>* out)>;
+
+  // spec: the table's as the user gave it. upper_rows: the most rows the upper table holds
+  // between calls (a call on more distinct rows than that holds them all until it ends).
+  StackedTable(TableSpec spec, std::unique_ptr<Table> upper, std::unique_ptr<Table> lower,
+               uint64_t upper_rows, KeysToHost keys_to_host);
+
+  void lookup(const int64_t* keys, size_t n, float* values_out, bool insert, uint64_t step,
+              void* stream) override;
+  void apply_gradients(const int64_t* keys, const float* grads, size_t n, uint64_t step,
+                       void* stream) override;
+  TableCounters counters() override;
+  void prefetch(const int64_t* keys, size_t n, void* stream) override;
+  void set_dirty_tracking(bool on) override;
+
+  uint64_t capture(bool full, SnapshotSink* sink, uint64_t* live_rows) override;
+  const std::vector<int64_t>& evicted_at_capture() const override { return evicted_; }
+  uint64_t drain(SnapshotSink* sink, uint64_t max_rows) override;
+  std::optional<io::AdmissionFile> admission_at_capture() const override {
+    return upper_->admission_at_capture();
+  }
+  void end_snapshot(bool failed) override;
+
+  uint64_t evict_before(uint64_t cutoff_step) override;
+
+  bool load_admission(const io::AdmissionFile& counts, std::string* why) override {
+    return upper_->load_admission(counts, why);
+  }
+  void reserve(uint64_t rows) override;
+  bool skips_held_keys() const override { return true; }
+  void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
+                 uint64_t step, bool skip_held) override;
+
+  uint64_t live_rows() override;
+  void find_held(const int64_t* keys, size_t n, uint8_t* held) override;
+
+ private:
+  // Brings the rows of the n keys (host memory) that the lower table holds up, first making room
+  // for them, and with `insert` for the keys neither holds (rows an insert may add).
+  void bring_up(const int64_t* keys, size_t n, bool insert, uint64_t step);
+  // Moves `count` of the upper table's least recently used rows touched at `step` or before down,
+  // with spare_calls sparing the keys of this call and the one before (a prefetch of batch i + 1
+  // comes between batch i's lookup and its update).
+  void make_room_above(uint64_t count, uint64_t step, bool spare_calls);
+  // Moves the rows of keys (all held below) up.
+  void move_up(const std::vector<int64_t>& keys);
+  // After a call: moves the upper table's rows beyond its budget down, those of this call and the
+  // one before last. A failure leaves them above: the call itself succeeded.
+  void end_call() noexcept;
+  const std::vector<int64_t>& host_keys(const int64_t* keys, size_t n, void* stream);
+
+  std::mutex mutex_;  // one call at a time (drain() goes without it: each table's is safe)
+  std::unique_ptr<Table> upper_, lower_;
+  uint64_t upper_rows_;
+  KeysToHost keys_to_host_;
+  // Scratch kept between calls.
+  // keys_: this call's keys in host memory; previous_: the call before's.
+  std::vector<int64_t> keys_, previous_, spare_, missing_, ups_;
+  std::vector<uint8_t> held_;
+  MovedRows moved_;
+  // Rows moved between the tables, each way; the keys evicted at the capture, from both tables,
+  // less those that have a row in either.
+  uint64_t moved_up_ = 0, moved_down_ = 0;
+  uint64_t last_step_ = 0;  // the latest step a call gave (a prefetch gives none)
+  std::vector<int64_t> evicted_;
+};
+
+}  // namespace embstore
