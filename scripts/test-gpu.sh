@@ -13,7 +13,7 @@
 #             the embedding step against nn.Embedding(sparse=True) + Adagrad (and FBGEMM's
 #             TBE where installed) with the Python door's cost per call
 #             (perf/peers/embedding_step.py); the device tier (tiers, 10% of the rows on the
-#             device); training at max_capacity (every insert evicts); the fused update
+#             device), and the SSD tier below it (20% in host memory, the rest on disk); training at max_capacity (every insert evicts); the fused update
 #             (optimizer); train with incremental checkpoints every
 #             100 steps, with admission (--admit-after 3), every 10 and 1000 steps, and with a
 #             policy set but no checkpoint due; restore. With --host-perf also the host
@@ -130,6 +130,11 @@ if [ "$perf" = 1 ]; then
   check perf-tiers-cuda-scattered "$(( $(left) / 7 ))" "$p" tiers --backend cuda \
     --shares 1,0.1 --dists 1.1,uniform --batch 65536 --steps 50 --fill-order scattered \
     --json "$out/perf-tiers-cuda-scattered.json"
+  # The SSD tier below a CUDA table (a stack over a host table): 10% on the device, 20% in host
+  # memory, the rest on the disk of --dir.
+  check perf-tiers-cuda-ssd "$(( $(left) / 7 ))" "$p" tiers --backend cuda \
+    --shares 1,0.1 --memory-share 0.2 --dists 1.1 --batch 65536 --steps 50 --dir "$PWD" \
+    --json "$out/perf-tiers-cuda-ssd.json"
   # Eviction at max_capacity: every insert past 1M rows makes room (make_room's histogram). Two
   # pairs, off then on and on then off: on 2026-12-04 the one run without checkpoints (first)
   # was 6x slower than the one with them.

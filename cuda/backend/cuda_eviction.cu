@@ -73,7 +73,7 @@ void CudaTable::count_admission_on_host(const int64_t* keys, size_t n, uint64_t 
 // it go, and only the bucket's own are sorted (by key, then stably by stamp: row::evicted_first).
 // d: the counters, read after every earlier call. Synchronous.
 void CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_keys, size_t call_n,
-                          const DeviceCounters& d, cudaStream_t stream) {
+                          const DeviceCounters& d, cudaStream_t stream, MovedRows* out) {
   const uint64_t rows = d.rows;
   const auto items = static_cast<int64_t>(rows);
   size_t temp_bytes = select_bytes(EvictionCandidate{}, rows, stream);
@@ -138,7 +138,9 @@ void CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_keys
   const uint64_t candidates =
       select(EvictionCandidate{arena_, freed_.get<uint64_t>(), spared, step}, rows, candidates_rows,
              temp, temp_bytes, stream);
+  if (out != nullptr) need = std::min(need, candidates);  // a take: as many as there are
   if (candidates < need) fail_no_room(spec(), need, candidates, step);
+  if (need == 0) return;
   const auto n = static_cast<int64_t>(candidates);
 
   // Their stamps' histogram, from the oldest stamp to the step.
@@ -199,20 +201,26 @@ void CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_keys
                           (need - edge.below) * sizeof(uint32_t), cudaMemcpyDeviceToDevice, stream),
           "cudaMemcpyAsync");
   }
-  evict_rows(victims, need, reinterpret_cast<int64_t*>(base + keys_at), d, stream);
+  remove_rows(victims, need, reinterpret_cast<int64_t*>(base + keys_at), d, stream, out);
 }
 
-// Evicts victims[0, n) (distinct live rows, in device memory): a snapshot in progress gets them
-// first, then they join the free list, the index is rebuilt without them and their keys become
-// tombstones. keys_out: n keys of device scratch. d: the counters, read after every earlier
-// call. Synchronous.
-void CudaTable::evict_rows(const uint32_t* victims, uint64_t n, int64_t* keys_out,
-                           const DeviceCounters& d, cudaStream_t stream) {
+void CudaTable::remove_rows(const uint32_t* victims, uint64_t n, int64_t* keys_out,
+                            const DeviceCounters& d, cudaStream_t stream, MovedRows* out) {
   if (n == 0) return;
-  // Host room first: past this point only a device error can fail.
-  evicted_keys_.resize(n);
-  ledger_.reserve_evicted(n);
-  if (sink_ != nullptr && captured_left_ > 0) copy_on_write(victims, n, row::kNoRow, stream);
+  const size_t out_before = out != nullptr ? out->size() : 0;
+  if (out != nullptr) {
+    gather_leaving(victims, n, out, stream);  // before the copy-on-write reuses the staging
+  } else {
+    // Host room first: past this point only a device error can fail.
+    evicted_keys_.resize(n);
+    ledger_.reserve_evicted(n);
+  }
+  try {
+    if (sink_ != nullptr && captured_left_ > 0) copy_on_write(victims, n, row::kNoRow, stream);
+  } catch (...) {
+    if (out != nullptr) out->truncate(out_before, arena_.stride);
+    throw;
+  }
   free_rows_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
       arena_, victims, n, dirty_.get<uint64_t>(), freed_.get<uint64_t>(),
       free_list_.get<uint32_t>(), d.free_rows, keys_out);
@@ -224,6 +232,10 @@ void CudaTable::evict_rows(const uint32_t* victims, uint64_t n, int64_t* keys_ou
   rebuild_index_kernel<kBlock><<<blocks_for(d.rows), kBlock, 0, stream>>>(
       index_ref(), arena_, d.rows, freed_.get<uint64_t>());
   check_launch("rebuild_index_kernel");
+  if (out != nullptr) {
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    return;
+  }
   check(cudaMemcpyAsync(evicted_keys_.data(), keys_out, n * sizeof(int64_t), cudaMemcpyDeviceToHost,
                         stream),
         "cudaMemcpyAsync");

@@ -55,7 +55,7 @@ CudaTable::CudaTable(TableSpec spec, int device)
     counters_ = DeviceBuffer(sizeof(DeviceCounters), "counters");
     drain_counters_ = DeviceBuffer(sizeof(DrainCounters), "drain counters");
     check(cudaMemsetAsync(counters_.get(), 0, counters_.bytes(), own_stream_), "cudaMemsetAsync");
-    if (this->spec().evicts()) {
+    if (this->spec().frees_rows()) {
       freed_ = DeviceBuffer(dirty_words_ * sizeof(uint64_t), "freed bitmap");
       check(cudaMemsetAsync(freed_.get(), 0, freed_.bytes(), own_stream_), "cudaMemsetAsync");
       free_list_ = DeviceBuffer(capacity_rows() * sizeof(uint32_t), "free list");
@@ -408,7 +408,7 @@ void CudaTable::insert_and_gather(const int64_t* keys, size_t n, uint64_t step,
                                   const uint8_t* pending, uint32_t* rows, uint8_t* created,
                                   float* values_out, cudaStream_t stream) {
   const InsertParams params{free_list_.get<uint32_t>(), freed_.get<uint64_t>(), pending,
-                            spec().evicts()};
+                            spec().frees_rows()};
   find_or_insert_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
       index_ref(), arena_, keys, n, step, params, rows, created, device_counters());
   check_launch("find_or_insert_kernel");

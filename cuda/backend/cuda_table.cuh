@@ -96,6 +96,13 @@ class CudaTable final : public Table {
   void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
                  uint64_t step, bool skip_held) override;
   bool load_admission(const io::AdmissionFile& counts, std::string* why) override;
+  // Whole rows out and in (cuda_moves.cu): a stack's moves (host/table/stacked_table.hpp).
+  uint64_t live_rows() override;
+  void find_held(const int64_t* keys, size_t n, uint8_t* held) override;
+  void take_rows(const int64_t* keys, size_t n, MovedRows* out) override;
+  void take_coldest(uint64_t count, uint64_t before_step, const int64_t* spare, size_t n_spare,
+                    MovedRows* out) override;
+  void put_rows(const MovedRows& rows) override;
 
  private:
   // Orders a call after the table's previous call and marks its end for the next one.
@@ -173,15 +180,32 @@ class CudaTable final : public Table {
   bool reserve_rows_cheaply(uint64_t n);
   void reserve_rows(const int64_t* keys, size_t n, uint64_t step, const int64_t* call_keys,
                     size_t call_n, cudaStream_t stream);
+  // With out: takes up to `need` rows out whole (as many as there are candidates) instead of
+  // evicting them.
   void make_room(uint64_t need, uint64_t step, const int64_t* call_keys, size_t call_n,
-                 const DeviceCounters& d, cudaStream_t stream);
+                 const DeviceCounters& d, cudaStream_t stream, MovedRows* out = nullptr);
   template <typename Predicate>
   size_t select_bytes(Predicate predicate, uint64_t items, cudaStream_t stream) const;
   template <typename Predicate>
   uint64_t select(Predicate predicate, uint64_t items, uint32_t* out, void* temp, size_t temp_bytes,
                   cudaStream_t stream);
   void evict_rows(const uint32_t* victims, uint64_t n, int64_t* keys_out, const DeviceCounters& d,
-                  cudaStream_t stream);
+                  cudaStream_t stream) {
+    remove_rows(victims, n, keys_out, d, stream, nullptr);
+  }
+  // Removes victims[0, n) (distinct live rows, in device memory): a snapshot in progress gets
+  // them first, then they join the free list and the index is rebuilt without them. Without
+  // out an eviction (their keys become tombstones); with out their rows are appended to it whole
+  // (cuda_moves.cu: gather_leaving) and no tombstone is left. keys_out: n keys of device
+  // scratch. d: the counters, read after every earlier call. Synchronous.
+  void remove_rows(const uint32_t* victims, uint64_t n, int64_t* keys_out, const DeviceCounters& d,
+                   cudaStream_t stream, MovedRows* out);
+  void check_gives_rows() const;
+  // The rows victims[0, n) as they leave, appended to out (host memory). Synchronous.
+  void gather_leaving(const uint32_t* victims, uint64_t n, MovedRows* out, cudaStream_t stream);
+  // rows[i] for host keys[0, n): their rows (kNoRow: none), in host memory. Synchronous.
+  void resolve_on_host(const int64_t* keys, size_t n, std::vector<uint32_t>* rows,
+                       cudaStream_t stream);
   uint64_t count_new_keys(const int64_t* keys, size_t n, cudaStream_t stream);
   uint64_t mark_new_keys(const int64_t* keys, size_t n, uint32_t* keep, uint32_t* row,
                          cudaStream_t stream);

@@ -81,4 +81,20 @@ EMBSTORE_HD void release_row(uint64_t* dirty, uint64_t* freed, uint64_t r) {
   bitmap_set<Concurrent>(freed, r);
 }
 
+// The id of the i-th of n rows put into a table whole (a stack's move, Table::put_rows): freed
+// ids first, from the top of the free list (as an insert takes them), then fresh ones from
+// first_fresh on.
+EMBSTORE_HD uint32_t put_row_id(uint64_t i, const uint32_t* free_list, uint64_t free_rows,
+                                uint64_t first_fresh) {
+  return static_cast<uint32_t>(i < free_rows ? free_list[free_rows - 1 - i]
+                                             : first_fresh + (i - free_rows));
+}
+
+// Whether a row leaving a table whole (Table::take_rows) leaves dirty: dirty now, or in the
+// snapshot in flight (snapshot: its set, NULL when none), which may yet fail and must then find
+// the row dirty wherever it went.
+EMBSTORE_HD bool leaves_dirty(const uint64_t* dirty, const uint64_t* snapshot, uint64_t r) {
+  return bitmap_test(dirty, r) || (snapshot != nullptr && bitmap_test(snapshot, r));
+}
+
 }  // namespace embstore::row

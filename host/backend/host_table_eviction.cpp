@@ -63,11 +63,12 @@ void HostTable::remove_rows(std::vector<uint32_t>& victims, MovedRows* out) {
   for (const uint32_t r : victims) {
     const row::RowMeta meta = *arena_.row_meta(r);
     if (out != nullptr) {
-      const bool snapshotted =
-          in_snapshot && r < snapshot_set_.size() * 64 && row::bitmap_test(snapshot_set_.data(), r);
+      // Rows past the snapshot's set were created after its capture.
+      const uint64_t* snapshot =
+          in_snapshot && r < snapshot_set_.size() * 64 ? snapshot_set_.data() : nullptr;
       out->keys.push_back(meta.key);
       out->steps.push_back(meta.step);
-      out->dirty.push_back(row::bitmap_test(dirty_.data(), r) || snapshotted ? 1 : 0);
+      out->dirty.push_back(row::leaves_dirty(dirty_.data(), snapshot, r) ? 1 : 0);
     }
     index_.erase_serial(meta.key);
     row::release_row<false>(dirty_.data(), freed_.data(), r);

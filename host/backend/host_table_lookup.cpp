@@ -114,7 +114,7 @@ void HostTable::insert_missing(const int64_t* keys, size_t n, uint32_t* rows, ui
   }
   const uint64_t missing = missing_pos_.size();
   if (missing == 0) {
-    if (spec().evicts()) touch_rows(rows, n, step);
+    if (spec().frees_rows()) touch_rows(rows, n, step);
     return;
   }
   if (tiered_) {
@@ -139,7 +139,7 @@ void HostTable::insert_missing(const int64_t* keys, size_t n, uint32_t* rows, ui
     }
   }
   // Only once there is room: a refused call touches nothing.
-  if (spec().evicts()) touch_rows(rows, n, step);
+  if (spec().frees_rows()) touch_rows(rows, n, step);
 
   const uint64_t fresh_from = next_row_;  // rows from here on were never used: zero pages
   new_rows_.clear();

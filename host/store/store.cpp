@@ -155,7 +155,8 @@ embstore_store::embstore_store(const embstore_store_config_t& c) {
       device_exchange = embstore::make_nccl_exchange(c.nccl_comm, rank, world_size, device);
     }
   }
-  if (backend == EMBSTORE_BACKEND_HOST) {
+  // A CUDA store's tables with memory_rows have a host table below them (make_stacked_table).
+  if (backend == EMBSTORE_BACKEND_HOST || !tier_dir.empty()) {
     pool = std::make_unique<embstore::ThreadPool>(static_cast<unsigned>(c.host_threads));
   }
   checkpointer = std::make_unique<embstore::checkpoint::Checkpointer>(checkpoint_view_);
@@ -167,41 +168,46 @@ std::unique_ptr<embstore::Table> embstore_store::make_table_impl(embstore::Table
   // A user's table gets the store's tier_dir here; one a restore builds keeps the existing
   // table's spec (and so its budgets and directory) or has no budgets (a manifest's).
   if (spec.tier_dir.empty()) spec.tier_dir = tier_dir;
-  // The CUDA backend's SSD tier will be a stack (make_stacked_table) once the CUDA table can move
-  // its rows whole (Table::take_rows and the rest); until then it is refused here.
-  if (backend == EMBSTORE_BACKEND_CUDA && spec.memory_rows != 0) {
-    fail(EMBSTORE_UNSUPPORTED,
-         "table '{}': memory_rows (an SSD tier below host memory) is not built for the CUDA "
-         "backend in this version; device_rows keeps the rows beyond it in host memory",
-         spec.name);
-  }
   if (spec.tiered() && spec.tier_dir.empty()) {
     fail(EMBSTORE_INVALID_ARGUMENT,
          "table '{}': memory_rows is {} but the store has no tier_dir for the rows beyond it",
          spec.name, spec.memory_rows);
   }
-  if (spec.tiered() && stacks_host_tiers()) return make_stacked_table(std::move(spec));
+  if (spec.tiered() && (backend == EMBSTORE_BACKEND_CUDA || stacks_host_tiers())) {
+    return make_stacked_table(std::move(spec));
+  }
   return backend == EMBSTORE_BACKEND_CUDA ? embstore::make_cuda_table(std::move(spec), device)
                                           : embstore::make_host_table(std::move(spec), *pool);
 }
 
-// A table with memory_rows as a stack of two tables (host/table/stacked_table.hpp): for now two
-// host tables, the upper one untiered, for the tests (stacks_host_tiers); the CUDA backend's SSD
-// tier will put its CUDA table on top.
+// A table with memory_rows on the CUDA backend: a stack (host/table/stacked_table.hpp) of the CUDA
+// table (its device_rows on the device, the rest of its share in mapped host memory) over a host
+// table with its own SSD tier. On the host backend, for the tests only (stacks_host_tiers): two
+// host tables, the upper one untiered.
 std::unique_ptr<embstore::Table> embstore_store::make_stacked_table(embstore::TableSpec spec) {
   embstore::StackSpecs specs = embstore::stack_specs(spec);
-  std::unique_ptr<embstore::Table> upper = embstore::make_host_table(std::move(specs.upper), *pool);
+  std::unique_ptr<embstore::Table> upper;
+  embstore::StackedTable::KeysToHost keys_to_host;
+  if (backend == EMBSTORE_BACKEND_CUDA) {
+    upper = embstore::make_cuda_table(std::move(specs.upper), device);
+    keys_to_host = [device = device](const int64_t* keys, size_t n, void* stream,
+                                     std::vector<int64_t>* out) {
+      *out = embstore::copy_keys_to_host(keys, n, device, stream);
+    };
+  } else {
+    upper = embstore::make_host_table(std::move(specs.upper), *pool);
+    keys_to_host = [](const int64_t* keys, size_t n, void*, std::vector<int64_t>* out) {
+      out->assign(keys, keys + n);
+    };
+  }
   std::unique_ptr<embstore::Table> lower = embstore::make_host_table(std::move(specs.lower), *pool);
-  auto keys_to_host = [](const int64_t* keys, size_t n, void*, std::vector<int64_t>* out) {
-    out->assign(keys, keys + n);
-  };
   return std::make_unique<embstore::StackedTable>(std::move(spec), std::move(upper),
                                                   std::move(lower), specs.upper_rows,
                                                   std::move(keys_to_host));
 }
 
 // Tests only: the host backend's tiered tables built as a stack of two host tables (as the CUDA
-// backend's will be), so that the tier tests exercise the stack where no GPU is.
+// backend's are), so that the tier tests exercise the stack where no GPU is.
 bool embstore_store::stacks_host_tiers() {
   const char* v = std::getenv("EMBSTORE_TEST_STACKED_TIERS");
   return v != nullptr && v[0] == '1';

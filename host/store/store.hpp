@@ -103,7 +103,7 @@ struct embstore_store {
   // Sharded CUDA stores only: the sharded calls' device data path (NCCL), beside comm.
   std::unique_ptr<embstore::DeviceExchange> device_exchange;
   std::mutex comm_mutex;
-  std::unique_ptr<embstore::ThreadPool> pool;  // host backend only
+  std::unique_ptr<embstore::ThreadPool> pool;  // host backend, and CUDA stores with a tier_dir
   std::atomic<uint64_t> step{0};
   embstore::IdleClock idle_clock;
   embstore::TableCalls table_calls;

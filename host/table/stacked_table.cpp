@@ -25,6 +25,7 @@ StackSpecs stack_specs(const TableSpec& spec) {
   const uint64_t below = std::max<uint64_t>(spec.memory_rows / 8, 1);
   s.upper_rows = spec.device_rows + spec.memory_rows - below;
   s.upper.memory_rows = 0;
+  s.upper.gives_rows = true;
   s.upper.tier_dir.clear();
   s.upper.initial_capacity = std::min(spec.initial_capacity, s.upper_rows);
   s.lower.device_rows = 0;

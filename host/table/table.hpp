@@ -37,6 +37,9 @@ struct TableSpec {
   uint64_t device_rows = 0;  // CUDA: rows in device memory; 0: every row
   uint64_t memory_rows = 0;  // host: rows in memory; 0: every row (no SSD tier)
   std::string tier_dir;      // the store's, for a table with memory_rows
+  // The upper table of a stack (host/table/stacked_table.hpp): rows leave it whole, so it keeps
+  // freed row ids for reuse as a table that evicts does. Not part of a checkpoint.
+  bool gives_rows = false;
   // How checkpoint files store the rows (issue 35): part of a checkpoint.
   io::Codec value_codec = io::Codec::kNone;
   io::Codec state_codec = io::Codec::kNone;
@@ -46,6 +49,8 @@ struct TableSpec {
   bool idle_rules() const { return evict_idle_steps != 0 || evict_idle_seconds != 0; }
   // Whether rows are ever evicted (an insert at max_capacity makes room when any rule is set).
   bool evicts() const { return idle_rules() || evict_when_full; }
+  // Whether rows ever leave the table, by eviction or whole (a stack's upper table).
+  bool frees_rows() const { return evicts() || gives_rows; }
   bool admits() const { return admit_after > 1; }
   bool tiered() const { return memory_rows != 0; }
   uint32_t stride() const { return dim + state_dim(); }

@@ -118,7 +118,7 @@ struct Cell {
   double bytes_read = 0, bytes_written = 0;  // SSD tier, per timed step
   // At the end: rows, those in the first tier (memory on the host, device memory on CUDA) and
   // below it (the SSD tier on the host, host memory on CUDA).
-  uint64_t rows = 0, rows_in_first = 0, rows_below = 0;
+  uint64_t rows = 0, rows_in_first = 0, rows_below = 0, rows_on_disk = 0;
   uint64_t rss_filled = 0, rss_end = 0;
   double full_seconds = 0;            // the full checkpoint before the timed steps
   uint64_t full_tier_bytes_read = 0;  // the tier's reads while it was written
@@ -169,6 +169,12 @@ class TiersScenario final : public Scenario {
                    "rows kept in memory, as shares of --rows in (0, 1], comma-separated (1: "
                    "untiered, the baseline)")
         ->delimiter(',')
+        ->check(CLI::Range(0.0, 1.0))
+        ->capture_default_str();
+    app.add_option("--memory-share", memory_share_,
+                   "CUDA: rows in host memory below the device's (memory_rows), as a share of "
+                   "--rows, for the tiered cells; the rest in --dir (an SSD tier below a CUDA "
+                   "table). 0: none, every row beyond device_rows in host memory")
         ->check(CLI::Range(0.0, 1.0))
         ->capture_default_str();
     app.add_option("--optimizer", optimizer_, "optimizer of the table")
@@ -301,8 +307,11 @@ class TiersScenario final : public Scenario {
         "after them, to its commit; {} backend ({}), {} thread(s), fill in {} order, --dir {}{}",
         rows_, o.dim, optimizer_, o.steps, o.batch, warmup_,
         prefetch_ ? "each prefetching the next" : "no prefetch", dense_ms_, backend_name(backend),
-        backend == EMBSTORE_BACKEND_CUDA ? "budget: device_rows, the rest in host memory"
-                                         : "budget: memory_rows, the rest on disk",
+        backend != EMBSTORE_BACKEND_CUDA ? "budget: memory_rows, the rest on disk"
+        : memory_share_ > 0
+            ? fmt::format("budget: device_rows, memory_rows {} of the rows, the rest on disk",
+                          memory_share_)
+            : std::string("budget: device_rows, the rest in host memory"),
         o.threads, fill_order_, dir_,
         ckpt_parent_.empty() ? "" : fmt::format(", --ckpt-dir {}", ckpt_parent_));
 
@@ -347,7 +356,11 @@ class TiersScenario final : public Scenario {
       j["tier_bytes_read_per_step"] = c.bytes_read;
       j["rows"] = c.rows;
       j[cuda ? "rows_in_device" : "rows_in_memory"] = c.rows_in_first;
-      j[cuda ? "rows_in_memory" : "rows_on_disk"] = c.rows_below;
+      j[cuda ? "rows_in_memory" : "rows_on_disk"] = c.rows_below - (cuda ? c.rows_on_disk : 0);
+      if (cuda) {
+        j["memory_share"] = memory_share_;
+        j["rows_on_disk"] = c.rows_on_disk;
+      }
       j["rss_bytes_after_fill"] = c.rss_filled;
       j["rss_bytes_end"] = c.rss_end;
       j["full_checkpoint_seconds"] = c.full_seconds;
@@ -398,9 +411,19 @@ class TiersScenario final : public Scenario {
     const embstore_backend_t backend = store.backend();
     *backend_out = backend;
     const bool cuda = backend == EMBSTORE_BACKEND_CUDA;
-    embstore_table_t* table = create_table(
-        store, "perf_tiers", o.dim, optimizer_from_name(optimizer_),
-        [&](embstore_table_config_t& c) { (cuda ? c.device_rows : c.memory_rows) = cell.budget; });
+    if (!cuda && memory_share_ > 0) {
+      throw std::runtime_error(
+          "--memory-share: the CUDA backend's (on the host, --shares sets "
+          "memory_rows)");
+    }
+    const uint64_t memory_rows =
+        cell.budget != 0 ? static_cast<uint64_t>(memory_share_ * static_cast<double>(rows_)) : 0;
+    embstore_table_t* table =
+        create_table(store, "perf_tiers", o.dim, optimizer_from_name(optimizer_),
+                     [&](embstore_table_config_t& c) {
+                       (cuda ? c.device_rows : c.memory_rows) = cell.budget;
+                       if (cuda) c.memory_rows = memory_rows;
+                     });
 
     const Stopwatch fill;
     fill_table(table, backend, rows_, o.dim,
@@ -557,7 +580,8 @@ class TiersScenario final : public Scenario {
     cell.delta_tier_bytes_read = end.tier_bytes_read - after.tier_bytes_read;
     cell.rows = end.rows;
     cell.rows_in_first = cuda ? end.rows_in_device : end.rows_in_memory;
-    cell.rows_below = cuda ? end.rows_in_memory : end.rows_on_disk;
+    cell.rows_below = cuda ? end.rows_in_memory + end.rows_on_disk : end.rows_on_disk;
+    cell.rows_on_disk = end.rows_on_disk;
     cell.skipped = end.skipped_keys;
     cell.rss_end = resident_bytes();
     return cell;
@@ -566,6 +590,7 @@ class TiersScenario final : public Scenario {
   uint64_t rows_ = 1'000'000;
   std::vector<std::string> dists_{"1.1", "uniform"};
   std::vector<double> shares_{1, 0.5, 0.1, 0.01};
+  double memory_share_ = 0;  // CUDA: memory_rows as a share of rows_ (tiered cells)
   std::string optimizer_ = "adagrad";
   size_t warmup_ = 5;
   bool prefetch_ = true;

@@ -244,7 +244,8 @@ class Store(Owner):
                      evict_when_full=False, admit_bloom_bytes=0, device_rows=0, memory_rows=0,
                      value_codec="none", state_codec="none", serving_codec="none"):
         """Creates a table (embstore_table_create); the defaults are the C API's. memory_rows:
-        rows kept in host memory, the rest in the store's tier_dir (0: every row in memory).
+        rows kept in host memory (on CUDA, below device_rows), the rest in the store's tier_dir
+        (0: every row in memory).
         value_codec, state_codec: how checkpoints store the values and the optimizer state,
         "none", "lossless", "bf16" or "int8" (values only): docs/checkpoints.md, "Codecs".
         serving_codec: the values in values-only deltas for followers (set_policy's

@@ -85,3 +85,24 @@ TEST_CASE("making room finds the bucket of the need-th oldest stamp and orders o
   CHECK(evicted_first(121, -5, 121, 3));
   CHECK_FALSE(evicted_first(121, 3, 121, 3));
 }
+
+TEST_CASE("rows put in whole take freed ids from the top of the list, then fresh ones",
+          "[row][eviction][moves]") {
+  const std::vector<uint32_t> free_list = {7, 3, 11};  // 11 was freed last
+  CHECK(put_row_id(0, free_list.data(), 3, 40) == 11);
+  CHECK(put_row_id(1, free_list.data(), 3, 40) == 3);
+  CHECK(put_row_id(2, free_list.data(), 3, 40) == 7);
+  CHECK(put_row_id(3, free_list.data(), 3, 40) == 40);
+  CHECK(put_row_id(5, free_list.data(), 3, 40) == 42);
+  CHECK(put_row_id(0, nullptr, 0, 40) == 40);  // no free list: fresh ids only
+}
+
+TEST_CASE("a row leaves dirty when dirty, or when in the snapshot in flight", "[row][moves]") {
+  std::vector<uint64_t> dirty(2), snapshot(2);
+  bitmap_set<false>(dirty.data(), 3);
+  bitmap_set<false>(snapshot.data(), 70);
+  CHECK(leaves_dirty(dirty.data(), nullptr, 3));
+  CHECK_FALSE(leaves_dirty(dirty.data(), nullptr, 70));
+  CHECK(leaves_dirty(dirty.data(), snapshot.data(), 70));  // a failed snapshot must find it
+  CHECK_FALSE(leaves_dirty(dirty.data(), snapshot.data(), 4));
+}

@@ -13,11 +13,6 @@ namespace {
 
 constexpr uint32_t kDim = 8;
 
-bool has_tiers() {
-  TierDir probe;
-  return backend_has_tiers(probe.path());
-}
-
 // Tier writes seen by the write fault hook, by thread, while it lives.
 class WriterThreads {
  public:
@@ -92,7 +87,7 @@ struct PrefetchScene {
 
 TEST_CASE("a prefetch moves rows down on its own thread, and its next call finishes the move",
           "[tiers][host_tier]") {
-  if (!has_tiers()) return;
+  if (!host_tier_policy()) return;
   PrefetchScene scene;
   const embstore_table_stats_t before = stats(scene.tiered);
   {
@@ -118,7 +113,7 @@ TEST_CASE("a prefetch moves rows down on its own thread, and its next call finis
 
 TEST_CASE("calls and checkpoints that meet rows a prefetch moves down see their values",
           "[tiers][host_tier]") {
-  if (!has_tiers()) return;
+  if (!host_tier_policy()) return;
   PrefetchScene scene;
   TempDir dir_a, dir_b;
   ok(embstore_prefetch(scene.tiered, scene.read.data(), scene.read.size(), nullptr));
@@ -144,7 +139,7 @@ TEST_CASE("calls and checkpoints that meet rows a prefetch moves down see their 
 }
 
 TEST_CASE("rows a prefetch moves down can be evicted before it ends", "[tiers][host_tier]") {
-  if (!has_tiers()) return;
+  if (!host_tier_policy()) return;
   PrefetchScene scene({.evict_idle_steps = 100});
   ok(embstore_prefetch(scene.tiered, scene.read.data(), scene.read.size(), nullptr));
   // Every row is idle since step 0: all go, the 40 moving down among them.
@@ -162,7 +157,7 @@ TEST_CASE("rows a prefetch moves down can be evicted before it ends", "[tiers][h
 
 TEST_CASE("rows captured by a checkpoint in flight go to it before a prefetch moves them down",
           "[tiers][host_tier]") {
-  if (!has_tiers()) return;
+  if (!host_tier_policy()) return;
   // 30,000 rows of lower row ids than old's, and 1 MiB of staging: with the writer held, the
   // drain fills the staging before it reaches old's rows, which stay captured.
   PrefetchScene scene({.filler = 30000, .staging_bytes = size_t{1} << 20});
@@ -200,7 +195,7 @@ TEST_CASE("rows captured by a checkpoint in flight go to it before a prefetch mo
 
 TEST_CASE("a prefetch whose write fails moves nothing and reads nothing, and loses no row",
           "[tiers][host_tier][failure]") {
-  if (!has_tiers()) return;
+  if (!host_tier_policy()) return;
   PrefetchScene scene;
   TempDir dir_a, dir_b;
   const embstore_table_stats_t before = stats(scene.tiered);
@@ -241,7 +236,7 @@ TEST_CASE("a prefetch whose write fails moves nothing and reads nothing, and los
 
 TEST_CASE("a table that does not prefetch gets cold rows written down between its calls",
           "[tiers][host_tier]") {
-  if (!has_tiers()) return;
+  if (!host_tier_policy()) return;
   TierDir tier;
   StoreGuard plain_store(tier_store(nullptr));
   StoreGuard tiered_store(tier_store(tier.path().c_str()));

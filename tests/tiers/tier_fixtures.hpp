@@ -83,16 +83,10 @@ inline std::vector<int64_t> keys_from(int64_t first, size_t n) {
   return k;
 }
 
-// Whether the backend under test has tiers; on one without, creating a tiered table must be
-// UNSUPPORTED (checked here), and the caller returns.
-inline bool backend_has_tiers(const std::string& dir) {
-  if (backend() != EMBSTORE_BACKEND_CUDA) return true;
-  StoreGuard store(tier_store(dir.c_str()));
-  embstore_table_config_t c = tier_config("t", 8, 16);
-  embstore_table_t* t = nullptr;
-  require_status(embstore_table_create(store, &c, &t), EMBSTORE_UNSUPPORTED, "memory_rows");
-  return false;
-}
+// Whether the cases of the host table's own moves ([host_tier]: its counts, its background
+// thread, its frames) apply: on the host backend with its own tier, not on a stack of tables
+// (the CUDA backend's SSD tier, or the host's under EMBSTORE_TEST_STACKED_TIERS).
+inline bool host_tier_policy() { return backend() == EMBSTORE_BACKEND_HOST && !stacked_tiers(); }
 
 // Two tables trained alike: `plain` untiered, `tiered` with a budget. step() gives both the same
 // batch (step_batch's keys in [-keys/2, keys/2)) and requires the same lookup results. With

@@ -9,7 +9,7 @@ namespace {
 TEST_CASE("rows used in many calls stay in memory while rows used once pass through",
           "[tiers][host_tier]") {
   TierDir tier;
-  if (!backend_has_tiers(tier.path())) return;
+  if (!host_tier_policy()) return;
   StoreGuard store(tier_store(tier.path().c_str()));
   embstore_table_t* t = make_table(store, tier_config("emb", 8, 64));
   const std::vector<int64_t> hot = keys_from(0, 16);
@@ -29,7 +29,6 @@ TEST_CASE("rows used in many calls stay in memory while rows used once pass thro
 
 TEST_CASE("a new hot set takes over a tiered table's memory from an old one", "[tiers]") {
   TierDir tier;
-  if (!backend_has_tiers(tier.path())) return;
   StoreGuard store(tier_store(tier.path().c_str()));
   embstore_table_t* t = make_table(store, tier_config("emb", 8, 64));
   // The old hot set: 40 rows used in 300 calls (their count saturates).
