@@ -17,13 +17,25 @@ namespace {
 
 // A batch of n moving rows' arrays (MovedRows') in device memory: where each lies in a buffer.
 struct MovedLayout {
-  size_t keys = 0, steps = 0, dirty = 0, records = 0, bytes = 0;
+  size_t keys = 0, steps = 0, dirty = 0, in_snapshot = 0, records = 0, bytes = 0;
   MovedLayout(uint64_t n, uint32_t stride) {
     ScratchLayout layout;
     keys = layout.take(n * sizeof(int64_t));
     steps = layout.take(n * sizeof(uint64_t));
     dirty = layout.take(n * sizeof(uint8_t));
+    in_snapshot = layout.take(n * sizeof(uint8_t));
     records = layout.take(n * size_t{stride} * sizeof(float));
+    bytes = layout.bytes;
+  }
+};
+
+// resolve_on_host's arrays in scratch: n keys and their rows.
+struct ResolveLayout {
+  size_t keys = 0, rows = 0, bytes = 0;
+  explicit ResolveLayout(uint64_t n) {
+    ScratchLayout layout;
+    keys = layout.take(n * sizeof(int64_t));
+    rows = layout.take(n * sizeof(uint32_t));
     bytes = layout.bytes;
   }
 };
@@ -46,6 +58,7 @@ void copy_moved(const MovedLayout& at, char* base, Rows& rows, size_t first, uin
   copy(at.keys, rows.keys.data() + first, n * sizeof(int64_t));
   copy(at.steps, rows.steps.data() + first, n * sizeof(uint64_t));
   copy(at.dirty, rows.dirty.data() + first, n * sizeof(uint8_t));
+  copy(at.in_snapshot, rows.in_snapshot.data() + first, n * sizeof(uint8_t));
   copy(at.records, rows.records.data() + first * stride, n * size_t{stride} * sizeof(float));
 }
 
@@ -63,12 +76,10 @@ void CudaTable::resolve_on_host(const int64_t* keys, size_t n, std::vector<uint3
   rows->resize(n);
   if (n == 0) return;
   check_batch(n);
-  ScratchLayout layout;
-  const size_t keys_at = layout.take(n * sizeof(int64_t));
-  const size_t rows_at = layout.take(n * sizeof(uint32_t));
-  char* base = scratch(layout.bytes, stream);
-  auto* d_keys = reinterpret_cast<int64_t*>(base + keys_at);
-  auto* d_rows = reinterpret_cast<uint32_t*>(base + rows_at);
+  const ResolveLayout at(n);
+  char* base = scratch(at.bytes, stream);
+  auto* d_keys = reinterpret_cast<int64_t*>(base + at.keys);
+  auto* d_rows = reinterpret_cast<uint32_t*>(base + at.rows);
   check(cudaMemcpyAsync(d_keys, keys, n * sizeof(int64_t), cudaMemcpyHostToDevice, stream),
         "cudaMemcpyAsync");
   resolve_rows_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
@@ -145,20 +156,18 @@ void CudaTable::gather_leaving(const uint32_t* victims, uint64_t n, MovedRows* o
   const size_t before = out->size();
   // Host room first: past this point only a device error can fail.
   out->reserve_more(n, stride);
-  out->keys.resize(before + n);
-  out->steps.resize(before + n);
-  out->dirty.resize(before + n);
-  out->records.resize((before + n) * size_t{stride});
+  out->truncate(before + n, stride);
   try {
     const MovedLayout at(n, stride);
     char* base = stage(at.bytes, stream);
     const uint64_t* snapshot = snapshot_active_ ? snapshot_set_.get<uint64_t>() : nullptr;
     const uint32_t shift = tile_shift_for(stride);
     gather_leaving_kernel<kBlock><<<blocks_for(n << shift), kBlock, 0, stream>>>(
-        arena_, victims, n, dirty_.get<uint64_t>(), snapshot,
+        arena_, victims, n, dirty_.get<uint64_t>(), snapshot, carried_.get<uint64_t>(),
         reinterpret_cast<int64_t*>(base + at.keys), reinterpret_cast<uint64_t*>(base + at.steps),
-        reinterpret_cast<uint8_t*>(base + at.dirty), reinterpret_cast<float*>(base + at.records),
-        shift);
+        reinterpret_cast<uint8_t*>(base + at.dirty),
+        reinterpret_cast<uint8_t*>(base + at.in_snapshot),
+        reinterpret_cast<float*>(base + at.records), shift);
     check_launch("gather_leaving_kernel");
     copy_moved(at, base, *out, before, n, stride, stream);
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
@@ -166,6 +175,21 @@ void CudaTable::gather_leaving(const uint32_t* victims, uint64_t n, MovedRows* o
     out->truncate(before, stride);
     throw;
   }
+}
+
+void CudaTable::reserve_put(uint64_t n) {
+  if (n == 0) return;
+  check_batch(n);
+  Call call(*this, own_stream_);
+  const cudaStream_t stream = call.stream;
+  const DeviceCounters d = read_counters(stream);  // exact: synchronizes after the wait
+  rows_bound_ = d.rows;
+  const uint64_t free_rows = freed_.get() != nullptr ? d.free_rows : 0;
+  const uint64_t fresh = n > free_rows ? n - free_rows : 0;
+  if (d.rows + fresh > capacity_rows()) grow(d.rows + fresh, d.rows, stream);  // stream idle
+  // put_rows' buffers: the held-key check's scratch, the rows' staging.
+  scratch(ResolveLayout(n).bytes, stream);
+  stage(MovedLayout(n, arena_.stride).bytes, stream);
 }
 
 void CudaTable::put_rows(const MovedRows& rows) {
@@ -202,8 +226,10 @@ void CudaTable::put_rows(const MovedRows& rows) {
       index_ref(), arena_, reinterpret_cast<const int64_t*>(base + at.keys),
       reinterpret_cast<const uint64_t*>(base + at.steps),
       reinterpret_cast<const uint8_t*>(base + at.dirty),
+      reinterpret_cast<const uint8_t*>(base + at.in_snapshot),
       reinterpret_cast<const float*>(base + at.records), n, free_list_.get<uint32_t>(), free_rows,
-      d.rows, dirty_.get<uint64_t>(), freed_.get<uint64_t>(), shift);
+      d.rows, dirty_.get<uint64_t>(), freed_.get<uint64_t>(), carried_.get<uint64_t>(),
+      snapshot_active_, shift);
   check_launch("put_rows_kernel");
   settle_put_kernel<<<1, 1, 0, stream>>>(device_counters(), n);
   check_launch("settle_put_kernel");

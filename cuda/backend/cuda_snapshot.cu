@@ -326,6 +326,14 @@ void CudaTable::end_snapshot(bool failed) {
         dirty_.get<uint64_t>(), snapshot_set_.get<uint64_t>(), freed_.get<uint64_t>(),
         dirty_words_);
     check_launch("restore_dirty_kernel");
+    if (carried_.get() != nullptr) {  // rows the other table's part held, moved here since
+      restore_dirty_kernel<kBlock><<<blocks_for(dirty_words_), kBlock, 0, stream>>>(
+          dirty_.get<uint64_t>(), carried_.get<uint64_t>(), freed_.get<uint64_t>(), dirty_words_);
+      check_launch("restore_dirty_kernel");
+    }
+  }
+  if (carried_.get() != nullptr) {
+    check(cudaMemsetAsync(carried_.get(), 0, carried_.bytes(), stream), "cudaMemsetAsync");
   }
   check(cudaMemsetAsync(captured_.get(), 0, captured_.bytes(), stream), "cudaMemsetAsync");
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");

@@ -60,6 +60,10 @@ CudaTable::CudaTable(TableSpec spec, int device)
       check(cudaMemsetAsync(freed_.get(), 0, freed_.bytes(), own_stream_), "cudaMemsetAsync");
       free_list_ = DeviceBuffer(capacity_rows() * sizeof(uint32_t), "free list");
     }
+    if (this->spec().gives_rows) {
+      carried_ = DeviceBuffer(dirty_words_ * sizeof(uint64_t), "carried bitmap");
+      check(cudaMemsetAsync(carried_.get(), 0, carried_.bytes(), own_stream_), "cudaMemsetAsync");
+    }
     check(cudaStreamSynchronize(own_stream_), "cudaStreamSynchronize");
   } catch (...) {
     release();
@@ -85,6 +89,7 @@ void CudaTable::release() noexcept {
   dirty_.reset();
   freed_.reset();
   free_list_.reset();
+  carried_.reset();
   admit_.reset();
   admission_buffer_.reset();
   counters_.reset();
@@ -252,6 +257,8 @@ void CudaTable::grow(uint64_t need, uint64_t rows, cudaStream_t stream) {
     captured = grown_bitmap(captured_, "captured bitmap");
     snapshot_set = grown_bitmap(snapshot_set_, "snapshot bitmap");
   }
+  DeviceBuffer carried;
+  if (carried_.get() != nullptr) carried = grown_bitmap(carried_, "carried bitmap");
   DeviceBuffer freed, free_list;
   if (freed_.get() != nullptr) {
     freed = grown_bitmap(freed_, "freed bitmap");
@@ -284,6 +291,7 @@ void CudaTable::grow(uint64_t need, uint64_t rows, cudaStream_t stream) {
     freed_ = std::move(freed);
     free_list_ = std::move(free_list);
   }
+  if (carried.get() != nullptr) carried_ = std::move(carried);
   index_ = std::move(index);
   index_slots_ = slots;
 }

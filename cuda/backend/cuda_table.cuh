@@ -102,6 +102,7 @@ class CudaTable final : public Table {
   void take_rows(const int64_t* keys, size_t n, MovedRows* out) override;
   void take_coldest(uint64_t count, uint64_t before_step, const int64_t* spare, size_t n_spare,
                     MovedRows* out) override;
+  void reserve_put(uint64_t n) override;
   void put_rows(const MovedRows& rows) override;
 
  private:
@@ -256,6 +257,9 @@ class CudaTable final : public Table {
   // free. evicted_keys_: where an eviction's keys arrive on the host.
   DeviceBuffer freed_;
   DeviceBuffer free_list_;
+  // A stack's upper table (spec().gives_rows): by row id, rows put in that the snapshot in flight
+  // held where they came from, marked dirty if it fails (cuda_moves.cu, end_snapshot).
+  DeviceBuffer carried_;
   std::vector<int64_t> evicted_keys_;
 
   // Admission counts and tombstones. Exact counts are in device memory (device_counts_, owned

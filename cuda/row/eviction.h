@@ -90,11 +90,13 @@ EMBSTORE_HD uint32_t put_row_id(uint64_t i, const uint32_t* free_list, uint64_t 
                                              : first_fresh + (i - free_rows));
 }
 
-// Whether a row leaving a table whole (Table::take_rows) leaves dirty: dirty now, or in the
-// snapshot in flight (snapshot: its set, NULL when none), which may yet fail and must then find
-// the row dirty wherever it went.
-EMBSTORE_HD bool leaves_dirty(const uint64_t* dirty, const uint64_t* snapshot, uint64_t r) {
-  return bitmap_test(dirty, r) || (snapshot != nullptr && bitmap_test(snapshot, r));
+// Whether row r, leaving a table whole (Table::take_rows), is in the snapshot in flight: captured
+// by it (snapshot: its set, NULL when none is in flight) or carried into this table so from
+// another (carried: NULL when none). If the snapshot fails, the row must be dirty again wherever
+// it went.
+EMBSTORE_HD bool in_snapshot(const uint64_t* snapshot, const uint64_t* carried, uint64_t r) {
+  return (snapshot != nullptr && bitmap_test(snapshot, r)) ||
+         (carried != nullptr && bitmap_test(carried, r));
 }
 
 }  // namespace embstore::row

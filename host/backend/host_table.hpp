@@ -115,6 +115,7 @@ class HostTable final : public Table {
   void take_rows(const int64_t* keys, size_t n, MovedRows* out) override;
   void take_coldest(uint64_t count, uint64_t before_step, const int64_t* spare, size_t n_spare,
                     MovedRows* out) override;
+  void reserve_put(uint64_t n) override;
   void put_rows(const MovedRows& rows) override;
 
  private:
@@ -316,6 +317,9 @@ class HostTable final : public Table {
   // captured, where drain resumes, and drain's copy counter (odd while it copies).
   SnapshotSink* sink_ = nullptr;
   std::vector<uint64_t> captured_, snapshot_set_;
+  // By row id: rows put in (put_rows) that the snapshot in flight holds where they came from,
+  // marked dirty if it fails. Sized with dirty_, cleared by end_snapshot and as rows leave.
+  std::vector<uint64_t> carried_;
   std::atomic<uint64_t> captured_left_{0};
   uint64_t drain_word_ = 0;
   DrainStage drain_stage_ = DrainStage::kSweep;  // a tiered table's; kStart from capture

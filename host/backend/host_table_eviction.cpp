@@ -57,19 +57,19 @@ void HostTable::remove_rows(std::vector<uint32_t>& victims, MovedRows* out) {
   free_rows_.reserve(free_rows_.size() + victims.size());
   if (tiered_) release_homes(victims);
   if (out == nullptr) ledger_.reserve_evicted(victims.size());
-  // A row of the snapshot in flight leaves dirty (Table::take_rows): if the snapshot fails, the
-  // table it goes to still writes it next time.
-  const bool in_snapshot = sink_ != nullptr && !snapshot_set_.empty();
+  const bool in_flight = sink_ != nullptr && !snapshot_set_.empty();
   for (const uint32_t r : victims) {
     const row::RowMeta meta = *arena_.row_meta(r);
     if (out != nullptr) {
       // Rows past the snapshot's set were created after its capture.
       const uint64_t* snapshot =
-          in_snapshot && r < snapshot_set_.size() * 64 ? snapshot_set_.data() : nullptr;
+          in_flight && r < snapshot_set_.size() * 64 ? snapshot_set_.data() : nullptr;
       out->keys.push_back(meta.key);
       out->steps.push_back(meta.step);
-      out->dirty.push_back(row::leaves_dirty(dirty_.data(), snapshot, r) ? 1 : 0);
+      out->dirty.push_back(row::bitmap_test(dirty_.data(), r) ? 1 : 0);
+      out->in_snapshot.push_back(row::in_snapshot(snapshot, carried_.data(), r) ? 1 : 0);
     }
+    row::bitmap_clear<false>(carried_.data(), r);
     index_.erase_serial(meta.key);
     row::release_row<false>(dirty_.data(), freed_.data(), r);
     free_rows_.push_back(r);

@@ -49,6 +49,19 @@ void HostTable::take_coldest(uint64_t count, uint64_t before_step, const int64_t
   remove_rows(victims_, out);
 }
 
+void HostTable::reserve_put(uint64_t n) {
+  std::lock_guard lock(mutex_);
+  if (n == 0) return;
+  reserve_rows(std::min<uint64_t>(next_row_ + n, row::kMaxRows));
+  if (!tiered_) return;
+  // Frames for every row, free now: the put then moves nothing down (a failure here loses
+  // nothing; the caller has taken nothing yet).
+  finish_prefetch();
+  begin_tier_call();
+  make_frames(n);
+  reserve_frames_for(n);
+}
+
 void HostTable::put_rows(const MovedRows& rows) {
   std::lock_guard lock(mutex_);
   const size_t n = rows.size();
@@ -81,7 +94,13 @@ void HostTable::put_rows(const MovedRows& rows) {
     *arena_.row_meta(r) = row::RowMeta{rows.keys[i], rows.steps[i]};
     std::memcpy(arena_.row(frame_of(r)), rows.records.data() + i * size_t{stride},
                 stride * sizeof(float));
-    if (rows.dirty[i] != 0) row::bitmap_set<false>(dirty_.data(), r);
+    // The snapshot in flight held it where it was: dirty again if that snapshot fails (at
+    // once when none is in flight here).
+    const bool in_flight = sink_ != nullptr;
+    if (rows.dirty[i] != 0 || (rows.in_snapshot[i] != 0 && !in_flight)) {
+      row::bitmap_set<false>(dirty_.data(), r);
+    }
+    if (rows.in_snapshot[i] != 0 && in_flight) row::bitmap_set<false>(carried_.data(), r);
   }
 }
 

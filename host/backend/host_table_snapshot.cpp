@@ -230,7 +230,12 @@ void HostTable::end_snapshot(bool failed) {
     for (size_t w = 0; w < snapshot_set_.size(); ++w) {
       row::restore_dirty_word(dirty_.data(), snapshot_set_.data(), w, freed_[w]);
     }
+    // Rows another table's part of the snapshot held, moved here since (a stack's).
+    for (size_t w = 0; w < carried_.size(); ++w) {
+      row::restore_dirty_word(dirty_.data(), carried_.data(), w, freed_[w]);
+    }
   }
+  std::fill(carried_.begin(), carried_.end(), 0);
   ledger_.end_snapshot(failed);
   copy_failed_.store(false);
   captured_.clear();

@@ -115,28 +115,31 @@ void StackedTable::make_room_above(uint64_t count, uint64_t step, bool spare_cal
     spare_.assign(keys_.begin(), keys_.end());
     spare_.insert(spare_.end(), previous_.begin(), previous_.end());
   }
+  // Room below first: once the rows are taken, their put must not fail.
+  lower_->reserve_put(count);
   moved_.clear();
   upper_->take_coldest(count, through(step), spare_.data(), spare_.size(), &moved_);
   if (moved_.size() == 0) return;
-  try {
-    lower_->put_rows(moved_);
-  } catch (...) {
-    // Back where they were: the upper table just gave up their rows, so it has the room.
-    upper_->put_rows(moved_);
-    throw;
-  }
+  put_or_return(*lower_, *upper_);
   moved_down_ += moved_.size();
 }
 
-void StackedTable::move_up(const std::vector<int64_t>& keys) {
-  moved_.clear();
-  lower_->take_rows(keys.data(), keys.size(), &moved_);
+// After reserve_put, only a device error fails a put; the rows then go back where they came
+// from (whose room they just left), so that none is lost unless the device fails twice.
+void StackedTable::put_or_return(Table& to, Table& from) {
   try {
-    upper_->put_rows(moved_);
+    to.put_rows(moved_);
   } catch (...) {
-    lower_->put_rows(moved_);
+    from.put_rows(moved_);
     throw;
   }
+}
+
+void StackedTable::move_up(const std::vector<int64_t>& keys) {
+  upper_->reserve_put(keys.size());
+  moved_.clear();
+  lower_->take_rows(keys.data(), keys.size(), &moved_);
+  put_or_return(*upper_, *lower_);
   moved_up_ += moved_.size();
 }
 
@@ -294,6 +297,24 @@ void StackedTable::load_rows(const int64_t* keys, const float* values, const flo
   };
   load_part(*upper_, 0, above);
   load_part(*lower_, above, keep.size());
+}
+
+bool StackedTable::load_admission(const io::AdmissionFile& counts, std::string* why) {
+  std::lock_guard lock(mutex_);
+  if (counts.kind != io::AdmissionKind::kExact || counts.entries.empty()) {
+    return upper_->load_admission(counts, why);
+  }
+  std::vector<int64_t> keys;
+  keys.reserve(counts.entries.size());
+  for (const io::AdmissionEntry& e : counts.entries) keys.push_back(e.key);
+  std::vector<uint8_t> below(keys.size());
+  lower_->find_held(keys.data(), keys.size(), below.data());
+  io::AdmissionFile kept;
+  kept.kind = counts.kind;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (below[i] == 0) kept.entries.push_back(counts.entries[i]);
+  }
+  return upper_->load_admission(kept, why);
 }
 
 uint64_t StackedTable::live_rows() {

@@ -8,12 +8,15 @@
 //
 // Checkpoints see one table: capture, drain and end_snapshot go to both, at the same call
 // boundary (the stack's lock). A row that leaves a table after a capture is written to the
-// snapshot on its way out (copy-on-write, Table::take_rows), and leaves dirty while the snapshot
-// is in flight, so that a failed snapshot still leaves it for the next one.
+// snapshot on its way out (copy-on-write, Table::take_rows), and carries its place in the
+// snapshot to the other table (MovedRows::in_snapshot), which marks it dirty if the snapshot
+// fails: the next delta holds what an untiered table's would, whether the snapshot succeeds
+// or fails.
 //
 // Stages of a call (bring_up): which keys the upper table lacks, which of those the lower holds,
 // room made above (make_room_above), the rows moved up (move_up); then the call itself.
-// A move whose second half fails puts the rows back where they came from: no row is lost.
+// A move makes room where the rows go before it takes them (Table::reserve_put), so that only a
+// device error can fail its second half; the rows then go back where they came from.
 #pragma once
 
 #include <cstdint>
@@ -69,9 +72,9 @@ class StackedTable final : public Table {
 
   uint64_t evict_before(uint64_t cutoff_step) override;
 
-  bool load_admission(const io::AdmissionFile& counts, std::string* why) override {
-    return upper_->load_admission(counts, why);
-  }
+  // To the upper table, where keys are counted, less the exact counts of keys with a row below
+  // (a key with a row has none).
+  bool load_admission(const io::AdmissionFile& counts, std::string* why) override;
   void reserve(uint64_t rows) override;
   bool skips_held_keys() const override { return true; }
   void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
@@ -90,6 +93,8 @@ class StackedTable final : public Table {
   void make_room_above(uint64_t count, uint64_t step, bool spare_calls);
   // Moves the rows of keys (all held below) up.
   void move_up(const std::vector<int64_t>& keys);
+  // Puts moved_ into `to`, or back into `from` (and rethrows) when that fails.
+  void put_or_return(Table& to, Table& from);
   // After a call: moves the upper table's rows beyond its budget down, those of this call and the
   // one before last. A failure leaves them above: the call itself succeeded.
   void end_call() noexcept;

@@ -84,32 +84,32 @@ struct TableCounters {
 };
 
 // Whole rows moving between the tables of a stack (host/table/stacked_table.hpp), in host
-// memory: each row's key, last-touched step, dirty bit and record (value then optimizer state,
-// stride floats).
+// memory: each row's key, last-touched step, dirty bit, whether the snapshot in flight holds it
+// (captured by the table it leaves, or carried there so from another: if that snapshot fails,
+// the row must be dirty again wherever it is), and record (value then optimizer state, stride
+// floats).
 struct MovedRows {
   std::vector<int64_t> keys;
   std::vector<uint64_t> steps;
-  std::vector<uint8_t> dirty;
+  std::vector<uint8_t> dirty, in_snapshot;
   std::vector<float> records;
   size_t size() const { return keys.size(); }
-  void clear() {
-    keys.clear();
-    steps.clear();
-    dirty.clear();
-    records.clear();
-  }
+  void clear() { truncate(0, 0); }
   // Room for n more rows of `stride` floats, so that appending them cannot fail.
   void reserve_more(size_t n, uint32_t stride) {
     keys.reserve(keys.size() + n);
     steps.reserve(steps.size() + n);
     dirty.reserve(dirty.size() + n);
+    in_snapshot.reserve(in_snapshot.size() + n);
     records.reserve(records.size() + n * size_t{stride});
   }
-  // Drops the rows from the n-th on (a failed take gives back what it appended).
+  // Sizes every array for n rows (a take fills them in place; a failed one gives back what it
+  // appended).
   void truncate(size_t n, uint32_t stride) {
     keys.resize(n);
     steps.resize(n);
     dirty.resize(n);
+    in_snapshot.resize(n);
     records.resize(n * size_t{stride});
   }
 };
@@ -213,15 +213,20 @@ class Table {
   virtual void find_held(const int64_t* keys, size_t n, uint8_t* held);
   // Takes the rows of keys (distinct; keys the table does not hold are skipped) out of the table
   // and appends them to *out. A row a snapshot in flight captured is written to it first
-  // (copy-on-write); a row of the snapshot in flight leaves marked dirty, so that a snapshot that
-  // fails still leaves it for the next one. Throws with nothing taken (out as it was).
+  // (copy-on-write). Throws with nothing taken (out as it was), but for a device error.
   virtual void take_rows(const int64_t* keys, size_t n, MovedRows* out);
   // Takes out up to `count` least recently used rows touched before `before_step` (the order of
   // eviction at max_capacity), sparing the rows of spare[0, n_spare); as take_rows.
   virtual void take_coldest(uint64_t count, uint64_t before_step, const int64_t* spare,
                             size_t n_spare, MovedRows* out);
+  // Makes room for a put_rows of up to n rows, so that it cannot fail but for a device error
+  // (memory; a tiered table's frames, moving rows down). Throws (OUT_OF_MEMORY, IO_ERROR, ...)
+  // with no row lost; until the put, the table must get no other call.
+  virtual void reserve_put(uint64_t n);
   // Puts rows (keys distinct, none held) in, as they were: stamps, dirty bits, records; none
-  // captured. Throws CAPACITY_EXCEEDED past max_capacity, or IO_ERROR, with nothing put.
+  // captured. A row in_snapshot is marked dirty if the snapshot in flight fails (end_snapshot),
+  // at once when none is. Throws with nothing put: CAPACITY_EXCEEDED past max_capacity, or what
+  // making room throws where reserve_put did not make it.
   virtual void put_rows(const MovedRows& rows);
 
  private:

@@ -260,6 +260,7 @@ void Table::take_rows(const int64_t*, size_t, MovedRows*) { fail_no_moves(spec_)
 void Table::take_coldest(uint64_t, uint64_t, const int64_t*, size_t, MovedRows*) {
   fail_no_moves(spec_);
 }
+void Table::reserve_put(uint64_t) { fail_no_moves(spec_); }
 void Table::put_rows(const MovedRows&) { fail_no_moves(spec_); }
 
 }  // namespace embstore

@@ -308,8 +308,9 @@ typedef struct embstore_table_config {
                             memory, which the kernels read and write over the bus (see
                             "Tiers"). 0 (default): every row. Ignored by the host backend */
   uint64_t memory_rows; /**< rows kept in host memory (the host backend's first tier; on CUDA,
-                            below device_rows); the rest live in the store's tier_dir. 0
-                            (default): every row in memory. A call on more distinct rows than
+                            below device_rows, and with device_rows 0 seven eighths of them in
+                            device memory: see "Tiers"); the rest live in the store's tier_dir.
+                            0 (default): every row in memory. A call on more distinct rows than
                             this holds them all in memory while it runs */
   /* Fields below came after 0.5: codecs of checkpointed rows (see embstore_codec_t). Part of a
      checkpoint: its manifest records them, and a table a restore creates gets them. A lossy
@@ -668,7 +669,7 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
    rows, an eighth of memory_rows of them in host memory and the rest in tier_dir. Each row
    lives whole in one of them. A call copies its keys to the host, brings the rows it needs up
    from the table below (moving the CUDA table's least recently used rows down to make room,
-   never those of this call or the one before) and then runs on the CUDA table, stream-ordered
+   those of this call and the one before last) and then runs on the CUDA table, stream-ordered
    but with the host waiting for the moves. max_capacity is UNSUPPORTED with it in this version.
    Built and tested on the host (the host backend's tables built as such a stack); not yet run
    on a device.

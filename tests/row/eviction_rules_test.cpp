@@ -97,12 +97,13 @@ TEST_CASE("rows put in whole take freed ids from the top of the list, then fresh
   CHECK(put_row_id(0, nullptr, 0, 40) == 40);  // no free list: fresh ids only
 }
 
-TEST_CASE("a row leaves dirty when dirty, or when in the snapshot in flight", "[row][moves]") {
-  std::vector<uint64_t> dirty(2), snapshot(2);
-  bitmap_set<false>(dirty.data(), 3);
-  bitmap_set<false>(snapshot.data(), 70);
-  CHECK(leaves_dirty(dirty.data(), nullptr, 3));
-  CHECK_FALSE(leaves_dirty(dirty.data(), nullptr, 70));
-  CHECK(leaves_dirty(dirty.data(), snapshot.data(), 70));  // a failed snapshot must find it
-  CHECK_FALSE(leaves_dirty(dirty.data(), snapshot.data(), 4));
+TEST_CASE("a row leaving a table is in the snapshot when captured or carried so", "[row][moves]") {
+  std::vector<uint64_t> snapshot(2), carried(2);
+  bitmap_set<false>(snapshot.data(), 3);
+  bitmap_set<false>(carried.data(), 70);
+  CHECK(in_snapshot(snapshot.data(), carried.data(), 3));
+  CHECK(in_snapshot(snapshot.data(), carried.data(), 70));  // put in from the other table
+  CHECK_FALSE(in_snapshot(snapshot.data(), carried.data(), 4));
+  CHECK_FALSE(in_snapshot(nullptr, nullptr, 3));  // no snapshot in flight
+  CHECK(in_snapshot(nullptr, carried.data(), 70));
 }

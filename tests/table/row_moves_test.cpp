@@ -65,7 +65,8 @@ TEST_CASE("rows moved between tables keep their values, stamps and dirty bits", 
   REQUIRE(moved.size() == 5);
   REQUIRE(moved.keys == std::vector<int64_t>{12, 13, 14, 15, 16});
   REQUIRE(moved.steps == std::vector<uint64_t>{13, 14, 15, 16, 17});
-  for (const uint8_t d : moved.dirty) REQUIRE(d == 1);  // new rows, never checkpointed
+  for (const uint8_t d : moved.dirty) REQUIRE(d == 1);        // new rows, never checkpointed
+  for (const uint8_t c : moved.in_snapshot) REQUIRE(c == 0);  // no snapshot in flight
   // Then two hot rows by key, and a key without a row (skipped).
   const std::vector<int64_t> take = {3, 4, 777};
   a->take_rows(take.data(), take.size(), &moved);
@@ -87,6 +88,7 @@ TEST_CASE("rows moved between tables keep their values, stamps and dirty bits", 
   REQUIRE(a_after.dirty_rows == a_before.dirty_rows - 7);
   REQUIRE(held(*a, {3, 12, 20}) == std::vector<uint8_t>{0, 0, 1});
 
+  b->reserve_put(moved.size());
   b->put_rows(moved);
   const embstore::TableCounters b_after = b->counters();
   REQUIRE(b_after.rows == 7);

@@ -1,6 +1,8 @@
 // Checkpoints do not see tiers: full and incremental checkpoints of a tiered table hold the
 // rows of its untiered twin's, rows captured and then moved (down or up) before the drain
-// reached them included; checkpoints restore across tiered and untiered stores.
+// reached them included, and so does the delta after a checkpoint during which rows moved,
+// whether that checkpoint succeeded or failed; checkpoints restore across tiered and untiered
+// stores.
 #include "tests/tiers/tier_fixtures.hpp"
 
 namespace embstore_test::tiers {
@@ -10,6 +12,29 @@ namespace {
 std::map<int64_t, std::vector<float>> version_rows(const std::string& dir, uint64_t v, bool full) {
   return read_rows((full ? version_dir(dir, v) : delta_dir(dir, v)) + "/" + row_file("emb"));
 }
+
+// Twin stores with 1 MiB of staging (while a checkpoint's writer is held, most of its 6000 rows
+// stay captured), an untiered table and one with 500 rows in memory, every key inserted and two
+// steps trained.
+struct HeldScene {
+  static constexpr int64_t kKeys = 6000;
+  TierDir tier;
+  TempDir dir_a, dir_b;
+  StoreGuard a{tier_store(nullptr, size_t{1} << 20)};
+  StoreGuard b{tier_store(tier.path().c_str(), size_t{1} << 20)};
+  std::vector<int64_t> all = key_range(kKeys);
+  Twins twins{};
+
+  HeldScene() {
+    no_rebaseline(a);
+    no_rebaseline(b);
+    twins = Twins{a, b, make_table(a, tier_config("emb", 64, 0)),
+                  make_table(b, tier_config("emb", 64, 500))};
+    lookup_ok(twins.plain, all);
+    lookup_ok(twins.tiered, all);
+    for (uint64_t s = 1; s <= 2; ++s) twins.step(s, kKeys, 3000);
+  }
+};
 
 TEST_CASE("full and incremental checkpoints of a tiered table equal its untiered twin's",
           "[tiers][checkpoint]") {
@@ -87,26 +112,66 @@ TEST_CASE("a full checkpoint of a tiered table reads its pages on disk once each
   REQUIRE(version_rows(dir_a.path(), v, true) == version_rows(dir_b.path(), v, true));
 }
 
+// A row that moves while a checkpoint is in flight must leave the next delta as the untiered
+// twin's: not in it when the checkpoint succeeded and the row did not change since (a stack's
+// moves carry no dirty bit the twin does not have), in it when the checkpoint failed (a failed
+// snapshot's rows are dirty again, wherever they moved).
+TEST_CASE("rows moved while a checkpoint is in flight leave the next delta as the untiered twin's",
+          "[tiers][checkpoint]") {
+  const bool fails = GENERATE(false, true);
+  INFO("the checkpoint in flight " << (fails ? "fails" : "succeeds"));
+  HeldScene scene;
+  StoreGuard& a = scene.a;
+  StoreGuard& b = scene.b;
+  Twins& twins = scene.twins;
+  const std::vector<int64_t>& all = scene.all;
+  TempDir& dir_a = scene.dir_a;
+  TempDir& dir_b = scene.dir_b;
+  const int64_t keys = HeldScene::kKeys;
+  REQUIRE(checkpoint_ok(a, dir_a.path()) == checkpoint_ok(b, dir_b.path()));
+  twins.step(3, keys, 3000);  // thousands of rows dirty: the delta in flight
+  const uint64_t moved_before = stats(twins.tiered).rows_moved_up;
+  {
+    HeldCheckpointWriter held(std::chrono::seconds(2), fails ? HeldCheckpointWriter::Then::kFail
+                                                             : HeldCheckpointWriter::Then::kWrite);
+    uint64_t va = 0, vb = 0;
+    ok(embstore_checkpoint(b, dir_b.path().c_str(), EMBSTORE_CKPT_INCREMENTAL, &vb));
+    held.wait_held();
+    ok(embstore_checkpoint(a, dir_a.path().c_str(), EMBSTORE_CKPT_INCREMENTAL, &va));
+    REQUIRE(va == vb);
+    // Training goes on: rows move up and down, captured ones among them, most not updated.
+    for (uint64_t s = 4; s <= 5; ++s) twins.step(s, keys, 1500);
+    REQUIRE(stats(twins.tiered).rows_moved_up > moved_before);
+    held.release();
+    const embstore_status_t want = fails ? EMBSTORE_IO_ERROR : EMBSTORE_OK;
+    REQUIRE(embstore_status_name(embstore_checkpoint_wait(a, va)) ==
+            std::string(embstore_status_name(want)));
+    REQUIRE(embstore_status_name(embstore_checkpoint_wait(b, vb)) ==
+            std::string(embstore_status_name(want)));
+  }
+  twins.step(6, keys, 500);
+  const uint64_t next_a = incremental_ok(a, dir_a.path());
+  REQUIRE(incremental_ok(b, dir_b.path()) == next_a);
+  REQUIRE(version_rows(dir_a.path(), next_a, false) == version_rows(dir_b.path(), next_a, false));
+  StoreGuard c(tier_store(nullptr));
+  REQUIRE(restore_ok(c, dir_b.path(), next_a) == next_a);
+  REQUIRE(same_bits(lookup_ok(get_table(c, "emb"), all, 0), lookup_ok(twins.plain, all, 0)));
+}
+
 TEST_CASE(
     "rows captured and then moved between tiers before the drain are written once, "
     "with their values at the capture",
     "[tiers][checkpoint]") {
-  TierDir tier;
-  TempDir dir_a, dir_b;
-  // A staging ring of 1 MiB: most of the 6000 rows stay captured while the writer is held.
-  StoreGuard a(tier_store(nullptr, size_t{1} << 20));
-  StoreGuard b(tier_store(tier.path().c_str(), size_t{1} << 20));
-  no_rebaseline(a);
-  no_rebaseline(b);
   const embstore_ckpt_kind_t kind = GENERATE(EMBSTORE_CKPT_FULL, EMBSTORE_CKPT_INCREMENTAL);
   INFO("kind " << kind);
-  Twins twins{a, b, make_table(a, tier_config("emb", 64, 0)),
-              make_table(b, tier_config("emb", 64, 500))};
-  const int64_t keys = 6000;
-  const std::vector<int64_t> all = key_range(keys);
-  lookup_ok(twins.plain, all);
-  lookup_ok(twins.tiered, all);
-  for (uint64_t s = 1; s <= 2; ++s) twins.step(s, keys, 3000);
+  HeldScene scene;
+  StoreGuard& a = scene.a;
+  StoreGuard& b = scene.b;
+  Twins& twins = scene.twins;
+  const std::vector<int64_t>& all = scene.all;
+  TempDir& dir_a = scene.dir_a;
+  TempDir& dir_b = scene.dir_b;
+  const int64_t keys = HeldScene::kKeys;
   if (kind == EMBSTORE_CKPT_INCREMENTAL) {
     REQUIRE(checkpoint_ok(a, dir_a.path()) == checkpoint_ok(b, dir_b.path()));
     // About 3800 rows dirty, spread over both tiers: more than staging holds.

@@ -10,14 +10,15 @@
 
 namespace embstore::cuda_backend {
 
-// The rows rows[0, n) as they leave: key, stamp, whether dirty (row::leaves_dirty) and record
-// (stride floats), a tile of lanes per row.
+// The rows rows[0, n) as they leave: key, stamp, dirty bit, whether the snapshot in flight holds
+// them (row::in_snapshot; their carried bits cleared) and record (stride floats), a tile of
+// lanes per row.
 template <int BlockSize>
 static __global__ void __launch_bounds__(BlockSize)
     gather_leaving_kernel(row::ArenaRef arena, const uint32_t* rows, uint64_t n,
-                          const uint64_t* dirty, const uint64_t* snapshot, int64_t* keys,
-                          uint64_t* steps, uint8_t* leaves_dirty, float* records,
-                          uint32_t tile_shift) {
+                          const uint64_t* dirty, const uint64_t* snapshot, uint64_t* carried,
+                          int64_t* keys, uint64_t* steps, uint8_t* dirty_out,
+                          uint8_t* in_snapshot_out, float* records, uint32_t tile_shift) {
   const uint32_t tile = 1u << tile_shift;
   const uint32_t lane = threadIdx.x & (tile - 1);
   for (uint64_t i = grid_thread<BlockSize>() >> tile_shift; i < n;
@@ -27,7 +28,9 @@ static __global__ void __launch_bounds__(BlockSize)
       const row::RowMeta meta = *arena.row_meta(r);
       keys[i] = meta.key;
       steps[i] = meta.step;
-      leaves_dirty[i] = row::leaves_dirty(dirty, snapshot, r) ? 1 : 0;
+      dirty_out[i] = row::bitmap_test(dirty, r) ? 1 : 0;
+      in_snapshot_out[i] = row::in_snapshot(snapshot, carried, r) ? 1 : 0;
+      if (carried != nullptr) row::bitmap_clear<true>(carried, r);
     }
     const float* from = arena.row(r);
     for (uint32_t c = lane; c < arena.stride; c += tile) records[i * arena.stride + c] = from[c];
@@ -35,15 +38,18 @@ static __global__ void __launch_bounds__(BlockSize)
 }
 
 // Rows put in whole: the i-th takes row::put_row_id's id, which gets the key, stamp, record
-// (a tile of lanes per row) and dirty bit, and leaves the free list (its freed bit cleared).
+// (a tile of lanes per row), dirty bit and carried bit (a row the snapshot in flight held where
+// it was: carried while one is in flight here, else dirty at once), and leaves the free list
+// (its freed bit cleared).
 // The keys are distinct and absent (checked before); as load_index_kernel, a claimed slot is
 // final and nothing reads the index until the kernel ends.
 template <int BlockSize>
 static __global__ void __launch_bounds__(BlockSize)
     put_rows_kernel(row::IndexRef index, row::ArenaRef arena, const int64_t* keys,
-                    const uint64_t* steps, const uint8_t* dirty_in, const float* records,
-                    uint64_t n, const uint32_t* free_list, uint64_t free_rows, uint64_t first_fresh,
-                    uint64_t* dirty, uint64_t* freed, uint32_t tile_shift) {
+                    const uint64_t* steps, const uint8_t* dirty_in, const uint8_t* in_snapshot,
+                    const float* records, uint64_t n, const uint32_t* free_list, uint64_t free_rows,
+                    uint64_t first_fresh, uint64_t* dirty, uint64_t* freed, uint64_t* carried,
+                    bool in_flight, uint32_t tile_shift) {
   const uint32_t tile = 1u << tile_shift;
   const uint32_t lane = threadIdx.x & (tile - 1);
   for (uint64_t i = grid_thread<BlockSize>() >> tile_shift; i < n;
@@ -55,10 +61,18 @@ static __global__ void __launch_bounds__(BlockSize)
     const int64_t key = keys[i];
     *arena.row_meta(r) = row::RowMeta{key, steps[i]};
     if (freed != nullptr) row::bitmap_clear<true>(freed, r);
-    if (dirty_in[i] != 0) {
+    const bool carry = in_snapshot[i] != 0 && in_flight && carried != nullptr;
+    if (dirty_in[i] != 0 || (in_snapshot[i] != 0 && !carry)) {
       row::bitmap_set<true>(dirty, r);
     } else {
       row::bitmap_clear<true>(dirty, r);
+    }
+    if (carried != nullptr) {
+      if (carry) {
+        row::bitmap_set<true>(carried, r);
+      } else {
+        row::bitmap_clear<true>(carried, r);
+      }
     }
     for (uint64_t s = index.home(key);; s = index.next(s)) {
       if (atomicCAS(&index.slots[s].row, row::kEmptyRow, r) == row::kEmptyRow) {
