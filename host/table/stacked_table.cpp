@@ -69,17 +69,22 @@ void StackedTable::apply_gradients(const int64_t* keys, const float* grads, size
   end_call();
 }
 
+// The rows below are the lower table's to read ahead (a host table's prefetch reads on its own
+// thread, beside the trainer's work); the call that needs them moves them up, from memory by
+// then. The upper table's own prefetch (the CUDA device tier's trades) follows.
 void StackedTable::prefetch(const int64_t* keys, size_t n, void* stream) {
   std::lock_guard lock(mutex_);
   if (n == 0) return;
-  try {
-    bring_up(host_keys(keys, n, stream).data(), n, false, last_step_);
-  } catch (const Error& e) {
-    // A hint, as a host table's prefetch: a failed move leaves the rows where they were (below),
-    // and the call that needs them moves them itself, and reports the failure if it happens
-    // again.
-    if (e.status() != EMBSTORE_IO_ERROR) throw;
+  const std::vector<int64_t>& host = host_keys(keys, n, stream);
+  held_.resize(n);
+  upper_->find_held(host.data(), n, held_.data());
+  missing_.clear();
+  for (size_t i = 0; i < n; ++i) {
+    if (held_[i] == 0) missing_.push_back(host[i]);
   }
+  // A hint, as a host table's prefetch: its failures are not reported (the call that needs the
+  // rows meets them again).
+  if (!missing_.empty()) lower_->prefetch(missing_.data(), missing_.size(), nullptr);
   upper_->prefetch(keys, n, stream);
   end_call();
 }

@@ -670,7 +670,9 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
    lives whole in one of them. A call copies its keys to the host, brings the rows it needs up
    from the table below (moving the CUDA table's least recently used rows down to make room,
    those of this call and the one before last) and then runs on the CUDA table, stream-ordered
-   but with the host waiting for the moves. max_capacity is UNSUPPORTED with it in this version.
+   but with the host waiting for the moves. embstore_prefetch hands the coming rows that are
+   below to the host table's prefetch (read on its thread); the call that needs them moves them
+   up. max_capacity is UNSUPPORTED with it in this version.
    Built and tested on the host (the host backend's tables built as such a stack); not yet run
    on a device.
 
