@@ -177,16 +177,22 @@ void CudaTable::gather_leaving(const uint32_t* victims, uint64_t n, MovedRows* o
   }
 }
 
+// Grows the arena for n rows put in on freed ids first (d: the counters, read after every earlier
+// call; the stream is idle). Returns the freed ids they may take.
+uint64_t CudaTable::grow_for_put(uint64_t n, const DeviceCounters& d, cudaStream_t stream) {
+  rows_bound_ = d.rows;
+  const uint64_t free_rows = freed_.get() != nullptr ? d.free_rows : 0;
+  const uint64_t fresh = n > free_rows ? n - free_rows : 0;
+  if (d.rows + fresh > capacity_rows()) grow(d.rows + fresh, d.rows, stream);
+  return free_rows;
+}
+
 void CudaTable::reserve_put(uint64_t n) {
   if (n == 0) return;
   check_batch(n);
   Call call(*this, own_stream_);
   const cudaStream_t stream = call.stream;
-  const DeviceCounters d = read_counters(stream);  // exact: synchronizes after the wait
-  rows_bound_ = d.rows;
-  const uint64_t free_rows = freed_.get() != nullptr ? d.free_rows : 0;
-  const uint64_t fresh = n > free_rows ? n - free_rows : 0;
-  if (d.rows + fresh > capacity_rows()) grow(d.rows + fresh, d.rows, stream);  // stream idle
+  grow_for_put(n, read_counters(stream), stream);  // exact: synchronizes after the wait
   // put_rows' buffers: the held-key check's scratch, the rows' staging.
   scratch(ResolveLayout(n).bytes, stream);
   stage(MovedLayout(n, arena_.stride).bytes, stream);
@@ -214,9 +220,7 @@ void CudaTable::put_rows(const MovedRows& rows) {
            spec().name, rows.keys[i]);
     }
   }
-  const uint64_t free_rows = freed_.get() != nullptr ? d.free_rows : 0;
-  const uint64_t fresh = n > free_rows ? n - free_rows : 0;
-  if (d.rows + fresh > capacity_rows()) grow(d.rows + fresh, d.rows, stream);  // stream idle
+  const uint64_t free_rows = grow_for_put(n, d, stream);
 
   const MovedLayout at(n, stride);
   char* base = stage(at.bytes, stream);
@@ -235,7 +239,7 @@ void CudaTable::put_rows(const MovedRows& rows) {
   check_launch("settle_put_kernel");
   // The host buffers may go once this returns.
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  rows_bound_ = d.rows + fresh;
+  rows_bound_ = d.rows + (n > free_rows ? n - free_rows : 0);
 }
 
 }  // namespace embstore::cuda_backend

@@ -202,6 +202,7 @@ class CudaTable final : public Table {
   void remove_rows(const uint32_t* victims, uint64_t n, int64_t* keys_out, const DeviceCounters& d,
                    cudaStream_t stream, MovedRows* out);
   void check_gives_rows() const;
+  uint64_t grow_for_put(uint64_t n, const DeviceCounters& d, cudaStream_t stream);
   // The rows victims[0, n) as they leave, appended to out (host memory). Synchronous.
   void gather_leaving(const uint32_t* victims, uint64_t n, MovedRows* out, cudaStream_t stream);
   // rows[i] for host keys[0, n): their rows (kNoRow: none), in host memory. Synchronous.

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cub/block/block_reduce.cuh>
 
+#include "cuda/row/index.h"
+
 namespace embstore::cuda_backend {
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 700
@@ -61,6 +63,19 @@ __device__ __forceinline__ uint64_t grid_thread() {
 template <int BlockSize>
 __device__ __forceinline__ uint64_t grid_threads() {
   return uint64_t{gridDim.x} * BlockSize;
+}
+
+// Places `key`, known absent, in the first empty slot of its probe with row r, beside other
+// threads doing the same for other keys (a rebuild, a load, rows put in). A claimed slot is
+// final; nothing may read the index until the kernel ends (the key is written after the claim).
+__device__ __forceinline__ void insert_absent_concurrent(const row::IndexRef& index, int64_t key,
+                                                         uint32_t r) {
+  for (uint64_t s = index.home(key);; s = index.next(s)) {
+    if (atomicCAS(&index.slots[s].row, row::kEmptyRow, r) == row::kEmptyRow) {
+      index.slots[s].key = key;
+      return;
+    }
+  }
 }
 
 // Sums `local` over the block and adds it with one atomic. Every thread of the block calls it,

@@ -90,6 +90,16 @@ EMBSTORE_HD uint32_t put_row_id(uint64_t i, const uint32_t* free_list, uint64_t 
                                              : first_fresh + (i - free_rows));
 }
 
+// The dirty and carried bits of a row put into a table whole (Table::put_rows): dirty when it
+// was; if the snapshot in flight held it where it came from (in_snapshot), carried while one is
+// in flight here (marked dirty if it fails), else dirty at once (none here could re-mark it).
+struct PutBits {
+  bool dirty, carried;
+};
+EMBSTORE_HD PutBits put_row_bits(bool was_dirty, bool in_snapshot, bool in_flight) {
+  return PutBits{was_dirty || (in_snapshot && !in_flight), in_snapshot && in_flight};
+}
+
 // Whether row r, leaving a table whole (Table::take_rows), is in the snapshot in flight: captured
 // by it (snapshot: its set, NULL when none is in flight) or carried into this table so from
 // another (carried: NULL when none). If the snapshot fails, the row must be dirty again wherever

@@ -111,7 +111,7 @@ void HostTable::reserve_rows(uint64_t rows) {
   }
   const uint64_t words = row::bitmap_words(row::arena_capacity(chunks_, arena_.base_shift));
   dirty_.resize(words, 0);
-  carried_.resize(words, 0);
+  if (!carried_.empty()) carried_.resize(words, 0);
   if (tiered_) moving_.resize(words, 0);
   freed_.resize(words, 0);
   // New rows are never captured: the bitmaps of a snapshot in progress keep their size

@@ -149,6 +149,9 @@ class HostTable final : public Table {
   template <row::OptKind Kind>
   void update_groups(const float* grads, uint64_t step);
 
+  // host_table_moves.cpp
+  void prepare_put(uint64_t n);
+
   // host_table_eviction.cpp
   // Evicts `victims` (live rows, each once): remove_rows with tombstones.
   void evict_rows(std::vector<uint32_t>& victims) { remove_rows(victims, nullptr); }
@@ -318,7 +321,8 @@ class HostTable final : public Table {
   SnapshotSink* sink_ = nullptr;
   std::vector<uint64_t> captured_, snapshot_set_;
   // By row id: rows put in (put_rows) that the snapshot in flight holds where they came from,
-  // marked dirty if it fails. Sized with dirty_, cleared by end_snapshot and as rows leave.
+  // marked dirty if it fails. Empty until a table's first put; then sized with dirty_, cleared
+  // by end_snapshot and as rows leave.
   std::vector<uint64_t> carried_;
   std::atomic<uint64_t> captured_left_{0};
   uint64_t drain_word_ = 0;

@@ -58,6 +58,7 @@ void HostTable::remove_rows(std::vector<uint32_t>& victims, MovedRows* out) {
   if (tiered_) release_homes(victims);
   if (out == nullptr) ledger_.reserve_evicted(victims.size());
   const bool in_flight = sink_ != nullptr && !snapshot_set_.empty();
+  uint64_t* carried = carried_.empty() ? nullptr : carried_.data();
   for (const uint32_t r : victims) {
     const row::RowMeta meta = *arena_.row_meta(r);
     if (out != nullptr) {
@@ -67,9 +68,9 @@ void HostTable::remove_rows(std::vector<uint32_t>& victims, MovedRows* out) {
       out->keys.push_back(meta.key);
       out->steps.push_back(meta.step);
       out->dirty.push_back(row::bitmap_test(dirty_.data(), r) ? 1 : 0);
-      out->in_snapshot.push_back(row::in_snapshot(snapshot, carried_.data(), r) ? 1 : 0);
+      out->in_snapshot.push_back(row::in_snapshot(snapshot, carried, r) ? 1 : 0);
     }
-    row::bitmap_clear<false>(carried_.data(), r);
+    if (carried != nullptr) row::bitmap_clear<false>(carried, r);
     index_.erase_serial(meta.key);
     row::release_row<false>(dirty_.data(), freed_.data(), r);
     free_rows_.push_back(r);

@@ -9,6 +9,7 @@
 
 #include "cuda/row/arena.h"
 #include "cuda/row/bitmap.h"
+#include "cuda/row/eviction.h"
 #include "cuda/row/index.h"
 #include "host/backend/host_table.hpp"
 #include "host/error.hpp"
@@ -51,11 +52,15 @@ void HostTable::take_coldest(uint64_t count, uint64_t before_step, const int64_t
 
 void HostTable::reserve_put(uint64_t n) {
   std::lock_guard lock(mutex_);
-  if (n == 0) return;
+  if (n != 0) prepare_put(n);
+}
+
+// Row ids, index room, the carried bits (allocated by the first put) and a tiered table's frames
+// for n rows put in, free now: the put then moves nothing down and allocates nothing.
+void HostTable::prepare_put(uint64_t n) {
   reserve_rows(std::min<uint64_t>(next_row_ + n, row::kMaxRows));
+  if (carried_.empty()) carried_.assign(dirty_.size(), 0);
   if (!tiered_) return;
-  // Frames for every row, free now: the put then moves nothing down (a failure here loses
-  // nothing; the caller has taken nothing yet).
   finish_prefetch();
   begin_tier_call();
   make_frames(n);
@@ -75,16 +80,10 @@ void HostTable::put_rows(const MovedRows& rows) {
   if (rows_ + n > row::row_limit(spec().max_capacity)) {
     fail_over_limit(spec(), n, rows_, "rows moved in", "moved");
   }
-  // Room for every row before the index changes: arena and index, and a tiered table's frames
-  // (making them may move rows down, and fail with nothing changed).
-  reserve_rows(std::min<uint64_t>(next_row_ + n, row::kMaxRows));
+  // Room for every row before the index changes (none to make after reserve_put).
   const SettleAtExit settle_at_exit{this};
-  if (tiered_) {
-    finish_prefetch();
-    begin_tier_call();
-    make_frames(n);
-    reserve_frames_for(n);
-  }
+  prepare_put(n);
+  const bool in_flight = sink_ != nullptr;
   const uint32_t stride = spec().stride();
   for (size_t i = 0; i < n; ++i) {
     bool added = false;
@@ -94,13 +93,11 @@ void HostTable::put_rows(const MovedRows& rows) {
     *arena_.row_meta(r) = row::RowMeta{rows.keys[i], rows.steps[i]};
     std::memcpy(arena_.row(frame_of(r)), rows.records.data() + i * size_t{stride},
                 stride * sizeof(float));
-    // The snapshot in flight held it where it was: dirty again if that snapshot fails (at
-    // once when none is in flight here).
-    const bool in_flight = sink_ != nullptr;
-    if (rows.dirty[i] != 0 || (rows.in_snapshot[i] != 0 && !in_flight)) {
-      row::bitmap_set<false>(dirty_.data(), r);
-    }
-    if (rows.in_snapshot[i] != 0 && in_flight) row::bitmap_set<false>(carried_.data(), r);
+    // Its bits were cleared when its id was freed (remove_rows): set what it brings.
+    const row::PutBits bits =
+        row::put_row_bits(rows.dirty[i] != 0, rows.in_snapshot[i] != 0, in_flight);
+    if (bits.dirty) row::bitmap_set<false>(dirty_.data(), r);
+    if (bits.carried) row::bitmap_set<false>(carried_.data(), r);
   }
 }
 

@@ -235,7 +235,7 @@ void HostTable::end_snapshot(bool failed) {
       row::restore_dirty_word(dirty_.data(), carried_.data(), w, freed_[w]);
     }
   }
-  std::fill(carried_.begin(), carried_.end(), 0);
+  std::fill(carried_.begin(), carried_.end(), 0);  // empty but on a table that gets puts
   ledger_.end_snapshot(failed);
   copy_failed_.store(false);
   captured_.clear();

@@ -75,13 +75,7 @@ void StackedTable::apply_gradients(const int64_t* keys, const float* grads, size
 void StackedTable::prefetch(const int64_t* keys, size_t n, void* stream) {
   std::lock_guard lock(mutex_);
   if (n == 0) return;
-  const std::vector<int64_t>& host = host_keys(keys, n, stream);
-  held_.resize(n);
-  upper_->find_held(host.data(), n, held_.data());
-  missing_.clear();
-  for (size_t i = 0; i < n; ++i) {
-    if (held_[i] == 0) missing_.push_back(host[i]);
-  }
+  list_missing(host_keys(keys, n, stream).data(), n);
   // A hint, as a host table's prefetch: its failures are not reported (the call that needs the
   // rows meets them again).
   if (!missing_.empty()) lower_->prefetch(missing_.data(), missing_.size(), nullptr);
@@ -92,12 +86,7 @@ void StackedTable::prefetch(const int64_t* keys, size_t n, void* stream) {
 // Stages: the keys the upper table lacks (distinct), those of them the lower table holds, room
 // above for them (and for the keys neither holds, which an insert may add), the move up.
 void StackedTable::bring_up(const int64_t* keys, size_t n, bool insert, uint64_t step) {
-  held_.resize(n);
-  upper_->find_held(keys, n, held_.data());
-  missing_.clear();
-  for (size_t i = 0; i < n; ++i) {
-    if (held_[i] == 0) missing_.push_back(keys[i]);
-  }
+  list_missing(keys, n);
   if (missing_.empty()) return;
   std::sort(missing_.begin(), missing_.end());
   missing_.erase(std::unique(missing_.begin(), missing_.end()), missing_.end());
@@ -114,7 +103,7 @@ void StackedTable::bring_up(const int64_t* keys, size_t n, bool insert, uint64_t
   if (!ups_.empty()) move_up(ups_);
 }
 
-void StackedTable::make_room_above(uint64_t count, uint64_t step, bool spare_calls) {
+uint64_t StackedTable::make_room_above(uint64_t count, uint64_t step, bool spare_calls) {
   spare_.clear();
   if (spare_calls) {
     spare_.assign(keys_.begin(), keys_.end());
@@ -124,9 +113,10 @@ void StackedTable::make_room_above(uint64_t count, uint64_t step, bool spare_cal
   lower_->reserve_put(count);
   moved_.clear();
   upper_->take_coldest(count, through(step), spare_.data(), spare_.size(), &moved_);
-  if (moved_.size() == 0) return;
+  if (moved_.size() == 0) return 0;
   put_or_return(*lower_, *upper_);
   moved_down_ += moved_.size();
+  return moved_.size();
 }
 
 // After reserve_put, only a device error fails a put; the rows then go back where they came
@@ -151,9 +141,10 @@ void StackedTable::move_up(const std::vector<int64_t>& keys) {
 void StackedTable::end_call() noexcept {
   try {
     // The rows of this call and the one before go last: a prefetch's are about to be used.
+    uint64_t live = upper_->live_rows();
     for (const bool spare_calls : {true, false}) {
-      const uint64_t live = upper_->live_rows();
-      if (live > upper_rows_) make_room_above(live - upper_rows_, last_step_, spare_calls);
+      if (live <= upper_rows_) break;
+      live -= make_room_above(live - upper_rows_, last_step_, spare_calls);
     }
   } catch (...) {
     // The rows stay above, over the budget; the next call that needs room meets the failure
@@ -211,12 +202,11 @@ uint64_t StackedTable::capture(bool full, SnapshotSink* sink, uint64_t* live_row
     const std::vector<int64_t>& below_evicted = lower_->evicted_at_capture();
     evicted_.insert(evicted_.end(), below_evicted.begin(), below_evicted.end());
     if (!evicted_.empty()) {
-      std::vector<uint8_t> held_above(evicted_.size()), held_below(evicted_.size());
-      upper_->find_held(evicted_.data(), evicted_.size(), held_above.data());
-      lower_->find_held(evicted_.data(), evicted_.size(), held_below.data());
+      std::vector<uint8_t> held(evicted_.size());
+      held_in_either(evicted_.data(), evicted_.size(), held.data());
       size_t kept = 0;
       for (size_t i = 0; i < evicted_.size(); ++i) {
-        if (held_above[i] == 0 && held_below[i] == 0) evicted_[kept++] = evicted_[i];
+        if (held[i] == 0) evicted_[kept++] = evicted_[i];
       }
       evicted_.resize(kept);
     }
@@ -264,16 +254,15 @@ void StackedTable::load_rows(const int64_t* keys, const float* values, const flo
   std::vector<size_t> keep;
   keep.reserve(n);
   if (skip_held) {
-    std::vector<uint8_t> held_above(n), held_below(n);
-    upper_->find_held(keys, n, held_above.data());
-    lower_->find_held(keys, n, held_below.data());
+    std::vector<uint8_t> held(n);
+    held_in_either(keys, n, held.data());
     std::vector<std::pair<int64_t, size_t>> order(n);
     for (size_t i = 0; i < n; ++i) order[i] = {keys[i], i};
     std::sort(order.begin(), order.end());  // by key, then input position: the first of a run
     for (size_t j = 0; j < n; ++j) {
       const size_t i = order[j].second;
       if (j > 0 && order[j - 1].first == order[j].first) continue;
-      if (held_above[i] == 0 && held_below[i] == 0) keep.push_back(i);
+      if (held[i] == 0) keep.push_back(i);
     }
     std::sort(keep.begin(), keep.end());
   } else {
@@ -322,17 +311,20 @@ bool StackedTable::load_admission(const io::AdmissionFile& counts, std::string* 
   return upper_->load_admission(kept, why);
 }
 
-uint64_t StackedTable::live_rows() {
-  std::lock_guard lock(mutex_);
-  return upper_->live_rows() + lower_->live_rows();
-}
-
-void StackedTable::find_held(const int64_t* keys, size_t n, uint8_t* held) {
-  std::lock_guard lock(mutex_);
+void StackedTable::held_in_either(const int64_t* keys, size_t n, uint8_t* held) {
   std::vector<uint8_t> below(n);
   upper_->find_held(keys, n, held);
   lower_->find_held(keys, n, below.data());
   for (size_t i = 0; i < n; ++i) held[i] |= below[i];
+}
+
+void StackedTable::list_missing(const int64_t* keys, size_t n) {
+  held_.resize(n);
+  upper_->find_held(keys, n, held_.data());
+  missing_.clear();
+  for (size_t i = 0; i < n; ++i) {
+    if (held_[i] == 0) missing_.push_back(keys[i]);
+  }
 }
 
 }  // namespace embstore

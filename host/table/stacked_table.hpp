@@ -80,17 +80,19 @@ class StackedTable final : public Table {
   void load_rows(const int64_t* keys, const float* values, const float* state, size_t n,
                  uint64_t step, bool skip_held) override;
 
-  uint64_t live_rows() override;
-  void find_held(const int64_t* keys, size_t n, uint8_t* held) override;
-
  private:
+  // held[i] = 1 where either table holds keys[i] (tombstones at capture, a restore's skipping).
+  void held_in_either(const int64_t* keys, size_t n, uint8_t* held);
+  // missing_ = the keys of keys[0, n) that the upper table lacks, in call order, repeats kept.
+  void list_missing(const int64_t* keys, size_t n);
   // Brings the rows of the n keys (host memory) that the lower table holds up, first making room
   // for them, and with `insert` for the keys neither holds (rows an insert may add).
   void bring_up(const int64_t* keys, size_t n, bool insert, uint64_t step);
   // Moves `count` of the upper table's least recently used rows touched at `step` or before down,
   // with spare_calls sparing the keys of this call and the one before (a prefetch of batch i + 1
   // comes between batch i's lookup and its update).
-  void make_room_above(uint64_t count, uint64_t step, bool spare_calls);
+  // Returns the rows moved.
+  uint64_t make_room_above(uint64_t count, uint64_t step, bool spare_calls);
   // Moves the rows of keys (all held below) up.
   void move_up(const std::vector<int64_t>& keys);
   // Puts moved_ into `to`, or back into `from` (and rethrows) when that fails.

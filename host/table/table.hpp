@@ -206,7 +206,8 @@ class Table {
 
   // ---- rows moving whole between tables (a stack: host/table/stacked_table.hpp) --------------
   // None of these is an insert or an eviction: no counts change (inserted, admitted, evicted), no
-  // tombstones. Keys are in host memory. A backend that cannot (none yet) throws UNSUPPORTED.
+  // tombstones. Keys are in host memory. The host and CUDA tables implement them; a stack does
+  // not (stacks do not nest), and its calls of them would throw INTERNAL.
   // The table's live rows, exactly.
   virtual uint64_t live_rows();
   // held[i] = 1 where the table holds keys[i], else 0.

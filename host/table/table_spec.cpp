@@ -249,7 +249,8 @@ void fail_no_room(const TableSpec& spec, uint64_t need, uint64_t candidates, uin
 namespace {
 
 [[noreturn]] void fail_no_moves(const TableSpec& spec) {
-  fail(EMBSTORE_UNSUPPORTED, "table '{}': this backend cannot move rows between tables", spec.name);
+  fail(EMBSTORE_INTERNAL, "table '{}': moves rows between tables, but is itself a stack",
+       spec.name);
 }
 
 }  // namespace

@@ -121,12 +121,8 @@ TEST_CASE("rows moved while a checkpoint is in flight leave the next delta as th
   const bool fails = GENERATE(false, true);
   INFO("the checkpoint in flight " << (fails ? "fails" : "succeeds"));
   HeldScene scene;
-  StoreGuard& a = scene.a;
-  StoreGuard& b = scene.b;
-  Twins& twins = scene.twins;
-  const std::vector<int64_t>& all = scene.all;
-  TempDir& dir_a = scene.dir_a;
-  TempDir& dir_b = scene.dir_b;
+  auto& [tier, dir_a, dir_b, a, b, all, twins] = scene;
+  (void)tier;  // the stores' tier directory, bound only because every member is
   const int64_t keys = HeldScene::kKeys;
   REQUIRE(checkpoint_ok(a, dir_a.path()) == checkpoint_ok(b, dir_b.path()));
   twins.step(3, keys, 3000);  // thousands of rows dirty: the delta in flight
@@ -165,12 +161,8 @@ TEST_CASE(
   const embstore_ckpt_kind_t kind = GENERATE(EMBSTORE_CKPT_FULL, EMBSTORE_CKPT_INCREMENTAL);
   INFO("kind " << kind);
   HeldScene scene;
-  StoreGuard& a = scene.a;
-  StoreGuard& b = scene.b;
-  Twins& twins = scene.twins;
-  const std::vector<int64_t>& all = scene.all;
-  TempDir& dir_a = scene.dir_a;
-  TempDir& dir_b = scene.dir_b;
+  auto& [tier, dir_a, dir_b, a, b, all, twins] = scene;
+  (void)tier;  // the stores' tier directory, bound only because every member is
   const int64_t keys = HeldScene::kKeys;
   if (kind == EMBSTORE_CKPT_INCREMENTAL) {
     REQUIRE(checkpoint_ok(a, dir_a.path()) == checkpoint_ok(b, dir_b.path()));

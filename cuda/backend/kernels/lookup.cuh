@@ -194,14 +194,7 @@ static __global__ void __launch_bounds__(BlockSize)
                          const uint64_t* freed) {
   for (uint64_t r = grid_thread<BlockSize>(); r < rows; r += grid_threads<BlockSize>()) {
     if (freed != nullptr && row::bitmap_test(freed, r)) continue;
-    const int64_t key = arena.row_meta(r)->key;
-    for (uint64_t s = index.home(key);; s = index.next(s)) {
-      if (atomicCAS(&index.slots[s].row, row::kEmptyRow, static_cast<uint32_t>(r)) ==
-          row::kEmptyRow) {
-        index.slots[s].key = key;
-        break;
-      }
-    }
+    insert_absent_concurrent(index, arena.row_meta(r)->key, static_cast<uint32_t>(r));
   }
 }
 

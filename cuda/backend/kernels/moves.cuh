@@ -41,8 +41,7 @@ static __global__ void __launch_bounds__(BlockSize)
 // (a tile of lanes per row), dirty bit and carried bit (a row the snapshot in flight held where
 // it was: carried while one is in flight here, else dirty at once), and leaves the free list
 // (its freed bit cleared).
-// The keys are distinct and absent (checked before); as load_index_kernel, a claimed slot is
-// final and nothing reads the index until the kernel ends.
+// The keys are distinct and absent (checked before).
 template <int BlockSize>
 static __global__ void __launch_bounds__(BlockSize)
     put_rows_kernel(row::IndexRef index, row::ArenaRef arena, const int64_t* keys,
@@ -61,25 +60,19 @@ static __global__ void __launch_bounds__(BlockSize)
     const int64_t key = keys[i];
     *arena.row_meta(r) = row::RowMeta{key, steps[i]};
     if (freed != nullptr) row::bitmap_clear<true>(freed, r);
-    const bool carry = in_snapshot[i] != 0 && in_flight && carried != nullptr;
-    if (dirty_in[i] != 0 || (in_snapshot[i] != 0 && !carry)) {
+    // carried is allocated wherever rows are put (spec().gives_rows).
+    const row::PutBits bits = row::put_row_bits(dirty_in[i] != 0, in_snapshot[i] != 0, in_flight);
+    if (bits.dirty) {
       row::bitmap_set<true>(dirty, r);
     } else {
       row::bitmap_clear<true>(dirty, r);
     }
-    if (carried != nullptr) {
-      if (carry) {
-        row::bitmap_set<true>(carried, r);
-      } else {
-        row::bitmap_clear<true>(carried, r);
-      }
+    if (bits.carried) {
+      row::bitmap_set<true>(carried, r);
+    } else {
+      row::bitmap_clear<true>(carried, r);
     }
-    for (uint64_t s = index.home(key);; s = index.next(s)) {
-      if (atomicCAS(&index.slots[s].row, row::kEmptyRow, r) == row::kEmptyRow) {
-        index.slots[s].key = key;
-        break;
-      }
-    }
+    insert_absent_concurrent(index, key, r);
   }
 }
 

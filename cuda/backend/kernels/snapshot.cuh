@@ -193,12 +193,7 @@ static __global__ void __launch_bounds__(BlockSize)
     const int64_t key = keys[i];
     const uint32_t r = static_cast<uint32_t>(first_row + (at != nullptr ? at[i] : i));
     *arena.row_meta(r) = row::RowMeta{key, step};
-    for (uint64_t s = index.home(key);; s = index.next(s)) {
-      if (atomicCAS(&index.slots[s].row, row::kEmptyRow, r) == row::kEmptyRow) {
-        index.slots[s].key = key;
-        break;
-      }
-    }
+    insert_absent_concurrent(index, key, r);
   }
 }
 
