@@ -117,6 +117,8 @@ class HostTable final : public Table {
                     MovedRows* out) override;
   void reserve_put(uint64_t n) override;
   void put_rows(const MovedRows& rows) override;
+  uint64_t evict_coldest(uint64_t count, uint64_t before_step, const int64_t* spare,
+                     size_t n_spare) override;
 
  private:
   struct Group {

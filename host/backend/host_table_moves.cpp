@@ -1,6 +1,7 @@
 // The host table's side of a stack of tables (host/table/stacked_table.hpp): whole rows taken
 // out, with their stamps and dirty bits, and put in as they were. Neither is an insert nor an
-// eviction: no counts change and no tombstones are left.
+// eviction: no counts change and no tombstones are left. And the one eviction a stack asks of
+// its lower table: the least recently used rows, at the stack's row limit (evict_coldest).
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -48,6 +49,18 @@ void HostTable::take_coldest(uint64_t count, uint64_t before_step, const int64_t
   pick_least_recent(count, before_step, rows_scratch_.data(), n_spare);
   const SettleAtExit settle_at_exit{this};
   remove_rows(victims_, out);
+}
+
+uint64_t HostTable::evict_coldest(uint64_t count, uint64_t before_step, const int64_t* spare,
+                                  size_t n_spare) {
+  std::lock_guard lock(mutex_);
+  rows_scratch_.resize(n_spare);
+  find_rows(spare, n_spare, rows_scratch_.data());
+  const uint64_t candidates = pick_least_recent(count, before_step, rows_scratch_.data(), n_spare);
+  if (candidates < count || count == 0) return candidates;
+  const SettleAtExit settle_at_exit{this};
+  evict_rows(victims_);
+  return candidates;
 }
 
 void HostTable::reserve_put(uint64_t n) {

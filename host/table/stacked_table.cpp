@@ -15,13 +15,20 @@ uint64_t through(uint64_t step) { return step == UINT64_MAX ? step : step + 1; }
 }  // namespace
 
 StackSpecs stack_specs(const TableSpec& spec) {
-  if (spec.max_capacity != 0) {
+  if (spec.max_capacity != 0 && spec.admits()) {
+    // The stack makes room at its row limit before the call, for the keys it will insert: with
+    // admission only the upper table's counts know how many those are.
     fail(EMBSTORE_UNSUPPORTED,
-         "table '{}': max_capacity with memory_rows on this backend (a stack of tables: the SSD "
-         "tier below a CUDA table) is not built in this version",
+         "table '{}': max_capacity with admit_after and memory_rows on this backend (a stack of "
+         "tables: the SSD tier below a CUDA table) is not built in this version",
          spec.name);
   }
   StackSpecs s{spec, spec, 0};
+  // The row limit is the stack's own (make_room_at_limit); neither table has one.
+  for (TableSpec* t : {&s.upper, &s.lower}) {
+    t->max_capacity = 0;
+    t->evict_when_full = false;
+  }
   const uint64_t below = std::max<uint64_t>(spec.memory_rows / 8, 1);
   s.upper_rows = spec.device_rows + spec.memory_rows - below;
   s.upper.memory_rows = 0;
@@ -96,11 +103,35 @@ void StackedTable::bring_up(const int64_t* keys, size_t n, bool insert, uint64_t
   for (size_t i = 0; i < missing_.size(); ++i) {
     if (held_[i] != 0) ups_.push_back(missing_[i]);
   }
+  if (insert) make_room_at_limit(missing_.size() - ups_.size(), step);
   const uint64_t coming = insert ? missing_.size() : ups_.size();
   if (coming == 0) return;
   const uint64_t live = upper_->live_rows();
   if (live + coming > upper_rows_) make_room_above(live + coming - upper_rows_, step, true);
   if (!ups_.empty()) move_up(ups_);
+}
+
+// As an untiered table at its row limit: the keys are counted exactly, and without an eviction
+// rule the call fails before anything changes. The stack's `need` least recently used rows are
+// among the upper table's `need` coldest and the lower table's rows: those go below, and the
+// lower table evicts. When it cannot, its candidates are all the stack's (the upper table's all
+// went below, being too few), and the call fails with nothing evicted.
+void StackedTable::make_room_at_limit(uint64_t fresh, uint64_t step) {
+  const uint64_t limit = spec().max_capacity;
+  if (limit == 0 || fresh == 0) return;
+  const uint64_t live = upper_->live_rows() + lower_->live_rows();
+  if (live + fresh <= limit) return;
+  if (!spec().evicts()) fail_over_limit(spec(), fresh, live, "new rows", "inserted");
+  const uint64_t need = live + fresh - limit;
+  lower_->reserve_put(need);
+  moved_.clear();
+  upper_->take_coldest(need, step, keys_.data(), keys_.size(), &moved_);
+  if (moved_.size() != 0) {
+    put_or_return(*lower_, *upper_);
+    moved_down_ += moved_.size();
+  }
+  const uint64_t candidates = lower_->evict_coldest(need, step, keys_.data(), keys_.size());
+  if (candidates < need) fail_no_room(spec(), need, candidates, step);
 }
 
 uint64_t StackedTable::make_room_above(uint64_t count, uint64_t step, bool spare_calls) {
@@ -239,6 +270,10 @@ uint64_t StackedTable::evict_before(uint64_t cutoff_step) {
 
 void StackedTable::reserve(uint64_t rows) {
   std::lock_guard lock(mutex_);
+  if (spec().max_capacity != 0) {  // a load past the limit fails anyway
+    const uint64_t live = upper_->live_rows() + lower_->live_rows();
+    rows = std::min(rows, spec().max_capacity > live ? spec().max_capacity - live : 0);
+  }
   upper_->reserve(std::min(rows, upper_rows_));
   if (rows > upper_rows_) lower_->reserve(rows - upper_rows_);
 }
@@ -269,6 +304,12 @@ void StackedTable::load_rows(const int64_t* keys, const float* values, const flo
     for (size_t i = 0; i < n; ++i) keep.push_back(i);
   }
   const uint64_t live = upper_->live_rows();
+  if (spec().max_capacity != 0) {
+    const uint64_t held = live + lower_->live_rows();
+    if (held + keep.size() > spec().max_capacity) {
+      fail_over_limit(spec(), keep.size(), held, "rows to load", "loaded");
+    }
+  }
   const size_t above = static_cast<size_t>(
       std::min<uint64_t>(keep.size(), upper_rows_ > live ? upper_rows_ - live : 0));
   std::vector<int64_t> part_keys;

@@ -34,8 +34,8 @@ namespace embstore {
 // A stack's two tables, for a table whose spec has memory_rows: the upper one holds device_rows
 // rows on the device (a CUDA table's device tier) and most of memory_rows in host memory, the
 // lower one an eighth of memory_rows (at least one row) in host memory and the rest on its SSD
-// tier. Neither has a row limit (max_capacity is refused for a stack, for now); admission
-// counts live above, where every key is first met.
+// tier. Neither has a row limit: max_capacity is the stack's (StackedTable::make_room_at_limit),
+// refused with admission. Admission counts live above, where every key is first met.
 struct StackSpecs {
   TableSpec upper, lower;
   uint64_t upper_rows = 0;
@@ -88,6 +88,10 @@ class StackedTable final : public Table {
   // Brings the rows of the n keys (host memory) that the lower table holds up, first making room
   // for them, and with `insert` for the keys neither holds (rows an insert may add).
   void bring_up(const int64_t* keys, size_t n, bool insert, uint64_t step);
+  // At max_capacity, before a call that inserts `fresh` rows (distinct keys neither table holds):
+  // evicts the stack's least recently used rows, sparing the call's keys, or throws
+  // CAPACITY_EXCEEDED with nothing inserted or evicted, as an untiered table does.
+  void make_room_at_limit(uint64_t fresh, uint64_t step);
   // Moves `count` of the upper table's least recently used rows touched at `step` or before down,
   // with spare_calls sparing the keys of this call and the one before (a prefetch of batch i + 1
   // comes between batch i's lookup and its update).

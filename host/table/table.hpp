@@ -229,6 +229,13 @@ class Table {
   // at once when none is. Throws with nothing put: CAPACITY_EXCEEDED past max_capacity, or what
   // making room throws where reserve_put did not make it.
   virtual void put_rows(const MovedRows& rows);
+  // Evicts the `count` least recently used rows touched before `before_step` (the order of
+  // eviction at max_capacity: ties the lowest key), sparing the rows of spare[0, n_spare), and
+  // returns how many rows could go; evicts nothing when fewer than count could. An eviction,
+  // unlike the moves above: counted, tombstones left. How a stack makes room at its row limit, in
+  // its lower table (a host table; others throw INTERNAL).
+  virtual uint64_t evict_coldest(uint64_t count, uint64_t before_step, const int64_t* spare,
+                                 size_t n_spare);
 
  private:
   TableSpec spec_;

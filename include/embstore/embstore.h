@@ -656,10 +656,10 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
    rows). embstore_prefetch moves a coming batch's rows that are in host memory to the device:
    each trades places with a device row not inserted or updated for two steps (steps as given
    to embstore_step) and not wanted by this prefetch or the one before (the current batch's),
-   found by a sweep over the device rows, round robin; rows of a checkpoint in flight do not move. At max_capacity with evict_when_full,
-   which of equally old rows go depends on row ids on CUDA (handed out in parallel, changed by
-   these moves), as between two untiered CUDA tables. Lookups and updates move nothing: a host-memory row costs a transfer
-   over the bus at each use. Its tests passed on one H200 (2026-11-28 and 2026-12-04), where
+   found by a sweep over the device rows, round robin; rows of a checkpoint in flight do not
+   move. These moves change no row's stamp, so eviction at max_capacity takes the rows an
+   untiered table would (ties: the lowest key). Lookups and updates move nothing: a host-memory
+   row costs a transfer over the bus at each use. Its tests passed on one H200 (2026-11-28 and 2026-12-04), where
    with 10% of the rows on the device it trained Zipf 1.1 keys at 0.57-0.88 of the untiered
    steps/s (docs/tiers.md).
 
@@ -672,7 +672,8 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
    those of this call and the one before last) and then runs on the CUDA table, stream-ordered
    but with the host waiting for the moves. embstore_prefetch hands the coming rows that are
    below to the host table's prefetch (read on its thread); the call that needs them moves them
-   up. max_capacity is UNSUPPORTED with it in this version.
+   up. max_capacity holds over both tables: the least recently used rows go wherever they are,
+   as in an untiered table; with admit_after above 1 it is UNSUPPORTED in this version.
    Built and tested on the host (the host backend's tables built as such a stack); not yet run
    on a device.
 

@@ -150,14 +150,22 @@ inline std::string version_dir(const std::string& dir, uint64_t version) {
   return dir + "/" + name;
 }
 
-// Every row of a row file: key -> value and state, as written.
-inline std::map<int64_t, std::vector<float>> read_rows(const std::string& path) {
+// Every row of a row file: key -> value and state, as written. A delta's tombstones go to
+// *tombstones, sorted (without it, a file with tombstones fails the test).
+inline std::map<int64_t, std::vector<float>> read_rows(const std::string& path,
+                                                       std::vector<int64_t>* tombstones = nullptr) {
   std::unique_ptr<embstore::io::RowFileReader> reader;
   REQUIRE(embstore::io::RowFileReader::open(path, {}, &reader) == 0);
   std::map<int64_t, std::vector<float>> rows;
   embstore::io::RowBlock b;
   int r;
+  if (tombstones != nullptr) tombstones->clear();
   while ((r = reader->next_block(&b)) == 1) {
+    if (b.kind == embstore::io::RowBlockKind::kTombstones) {
+      REQUIRE(tombstones != nullptr);
+      tombstones->insert(tombstones->end(), b.keys, b.keys + b.rows);
+      continue;
+    }
     for (uint32_t i = 0; i < b.rows; ++i) {
       std::vector<float> rec(b.values + size_t{i} * b.dim, b.values + size_t{i + 1} * b.dim);
       if (b.state_dim > 0) {
@@ -168,6 +176,7 @@ inline std::map<int64_t, std::vector<float>> read_rows(const std::string& path) 
     }
   }
   REQUIRE(r == 0);
+  if (tombstones != nullptr) std::sort(tombstones->begin(), tombstones->end());
   return rows;
 }
 

@@ -1,0 +1,173 @@
+// A tiered table keeps its row limit (max_capacity) as its untiered twin does: a call past it
+// fails the same way with nothing inserted, or evicts the same least recently used rows wherever
+// they live, and the deltas and restores that follow agree. On a stack of tables (the CUDA
+// backend's SSD tier, the host's under EMBSTORE_TEST_STACKED_TIERS) the limit is the stack's.
+#include "tests/tiers/tier_fixtures.hpp"
+
+namespace embstore_test::tiers {
+namespace {
+
+constexpr uint64_t kLimit = 100;
+
+embstore_table_config_t limited_config(uint64_t memory_rows, bool evict_when_full) {
+  embstore_table_config_t c = tier_config("emb", 8, memory_rows);
+  c.initial_capacity = 64;
+  c.max_capacity = kLimit;
+  c.evict_when_full = evict_when_full ? 1 : 0;
+  return c;
+}
+
+// The status and message of a lookup with insert.
+std::pair<embstore_status_t, std::string> try_lookup(embstore_table_t* t,
+                                                     const std::vector<int64_t>& keys) {
+  std::vector<float> out;
+  const embstore_status_t s = lookup(t, keys, EMBSTORE_LOOKUP_INSERT, &out);
+  return {s, s == EMBSTORE_OK ? std::string() : std::string(embstore_last_error())};
+}
+
+// Both tables refuse keys the same way: same status, same message.
+void require_same_refusal(embstore_table_t* plain, embstore_table_t* tiered,
+                          const std::vector<int64_t>& keys) {
+  const auto a = try_lookup(plain, keys);
+  const auto b = try_lookup(tiered, keys);
+  REQUIRE(std::string(embstore_status_name(a.first)) == "EMBSTORE_CAPACITY_EXCEEDED");
+  REQUIRE(std::string(embstore_status_name(b.first)) == "EMBSTORE_CAPACITY_EXCEEDED");
+  REQUIRE(a.second == b.second);
+}
+
+void require_same_rows(embstore_table_t* plain, embstore_table_t* tiered, int64_t keys) {
+  const embstore_table_stats_t sa = stats(plain);
+  const embstore_table_stats_t sb = stats(tiered);
+  REQUIRE(sa.rows == sb.rows);
+  REQUIRE(sa.evicted == sb.evicted);
+  REQUIRE(sa.dirty_rows == sb.dirty_rows);
+  REQUIRE(sb.rows <= kLimit);
+  const std::vector<int64_t> all = key_range(keys);
+  REQUIRE(same_bits(lookup_ok(plain, all, 0), lookup_ok(tiered, all, 0)));
+}
+
+// An untiered table and a tiered one, each with the row limit, in stores of their own.
+struct LimitedTwins {
+  TierDir tier;
+  StoreGuard a{tier_store(nullptr)};
+  StoreGuard b{tier_store(tier.path().c_str())};
+  embstore_table_t* plain;
+  embstore_table_t* tiered;
+  LimitedTwins(uint64_t budget, bool evict_when_full)
+      : plain(make_table(a, limited_config(0, evict_when_full))),
+        tiered(make_table(b, limited_config(budget, evict_when_full))) {}
+};
+
+TEST_CASE("without an eviction rule, a tiered table at max_capacity refuses as the untiered one",
+          "[tiers]") {
+  const uint64_t budget = GENERATE(1, 16);
+  INFO("memory_rows " << budget);
+  LimitedTwins twins(budget, false);
+  embstore_table_t* plain = twins.plain;
+  embstore_table_t* tiered = twins.tiered;
+  for (embstore_table_t* t : {plain, tiered}) lookup_ok(t, key_range(90));
+  // 30 new keys (80-89 have rows) on top of 90 rows pass the limit of 100: nothing inserted.
+  require_same_refusal(plain, tiered, keys_from(80, 40));
+  REQUIRE(stats(tiered).rows == 90);
+  require_same_rows(plain, tiered, 200);
+  // Up to the limit, and one more.
+  for (embstore_table_t* t : {plain, tiered}) lookup_ok(t, keys_from(90, 10));
+  require_same_refusal(plain, tiered, {100});
+  REQUIRE(stats(tiered).rows == kLimit);
+  require_same_rows(plain, tiered, 200);
+}
+
+TEST_CASE("with evict_when_full, a tiered table at max_capacity evicts the untiered one's rows",
+          "[tiers]") {
+  TierDir tier;
+  const uint64_t budget = GENERATE(1, 16, 60);
+  const bool prefetch_next = GENERATE(false, true);
+  INFO("memory_rows " << budget << ", prefetch " << prefetch_next);
+  TempDir dir_a, dir_b;
+  StoreGuard a(tier_store(nullptr));
+  StoreGuard b(tier_store(tier.path().c_str()));
+  no_rebaseline(a);
+  no_rebaseline(b);
+  Twins twins{a, b, make_table(a, limited_config(0, true)),
+              make_table(b, limited_config(budget, true)), prefetch_next};
+  const int64_t keys = 400;
+  for (uint64_t s = 1; s <= 4; ++s) twins.step(s, keys, 60);
+  REQUIRE(checkpoint_ok(a, dir_a.path()) == checkpoint_ok(b, dir_b.path()));
+  size_t tombstones = 0;
+  for (uint64_t s = 5; s <= 10; ++s) {
+    twins.step(s, keys, 60);
+    REQUIRE(incremental_ok(a, dir_a.path()) == s);
+    REQUIRE(incremental_ok(b, dir_b.path()) == s);
+    const std::string rows = "/" + row_file("emb");
+    std::vector<int64_t> gone_a, gone_b;
+    REQUIRE(read_rows(delta_dir(dir_a.path(), s) + rows, &gone_a) ==
+            read_rows(delta_dir(dir_b.path(), s) + rows, &gone_b));
+    REQUIRE(gone_a == gone_b);
+    tombstones += gone_a.size();
+  }
+  REQUIRE(tombstones > 0);
+  const embstore_table_stats_t s = stats(twins.tiered);
+  REQUIRE(s.evicted > 0);
+  REQUIRE(s.rows == kLimit);
+  if (budget < kLimit) REQUIRE(s.rows_on_disk > 0);
+  require_same_rows(twins.plain, twins.tiered, keys);
+
+  // The chain's tombstones: the tiered store's chain restores into an untiered store as the
+  // untiered twin holds its rows (an evicted key read back would be a row too many).
+  StoreGuard c(tier_store(nullptr));
+  REQUIRE(restore_ok(c, dir_b.path(), 10) == 10);
+  embstore_table_t* restored = get_table(c, "emb");
+  REQUIRE(stats(restored).rows == stats(twins.plain).rows);
+  const std::vector<int64_t> all = key_range(keys);
+  REQUIRE(same_bits(lookup_ok(restored, all, 0), lookup_ok(twins.plain, all, 0)));
+}
+
+TEST_CASE("a tiered table at max_capacity with too few rows to evict refuses as the untiered one",
+          "[tiers]") {
+  const uint64_t budget = GENERATE(1, 16);
+  INFO("memory_rows " << budget);
+  LimitedTwins twins(budget, true);
+  embstore_table_t* plain = twins.plain;
+  embstore_table_t* tiered = twins.tiered;
+  const std::vector<int64_t> first = key_range(static_cast<int64_t>(kLimit));
+  for (embstore_table_t* t : {plain, tiered}) {
+    lookup_ok(t, first);
+    apply_ok(t, first, std::vector<float>(first.size() * 8, 0.5f));
+  }
+  const std::vector<float> trained = lookup_ok(tiered, first, 0);
+  ok(embstore_step(twins.a, 1));
+  ok(embstore_step(twins.b, 1));
+  // 101 new rows need 101 evicted; 100 may go.
+  require_same_refusal(plain, tiered, keys_from(1000, kLimit + 1));
+  REQUIRE(stats(tiered).evicted == 0);
+  require_same_rows(plain, tiered, 2000);
+  // 50 new rows: the 50 least recently used go (all touched at step 0: the lowest keys).
+  for (embstore_table_t* t : {plain, tiered}) lookup_ok(t, keys_from(1000, 50));
+  REQUIRE(stats(tiered).evicted == 50);
+  require_same_rows(plain, tiered, 2000);
+  // Keys 0-49 read what a key without a row reads (not their trained values), 50-99 their rows.
+  const std::vector<float> now = lookup_ok(tiered, first, 0);
+  const size_t half = 50 * 8;
+  for (size_t i = 0; i < 50; ++i) {
+    const std::vector<float> was(trained.begin() + i * 8, trained.begin() + (i + 1) * 8);
+    REQUIRE(!same_bits(std::vector<float>(now.begin() + i * 8, now.begin() + (i + 1) * 8), was));
+  }
+  REQUIRE(same_bits(std::vector<float>(now.begin() + half, now.end()),
+                    std::vector<float>(trained.begin() + half, trained.end())));
+}
+
+TEST_CASE("a stack of tables refuses max_capacity with admission, naming both", "[tiers]") {
+  if (host_tier_policy()) return;  // the host table's own tier takes both
+  TierDir tier;
+  StoreGuard store(tier_store(tier.path().c_str()));
+  embstore_table_config_t c = limited_config(16, true);
+  c.admit_after = 3;
+  embstore_table_t* t = nullptr;
+  require_status(embstore_table_create(store, &c, &t), EMBSTORE_UNSUPPORTED,
+                 "max_capacity with admit_after");
+  c.admit_after = 0;
+  ok(embstore_table_create(store, &c, &t));
+}
+
+}  // namespace
+}  // namespace embstore_test::tiers
