@@ -49,6 +49,7 @@ StackedTable::StackedTable(TableSpec spec, std::unique_ptr<Table> upper,
       upper_(std::move(upper)),
       lower_(std::move(lower)),
       upper_rows_(upper_rows),
+      slack_(upper_rows / kSlackShare),
       keys_to_host_(std::move(keys_to_host)) {}
 
 const std::vector<int64_t>& StackedTable::host_keys(const int64_t* keys, size_t n, void* stream) {
@@ -61,9 +62,10 @@ void StackedTable::lookup(const int64_t* keys, size_t n, float* values_out, bool
   std::lock_guard lock(mutex_);
   if (n == 0) return;
   last_step_ = std::max(last_step_, step);
-  bring_up(host_keys(keys, n, stream).data(), n, insert, step);
+  const int64_t* call_keys = host_keys(keys, n, stream).data();
+  const EndCall ending{this};
+  bring_up(call_keys, n, insert, step);
   upper_->lookup(keys, n, values_out, insert, step, stream);
-  end_call();
 }
 
 void StackedTable::apply_gradients(const int64_t* keys, const float* grads, size_t n, uint64_t step,
@@ -71,9 +73,10 @@ void StackedTable::apply_gradients(const int64_t* keys, const float* grads, size
   std::lock_guard lock(mutex_);
   if (n == 0) return;
   last_step_ = std::max(last_step_, step);
-  bring_up(host_keys(keys, n, stream).data(), n, false, step);
+  const int64_t* call_keys = host_keys(keys, n, stream).data();
+  const EndCall ending{this};
+  bring_up(call_keys, n, false, step);
   upper_->apply_gradients(keys, grads, n, step, stream);
-  end_call();
 }
 
 // The rows below are the lower table's to read ahead (a host table's prefetch reads on its own
@@ -82,12 +85,13 @@ void StackedTable::apply_gradients(const int64_t* keys, const float* grads, size
 void StackedTable::prefetch(const int64_t* keys, size_t n, void* stream) {
   std::lock_guard lock(mutex_);
   if (n == 0) return;
-  list_missing(host_keys(keys, n, stream).data(), n);
+  const int64_t* call_keys = host_keys(keys, n, stream).data();
+  const EndCall ending{this};
+  list_missing(call_keys, n);
   // A hint, as a host table's prefetch: its failures are not reported (the call that needs the
   // rows meets them again).
   if (!missing_.empty()) lower_->prefetch(missing_.data(), missing_.size(), nullptr);
   upper_->prefetch(keys, n, stream);
-  end_call();
 }
 
 // Stages: the keys the upper table lacks (distinct), those of them the lower table holds, room
@@ -107,7 +111,9 @@ void StackedTable::bring_up(const int64_t* keys, size_t n, bool insert, uint64_t
   const uint64_t coming = insert ? missing_.size() : ups_.size();
   if (coming == 0) return;
   const uint64_t live = upper_->live_rows();
-  if (live + coming > upper_rows_) make_room_above(live + coming - upper_rows_, step, true);
+  if (live + coming > upper_rows_) {
+    make_room_above(live + coming - (upper_rows_ - slack_), step, true);
+  }
   if (!ups_.empty()) move_up(ups_);
 }
 
@@ -171,11 +177,12 @@ void StackedTable::move_up(const std::vector<int64_t>& keys) {
 
 void StackedTable::end_call() noexcept {
   try {
-    // The rows of this call and the one before go last: a prefetch's are about to be used.
+    // Down to the slack below the budget, sparing the rows of this call and the one before (a
+    // prefetch's are about to be used); down to the budget without sparing them, if need be.
     uint64_t live = upper_->live_rows();
-    for (const bool spare_calls : {true, false}) {
-      if (live <= upper_rows_) break;
-      live -= make_room_above(live - upper_rows_, last_step_, spare_calls);
+    if (live > upper_rows_) {
+      live -= make_room_above(live - (upper_rows_ - slack_), last_step_, true);
+      if (live > upper_rows_) make_room_above(live - upper_rows_, last_step_, false);
     }
   } catch (...) {
     // The rows stay above, over the budget; the next call that needs room meets the failure

@@ -101,14 +101,24 @@ class StackedTable final : public Table {
   void move_up(const std::vector<int64_t>& keys);
   // Puts moved_ into `to`, or back into `from` (and rethrows) when that fails.
   void put_or_return(Table& to, Table& from);
-  // After a call: moves the upper table's rows beyond its budget down, those of this call and the
-  // one before last. A failure leaves them above: the call itself succeeded.
+  // After a call, whether it succeeded or not: moves the upper table's rows beyond its budget
+  // down, those of this call and the one before last, and keeps this call's keys as the one
+  // before. A failure leaves the rows above (the next call that needs room meets it again).
   void end_call() noexcept;
+  struct EndCall {
+    StackedTable* stack;
+    ~EndCall() { stack->end_call(); }
+  };
   const std::vector<int64_t>& host_keys(const int64_t* keys, size_t n, void* stream);
 
   std::mutex mutex_;  // one call at a time (drain() goes without it: each table's is safe)
   std::unique_ptr<Table> upper_, lower_;
   uint64_t upper_rows_;
+  // A move down takes the upper table below its budget by this much, so that the next calls'
+  // rows fit without a move of their own: each move chooses among every row above (a pass over
+  // them; on CUDA an index rebuild too), so one serves several calls.
+  static constexpr uint64_t kSlackShare = 16;
+  uint64_t slack_;
   KeysToHost keys_to_host_;
   // Scratch kept between calls.
   // keys_: this call's keys in host memory; previous_: the call before's.
