@@ -72,8 +72,9 @@ void CudaTable::count_admission_on_host(const int64_t* keys, size_t n, uint64_t 
 // histogram of their stamps (row::RoomBuckets) finds the boundary bucket; the candidates below
 // it go, and only the bucket's own are sorted (by key, then stably by stamp: row::evicted_first).
 // d: the counters, read after every earlier call. Synchronous.
-void CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_keys, size_t call_n,
-                          const DeviceCounters& d, cudaStream_t stream, MovedRows* out) {
+uint64_t CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_keys, size_t call_n,
+                              const DeviceCounters& d, cudaStream_t stream, MovedRows* out,
+                              std::vector<RowAge>* ages) {
   const uint64_t rows = d.rows;
   const auto items = static_cast<int64_t>(rows);
   size_t temp_bytes = select_bytes(EvictionCandidate{}, rows, stream);
@@ -138,9 +139,11 @@ void CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_keys
   const uint64_t candidates =
       select(EvictionCandidate{arena_, freed_.get<uint64_t>(), spared, step}, rows, candidates_rows,
              temp, temp_bytes, stream);
-  if (out != nullptr) need = std::min(need, candidates);  // a take: as many as there are
+  if (out != nullptr || ages != nullptr) {
+    need = std::min(need, candidates);  // a take or a list: as many as there are
+  }
   if (candidates < need) fail_no_room(spec(), need, candidates, step);
-  if (need == 0) return;
+  if (need == 0) return candidates;
   const auto n = static_cast<int64_t>(candidates);
 
   // Their stamps' histogram, from the oldest stamp to the step.
@@ -201,7 +204,31 @@ void CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_keys
                           (need - edge.below) * sizeof(uint32_t), cudaMemcpyDeviceToDevice, stream),
           "cudaMemcpyAsync");
   }
+  if (ages != nullptr) {
+    list_ages(victims, need, reinterpret_cast<int64_t*>(base + keys_at), wide0, stream, ages);
+    return candidates;
+  }
   remove_rows(victims, need, reinterpret_cast<int64_t*>(base + keys_at), d, stream, out);
+  return candidates;
+}
+
+void CudaTable::list_ages(const uint32_t* rows, uint64_t n, int64_t* keys, uint64_t* steps,
+                          cudaStream_t stream, std::vector<RowAge>* out) {
+  gather_row_keys_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(arena_, rows, n, keys);
+  check_launch("gather_row_keys_kernel");
+  gather_steps_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(arena_, rows, n, steps);
+  check_launch("gather_steps_kernel");
+  std::vector<int64_t> host_keys(n);
+  std::vector<uint64_t> host_steps(n);
+  check(
+      cudaMemcpyAsync(host_keys.data(), keys, n * sizeof(int64_t), cudaMemcpyDeviceToHost, stream),
+      "cudaMemcpyAsync");
+  check(cudaMemcpyAsync(host_steps.data(), steps, n * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                        stream),
+        "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  out->resize(n);
+  for (uint64_t i = 0; i < n; ++i) (*out)[i] = {host_steps[i], host_keys[i]};
 }
 
 void CudaTable::remove_rows(const uint32_t* victims, uint64_t n, int64_t* keys_out,

@@ -106,13 +106,21 @@ void CudaTable::check_gives_rows() const {
 }
 
 void CudaTable::take_rows(const int64_t* keys, size_t n, MovedRows* out) {
+  remove_keys(keys, n, out);
+}
+
+uint64_t CudaTable::evict_keys(const int64_t* keys, size_t n) {
+  return remove_keys(keys, n, nullptr);
+}
+
+uint64_t CudaTable::remove_keys(const int64_t* keys, size_t n, MovedRows* out) {
   check_gives_rows();
   Call call(*this, own_stream_);
   const cudaStream_t stream = call.stream;
   std::vector<uint32_t> rows;
   resolve_on_host(keys, n, &rows, stream);
   rows.erase(std::remove(rows.begin(), rows.end(), row::kNoRow), rows.end());
-  if (rows.empty()) return;
+  if (rows.empty()) return 0;
   const DeviceCounters d = read_counters(stream);
   rows_bound_ = d.rows;
   const uint64_t m = rows.size();
@@ -126,18 +134,30 @@ void CudaTable::take_rows(const int64_t* keys, size_t n, MovedRows* out) {
   check(cudaMemcpyAsync(victims, rows.data(), m * sizeof(uint32_t), cudaMemcpyHostToDevice, stream),
         "cudaMemcpyAsync");
   remove_rows(victims, m, reinterpret_cast<int64_t*>(base + keys_at), d, stream, out);
+  return m;
 }
 
 void CudaTable::take_coldest(uint64_t count, uint64_t before_step, const int64_t* spare,
                              size_t n_spare, MovedRows* out) {
-  if (count == 0) return;
+  choose_coldest(count, before_step, spare, n_spare, out, nullptr);
+}
+
+uint64_t CudaTable::list_coldest(uint64_t count, uint64_t before_step, const int64_t* spare,
+                                 size_t n_spare, std::vector<RowAge>* out) {
+  out->clear();
+  return choose_coldest(count, before_step, spare, n_spare, nullptr, out);
+}
+
+uint64_t CudaTable::choose_coldest(uint64_t count, uint64_t before_step, const int64_t* spare,
+                                   size_t n_spare, MovedRows* out, std::vector<RowAge>* ages) {
+  if (count == 0) return 0;
   check_gives_rows();
   check_batch(n_spare);
   Call call(*this, own_stream_);
   const cudaStream_t stream = call.stream;
   const DeviceCounters d = read_counters(stream);
   rows_bound_ = d.rows;
-  if (d.rows == d.free_rows) return;
+  if (d.rows == d.free_rows) return 0;
   // The spared keys in the staging buffer: make_room's selection uses scratch, and what follows
   // it (gather_leaving, copy-on-write) the staging only once the spared keys are read.
   int64_t* d_spare = nullptr;
@@ -147,7 +167,7 @@ void CudaTable::take_coldest(uint64_t count, uint64_t before_step, const int64_t
         cudaMemcpyAsync(d_spare, spare, n_spare * sizeof(int64_t), cudaMemcpyHostToDevice, stream),
         "cudaMemcpyAsync");
   }
-  make_room(count, before_step, d_spare, n_spare, d, stream, out);
+  return make_room(count, before_step, d_spare, n_spare, d, stream, out, ages);
 }
 
 void CudaTable::gather_leaving(const uint32_t* victims, uint64_t n, MovedRows* out,

@@ -104,6 +104,9 @@ class CudaTable final : public Table {
                     MovedRows* out) override;
   void reserve_put(uint64_t n) override;
   void put_rows(const MovedRows& rows) override;
+  uint64_t list_coldest(uint64_t count, uint64_t before_step, const int64_t* spare, size_t n_spare,
+                        std::vector<RowAge>* out) override;
+  uint64_t evict_keys(const int64_t* keys, size_t n) override;
 
  private:
   // Orders a call after the table's previous call and marks its end for the next one.
@@ -182,9 +185,11 @@ class CudaTable final : public Table {
   void reserve_rows(const int64_t* keys, size_t n, uint64_t step, const int64_t* call_keys,
                     size_t call_n, cudaStream_t stream);
   // With out: takes up to `need` rows out whole (as many as there are candidates) instead of
-  // evicting them.
-  void make_room(uint64_t need, uint64_t step, const int64_t* call_keys, size_t call_n,
-                 const DeviceCounters& d, cudaStream_t stream, MovedRows* out = nullptr);
+  // evicting them; with ages: lists them (their stamps and keys), removing nothing. Returns the
+  // candidates' count.
+  uint64_t make_room(uint64_t need, uint64_t step, const int64_t* call_keys, size_t call_n,
+                     const DeviceCounters& d, cudaStream_t stream, MovedRows* out = nullptr,
+                     std::vector<RowAge>* ages = nullptr);
   template <typename Predicate>
   size_t select_bytes(Predicate predicate, uint64_t items, cudaStream_t stream) const;
   template <typename Predicate>
@@ -202,6 +207,17 @@ class CudaTable final : public Table {
   void remove_rows(const uint32_t* victims, uint64_t n, int64_t* keys_out, const DeviceCounters& d,
                    cudaStream_t stream, MovedRows* out);
   void check_gives_rows() const;
+  // rows[0, n)'s stamps and keys into *out (host memory), through device scratch keys and steps
+  // (n each). Synchronous.
+  void list_ages(const uint32_t* rows, uint64_t n, int64_t* keys, uint64_t* steps,
+                 cudaStream_t stream, std::vector<RowAge>* out);
+  // Removes the rows of host keys[0, n) (those the table holds) as remove_rows does. Returns how
+  // many.
+  uint64_t remove_keys(const int64_t* keys, size_t n, MovedRows* out);
+  // take_coldest (with out) and list_coldest (with ages): make_room's choice. Returns the
+  // candidates' count.
+  uint64_t choose_coldest(uint64_t count, uint64_t before_step, const int64_t* spare,
+                          size_t n_spare, MovedRows* out, std::vector<RowAge>* ages);
   uint64_t grow_for_put(uint64_t n, const DeviceCounters& d, cudaStream_t stream);
   // The rows victims[0, n) as they leave, appended to out (host memory). Synchronous.
   void gather_leaving(const uint32_t* victims, uint64_t n, MovedRows* out, cudaStream_t stream);

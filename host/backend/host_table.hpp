@@ -117,8 +117,9 @@ class HostTable final : public Table {
                     MovedRows* out) override;
   void reserve_put(uint64_t n) override;
   void put_rows(const MovedRows& rows) override;
-  uint64_t evict_coldest(uint64_t count, uint64_t before_step, const int64_t* spare,
-                     size_t n_spare) override;
+  uint64_t list_coldest(uint64_t count, uint64_t before_step, const int64_t* spare, size_t n_spare,
+                        std::vector<RowAge>* out) override;
+  uint64_t evict_keys(const int64_t* keys, size_t n) override;
 
  private:
   struct Group {
@@ -142,6 +143,8 @@ class HostTable final : public Table {
   template <bool Streaming>
   void copy_rows(const uint32_t* rows, size_t n, float* out);
   void find_rows(const int64_t* keys, size_t n, uint32_t* rows);
+  // victims_ = the rows of keys (those the table holds), in their order.
+  void rows_of(const int64_t* keys, size_t n);
   void insert_missing(const int64_t* keys, size_t n, uint32_t* rows, uint64_t step);
   void read_pending(const int64_t* keys, float* out);
   void touch_rows(const uint32_t* rows, size_t n, uint64_t step);
@@ -164,7 +167,6 @@ class HostTable final : public Table {
   void remove_rows(std::vector<uint32_t>& victims, MovedRows* out);
   template <typename F>
   void for_each_candidate(uint64_t before, const uint64_t* spared, F&& f) const;
-  void make_room(uint64_t need, uint64_t step, const uint32_t* reading, size_t n);
   // The min(need, candidates) least recently used rows touched before `step`, sparing the n
   // `reading` rows, into victims_; returns the candidates.
   uint64_t pick_least_recent(uint64_t need, uint64_t step, const uint32_t* reading, size_t n);
@@ -336,7 +338,7 @@ class HostTable final : public Table {
   std::vector<uint32_t> rows_scratch_, group_map_, next_, missing_pos_, pending_pos_, new_rows_,
       victims_;
   std::vector<int64_t> missing_keys_;
-  std::vector<uint64_t> reading_;  // make_room: the rows of the call that needs room
+  std::vector<uint64_t> reading_;  // pick_least_recent: the rows of the call that needs room
   std::vector<Group> groups_;
   std::vector<SpilledChunk> spilled_;  // while a restore has the rows in its spill file
   // The SSD tier (spec().memory_rows != 0). Frames: the value arena's slots; chunks

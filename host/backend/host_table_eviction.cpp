@@ -1,6 +1,6 @@
-// The host table's eviction: evict_before (the rows last touched before a step), make_room
-// (the least recently used rows, for an insert past the row limit), and evict_rows, which both
-// end in.
+// The host table's eviction: evict_before (the rows last touched before a step),
+// pick_least_recent (the least recently used rows, for an insert past the row limit), and
+// evict_rows, which both end in.
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
@@ -89,18 +89,12 @@ void HostTable::for_each_candidate(uint64_t before, const uint64_t* spared, F&& 
   }
 }
 
-// Evicts the `need` least recently used rows touched before `step` (ties: the lowest key, so
-// that tables fed the same calls evict the same keys whatever their rows' ids),
-// sparing the n `reading` rows of the call that needs the room (kNoRow entries skipped), or
-// throws CAPACITY_EXCEEDED, evicting nothing, when fewer are there. Two passes over the
-// rows' stamps and no sort of the table: a histogram of the stamps finds the step below
-// which every row goes, and only the rows of the boundary step range are ordered.
-void HostTable::make_room(uint64_t need, uint64_t step, const uint32_t* reading, size_t n) {
-  const uint64_t candidates = pick_least_recent(need, step, reading, n);
-  if (candidates < need) fail_no_room(spec(), need, candidates, step);
-  evict_rows(victims_);
-}
-
+// Making room at the row limit (insert_missing), a stack's list of candidates and a take of the
+// coldest rows choose so: the `need` least recently used rows touched before `step` (ties: the
+// lowest key, so that tables fed the same calls evict the same keys whatever their rows' ids),
+// sparing the n `reading` rows of the call that needs the room (kNoRow entries skipped). Two
+// passes over the rows' stamps and no sort of the table: a histogram of the stamps finds the
+// step below which every row goes, and only the rows of the boundary step range are ordered.
 uint64_t HostTable::pick_least_recent(uint64_t need, uint64_t step, const uint32_t* reading,
                                       size_t n) {
   victims_.clear();

@@ -117,17 +117,12 @@ void HostTable::insert_missing(const int64_t* keys, size_t n, uint32_t* rows, ui
     if (spec().frees_rows()) touch_rows(rows, n, step);
     return;
   }
-  if (tiered_) {
-    // Frames and row ids for every new row (at most `missing`) before anything changes:
-    // moving rows down may fail, and a new row must never be in the index without its frame.
-    make_frames(missing);
-    reserve_frames_for(missing);
-    reserve_rows(std::min<uint64_t>(next_row_ + missing, row::kMaxRows));
-  }
   const uint64_t limit = row::row_limit(spec().max_capacity);
+  uint64_t evict = 0;
   if (rows_ + missing > limit) {
     // Near the limit only: count distinct new keys exactly (duplicates share a row), and
-    // make room for them when the table evicts.
+    // choose the rows that make room for them when the table evicts (victims_). A refused call
+    // changes nothing (frames below included).
     missing_keys_.clear();
     for (const uint32_t i : missing_pos_) missing_keys_.push_back(keys[i]);
     std::sort(missing_keys_.begin(), missing_keys_.end());
@@ -135,9 +130,20 @@ void HostTable::insert_missing(const int64_t* keys, size_t n, uint32_t* rows, ui
         std::unique(missing_keys_.begin(), missing_keys_.end()) - missing_keys_.begin();
     if (rows_ + fresh > limit) {
       if (!spec().evicts()) fail_over_limit(spec(), fresh, rows_, "new rows", "inserted");
-      make_room(rows_ + fresh - limit, step, rows, n);
+      evict = rows_ + fresh - limit;
+      const uint64_t candidates = pick_least_recent(evict, step, rows, n);
+      if (candidates < evict) fail_no_room(spec(), evict, candidates, step);
     }
   }
+  if (tiered_) {
+    // Frames and row ids for every new row (at most `missing`) before anything is evicted or
+    // inserted: moving rows down may fail, and a new row must never be in the index without its
+    // frame.
+    make_frames(missing);
+    reserve_frames_for(missing);
+    reserve_rows(std::min<uint64_t>(next_row_ + missing, row::kMaxRows));
+  }
+  if (evict != 0) evict_rows(victims_);
   // Only once there is room: a refused call touches nothing.
   if (spec().frees_rows()) touch_rows(rows, n, step);
 

@@ -1,7 +1,7 @@
 // The host table's side of a stack of tables (host/table/stacked_table.hpp): whole rows taken
 // out, with their stamps and dirty bits, and put in as they were. Neither is an insert nor an
-// eviction: no counts change and no tombstones are left. And the one eviction a stack asks of
-// its lower table: the least recently used rows, at the stack's row limit (evict_coldest).
+// eviction: no counts change and no tombstones are left. And a stack's eviction at its row
+// limit: the candidates listed (list_coldest), then the chosen ones evicted (evict_keys).
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -30,12 +30,16 @@ void HostTable::find_held(const int64_t* keys, size_t n, uint8_t* held) {
   }
 }
 
-void HostTable::take_rows(const int64_t* keys, size_t n, MovedRows* out) {
-  std::lock_guard lock(mutex_);
+void HostTable::rows_of(const int64_t* keys, size_t n) {
   victims_.clear();
   for (size_t i = 0; i < n; ++i) {
     if (const uint32_t r = index_.find(keys[i]); r != row::kNoRow) victims_.push_back(r);
   }
+}
+
+void HostTable::take_rows(const int64_t* keys, size_t n, MovedRows* out) {
+  std::lock_guard lock(mutex_);
+  rows_of(keys, n);
   const SettleAtExit settle_at_exit{this};
   remove_rows(victims_, out);
 }
@@ -51,16 +55,28 @@ void HostTable::take_coldest(uint64_t count, uint64_t before_step, const int64_t
   remove_rows(victims_, out);
 }
 
-uint64_t HostTable::evict_coldest(uint64_t count, uint64_t before_step, const int64_t* spare,
-                                  size_t n_spare) {
+uint64_t HostTable::list_coldest(uint64_t count, uint64_t before_step, const int64_t* spare,
+                                 size_t n_spare, std::vector<RowAge>* out) {
   std::lock_guard lock(mutex_);
+  out->clear();
+  if (count == 0) return 0;
   rows_scratch_.resize(n_spare);
   find_rows(spare, n_spare, rows_scratch_.data());
   const uint64_t candidates = pick_least_recent(count, before_step, rows_scratch_.data(), n_spare);
-  if (candidates < count || count == 0) return candidates;
+  out->reserve(victims_.size());
+  for (const uint32_t r : victims_) {
+    const row::RowMeta* meta = arena_.row_meta(r);
+    out->push_back({meta->step, meta->key});
+  }
+  return candidates;
+}
+
+uint64_t HostTable::evict_keys(const int64_t* keys, size_t n) {
+  std::lock_guard lock(mutex_);
+  rows_of(keys, n);
   const SettleAtExit settle_at_exit{this};
   evict_rows(victims_);
-  return candidates;
+  return victims_.size();
 }
 
 void HostTable::reserve_put(uint64_t n) {

@@ -2,8 +2,10 @@
 #include "host/table/stacked_table.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <utility>
 
+#include "cuda/row/eviction.h"
 #include "host/error.hpp"
 
 namespace embstore {
@@ -24,7 +26,7 @@ StackSpecs stack_specs(const TableSpec& spec) {
          spec.name);
   }
   StackSpecs s{spec, spec, 0};
-  // The row limit is the stack's own (make_room_at_limit); neither table has one.
+  // The row limit is the stack's own (choose_victims); neither table has one.
   for (TableSpec* t : {&s.upper, &s.lower}) {
     t->max_capacity = 0;
     t->evict_when_full = false;
@@ -107,7 +109,9 @@ void StackedTable::bring_up(const int64_t* keys, size_t n, bool insert, uint64_t
   for (size_t i = 0; i < missing_.size(); ++i) {
     if (held_[i] != 0) ups_.push_back(missing_[i]);
   }
-  if (insert) make_room_at_limit(missing_.size() - ups_.size(), step);
+  const uint64_t fresh = insert ? missing_.size() - ups_.size() : 0;
+  victims_.clear();
+  if (fresh != 0) choose_victims(fresh, step);
   const uint64_t coming = insert ? missing_.size() : ups_.size();
   if (coming == 0) return;
   const uint64_t live = upper_->live_rows();
@@ -115,29 +119,38 @@ void StackedTable::bring_up(const int64_t* keys, size_t n, bool insert, uint64_t
     make_room_above(live + coming - (upper_rows_ - slack_), step, true);
   }
   if (!ups_.empty()) move_up(ups_);
+  if (!victims_.empty()) evict_victims(fresh);
 }
 
-// As an untiered table at its row limit: the keys are counted exactly, and without an eviction
-// rule the call fails before anything changes. The stack's `need` least recently used rows are
-// among the upper table's `need` coldest and the lower table's rows: those go below, and the
-// lower table evicts. When it cannot, its candidates are all the stack's (the upper table's all
-// went below, being too few), and the call fails with nothing evicted.
-void StackedTable::make_room_at_limit(uint64_t fresh, uint64_t step) {
+// As an untiered table at its row limit, before anything changes: the call's new rows counted
+// exactly, and refused without an eviction rule. The stack's `need` least recently used rows are
+// the oldest of each table's `need` oldest (each listed with its candidates' count: too few in
+// all, and the call is refused).
+void StackedTable::choose_victims(uint64_t fresh, uint64_t step) {
   const uint64_t limit = spec().max_capacity;
-  if (limit == 0 || fresh == 0) return;
+  if (limit == 0) return;
   const uint64_t live = upper_->live_rows() + lower_->live_rows();
   if (live + fresh <= limit) return;
   if (!spec().evicts()) fail_over_limit(spec(), fresh, live, "new rows", "inserted");
   const uint64_t need = live + fresh - limit;
-  lower_->reserve_put(need);
-  moved_.clear();
-  upper_->take_coldest(need, step, keys_.data(), keys_.size(), &moved_);
-  if (moved_.size() != 0) {
-    put_or_return(*lower_, *upper_);
-    moved_down_ += moved_.size();
-  }
-  const uint64_t candidates = lower_->evict_coldest(need, step, keys_.data(), keys_.size());
-  if (candidates < need) fail_no_room(spec(), need, candidates, step);
+  const uint64_t above = upper_->list_coldest(need, step, keys_.data(), keys_.size(), &ages_);
+  const uint64_t below = lower_->list_coldest(need, step, keys_.data(), keys_.size(), &ages_below_);
+  if (above + below < need) fail_no_room(spec(), need, above + below, step);
+  ages_.insert(ages_.end(), ages_below_.begin(), ages_below_.end());
+  const auto first = [](const RowAge& a, const RowAge& b) {
+    return row::evicted_first(a.step, a.key, b.step, b.key);
+  };
+  std::nth_element(ages_.begin(), ages_.begin() + static_cast<ptrdiff_t>(need), ages_.end(), first);
+  for (uint64_t i = 0; i < need; ++i) victims_.push_back(ages_[i].key);
+}
+
+// The victims go once the rows have moved (a failed move leaves them), and once the upper table
+// has room for the call's new rows (growing can fail; nothing is evicted then). Each victim is in
+// one of the two tables, wherever the moves put it.
+void StackedTable::evict_victims(uint64_t fresh) {
+  upper_->reserve_put(fresh);
+  upper_->evict_keys(victims_.data(), victims_.size());
+  lower_->evict_keys(victims_.data(), victims_.size());
 }
 
 uint64_t StackedTable::make_room_above(uint64_t count, uint64_t step, bool spare_calls) {

@@ -34,7 +34,7 @@ namespace embstore {
 // A stack's two tables, for a table whose spec has memory_rows: the upper one holds device_rows
 // rows on the device (a CUDA table's device tier) and most of memory_rows in host memory, the
 // lower one an eighth of memory_rows (at least one row) in host memory and the rest on its SSD
-// tier. Neither has a row limit: max_capacity is the stack's (StackedTable::make_room_at_limit),
+// tier. Neither has a row limit: max_capacity is the stack's (StackedTable::choose_victims),
 // refused with admission. Admission counts live above, where every key is first met.
 struct StackSpecs {
   TableSpec upper, lower;
@@ -89,9 +89,11 @@ class StackedTable final : public Table {
   // for them, and with `insert` for the keys neither holds (rows an insert may add).
   void bring_up(const int64_t* keys, size_t n, bool insert, uint64_t step);
   // At max_capacity, before a call that inserts `fresh` rows (distinct keys neither table holds):
-  // evicts the stack's least recently used rows, sparing the call's keys, or throws
-  // CAPACITY_EXCEEDED with nothing inserted or evicted, as an untiered table does.
-  void make_room_at_limit(uint64_t fresh, uint64_t step);
+  // victims_ = the stack's least recently used rows to evict, sparing the call's keys, or throws
+  // CAPACITY_EXCEEDED with nothing changed, as an untiered table does.
+  void choose_victims(uint64_t fresh, uint64_t step);
+  // Evicts victims_ (after the call's moves), first making room above for the call's new rows.
+  void evict_victims(uint64_t fresh);
   // Moves `count` of the upper table's least recently used rows touched at `step` or before down,
   // with spare_calls sparing the keys of this call and the one before (a prefetch of batch i + 1
   // comes between batch i's lookup and its update).
@@ -125,6 +127,9 @@ class StackedTable final : public Table {
   std::vector<int64_t> keys_, previous_, spare_, missing_, ups_;
   std::vector<uint8_t> held_;
   MovedRows moved_;
+  // The row limit's: candidates listed by the tables, the keys chosen to go.
+  std::vector<RowAge> ages_, ages_below_;
+  std::vector<int64_t> victims_;
   // Rows moved between the tables, each way; the keys evicted at the capture, from both tables,
   // less those that have a row in either.
   uint64_t moved_up_ = 0, moved_down_ = 0;

@@ -114,6 +114,13 @@ struct MovedRows {
   }
 };
 
+// A row's last-touched step and key: where it stands in the order of eviction
+// (row::evicted_first).
+struct RowAge {
+  uint64_t step;
+  int64_t key;
+};
+
 class Table {
  public:
   explicit Table(TableSpec spec) : spec_(std::move(spec)) {}
@@ -222,20 +229,25 @@ class Table {
                             size_t n_spare, MovedRows* out);
   // Makes room for a put_rows of up to n rows, so that it cannot fail but for a device error
   // (memory; a tiered table's frames, moving rows down). Throws (OUT_OF_MEMORY, IO_ERROR, ...)
-  // with no row lost; until the put, the table must get no other call.
+  // with no row lost; until the put, the table must get no other call. On a table without tiers
+  // the room (row ids, index) also serves the inserts of its next call.
   virtual void reserve_put(uint64_t n);
   // Puts rows (keys distinct, none held) in, as they were: stamps, dirty bits, records; none
   // captured. A row in_snapshot is marked dirty if the snapshot in flight fails (end_snapshot),
   // at once when none is. Throws with nothing put: CAPACITY_EXCEEDED past max_capacity, or what
   // making room throws where reserve_put did not make it.
   virtual void put_rows(const MovedRows& rows);
-  // Evicts the `count` least recently used rows touched before `before_step` (the order of
-  // eviction at max_capacity: ties the lowest key), sparing the rows of spare[0, n_spare), and
-  // returns how many rows could go; evicts nothing when fewer than count could. An eviction,
-  // unlike the moves above: counted, tombstones left. How a stack makes room at its row limit, in
-  // its lower table (a host table; others throw INTERNAL).
-  virtual uint64_t evict_coldest(uint64_t count, uint64_t before_step, const int64_t* spare,
-                                 size_t n_spare);
+  // A stack's eviction at its row limit: it lists each table's candidates, then evicts its
+  // choice among them from each.
+  // Lists up to `count` of the least recently used rows touched before `before_step` (the order
+  // of eviction at max_capacity, as take_coldest), sparing the rows of spare[0, n_spare), in no
+  // order, into *out; returns how many rows are candidates in all. Changes nothing.
+  virtual uint64_t list_coldest(uint64_t count, uint64_t before_step, const int64_t* spare,
+                                size_t n_spare, std::vector<RowAge>* out);
+  // Evicts the rows of keys (distinct; keys the table does not hold are skipped): unlike the
+  // moves above an eviction, counted, tombstones left; a captured row is written to the snapshot
+  // first. Returns the rows evicted.
+  virtual uint64_t evict_keys(const int64_t* keys, size_t n);
 
  private:
   TableSpec spec_;

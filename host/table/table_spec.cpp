@@ -263,10 +263,9 @@ void Table::take_coldest(uint64_t, uint64_t, const int64_t*, size_t, MovedRows*)
 }
 void Table::reserve_put(uint64_t) { fail_no_moves(spec_); }
 void Table::put_rows(const MovedRows&) { fail_no_moves(spec_); }
-uint64_t Table::evict_coldest(uint64_t, uint64_t, const int64_t*, size_t) {
-  fail(EMBSTORE_INTERNAL,
-       "table '{}': a stack's room at max_capacity is made by its lower table, a host table",
-       spec_.name);
+uint64_t Table::list_coldest(uint64_t, uint64_t, const int64_t*, size_t, std::vector<RowAge>*) {
+  fail_no_moves(spec_);
 }
+uint64_t Table::evict_keys(const int64_t*, size_t) { fail_no_moves(spec_); }
 
 }  // namespace embstore

@@ -2,6 +2,9 @@
 // fails the same way with nothing inserted, or evicts the same least recently used rows wherever
 // they live, and the deltas and restores that follow agree. On a stack of tables (the CUDA
 // backend's SSD tier, the host's under EMBSTORE_TEST_STACKED_TIERS) the limit is the stack's.
+#include <random>
+#include <set>
+
 #include "tests/tiers/tier_fixtures.hpp"
 
 namespace embstore_test::tiers {
@@ -154,6 +157,192 @@ TEST_CASE("a tiered table at max_capacity with too few rows to evict refuses as 
   }
   REQUIRE(same_bits(std::vector<float>(now.begin() + half, now.end()),
                     std::vector<float>(trained.begin() + half, trained.end())));
+}
+
+TEST_CASE("a call at max_capacity that fails on the tier evicts nothing", "[tiers][failure]") {
+  TierDir tier;
+  StoreGuard a(tier_store(nullptr));
+  StoreGuard b(tier_store(tier.path().c_str()));
+  Twins twins{a, b, make_table(a, limited_config(0, true)),
+              make_table(b, limited_config(16, true))};
+  for (uint64_t s = 1; s <= 4; ++s) twins.step(s, 400, 60);
+  const embstore_table_stats_t before = stats(twins.tiered);
+  REQUIRE(before.rows == kLimit);
+  REQUIRE(before.rows_on_disk > 0);
+  // Ten keys of step 2 (most of their rows on disk by now) and twenty new ones: twenty rows must
+  // go to make room, and the rows below must come up first, which fails.
+  std::vector<int64_t> keys, step2;
+  std::vector<float> grads;
+  step_batch(2, 400, 60, 8, &step2, &grads);
+  const std::set<int64_t> old(step2.begin(), step2.end());
+  keys.assign(old.begin(), old.end());
+  keys.resize(10);
+  for (int64_t i = 0; i < 20; ++i) keys.push_back(100000 + i);
+  {
+    ReadFaultGuard faults([](uint64_t, size_t) { return -EIO; });
+    std::vector<float> out;
+    require_status(lookup(twins.tiered, keys, EMBSTORE_LOOKUP_INSERT, &out), EMBSTORE_IO_ERROR,
+                   "no row was lost");
+  }
+  const embstore_table_stats_t after = stats(twins.tiered);
+  REQUIRE(after.evicted == before.evicted);
+  REQUIRE(after.rows == before.rows);
+  // As if the call had not been made: the twins go on alike.
+  require_same_rows(twins.plain, twins.tiered, 400);
+  for (uint64_t s = 5; s <= 7; ++s) twins.step(s, 400, 60);
+  require_same_rows(twins.plain, twins.tiered, 400);
+}
+
+TEST_CASE("a call at max_capacity refused for its size changes nothing in a tiered table",
+          "[tiers]") {
+  const uint64_t budget = GENERATE(1, 16);
+  INFO("memory_rows " << budget);
+  LimitedTwins twins(budget, true);
+  for (embstore_table_t* t : {twins.plain, twins.tiered}) lookup_ok(t, key_range(100));
+  ok(embstore_step(twins.a, 1));
+  ok(embstore_step(twins.b, 1));
+  const embstore_table_stats_t before = stats(twins.tiered);
+  // 200,000 new rows need as many evicted; 100 may go. Refused before any row moves: nothing
+  // grows, nothing is written to the tier.
+  require_same_refusal(twins.plain, twins.tiered, keys_from(1000, 200000));
+  const embstore_table_stats_t after = stats(twins.tiered);
+  REQUIRE(after.capacity == before.capacity);
+  REQUIRE(after.rows_moved_down == before.rows_moved_down);
+  REQUIRE(after.tier_bytes_written == before.tier_bytes_written);
+  require_same_rows(twins.plain, twins.tiered, 2000);
+}
+
+// Twin tables at a row limit of 120 fed a random stream: one to three calls a step (lookups with
+// and without insert, some too large to fit, updates, prefetches of the tiered table), an
+// incremental checkpoint every 5 steps. Statuses, messages, values, counts and deltas agree.
+TEST_CASE("a tiered table at max_capacity agrees with the untiered one on a random stream",
+          "[tiers]") {
+  const uint64_t budget = GENERATE(1, 17, 90);
+  const uint64_t seed = GENERATE(1, 2);
+  const bool evict_when_full = GENERATE(true, false);
+  INFO("memory_rows " << budget << ", seed " << seed << ", evict_when_full " << evict_when_full);
+  TempDir dir_a, dir_b;
+  LimitedTwins twins(budget, evict_when_full);
+  no_rebaseline(twins.a);
+  no_rebaseline(twins.b);
+  embstore_table_t* plain = twins.plain;
+  embstore_table_t* tiered = twins.tiered;
+  std::mt19937_64 rng(seed);
+  const auto batch = [&](size_t n) {
+    std::vector<int64_t> k(n);
+    for (int64_t& key : k) key = static_cast<int64_t>(rng() % 300) - 20;
+    return k;
+  };
+  REQUIRE(checkpoint_ok(twins.a, dir_a.path()) == checkpoint_ok(twins.b, dir_b.path()));
+  for (uint64_t s = 1; s <= 40; ++s) {
+    const int calls = 1 + static_cast<int>(rng() % 3);
+    for (int c = 0; c < calls; ++c) {
+      const int kind =
+          static_cast<int>(rng() % 6);  // 0-2, 5 (larger): insert; 3: read; 4: prefetch
+      const std::vector<int64_t> k = batch(1 + rng() % (kind == 5 ? 140 : 50));
+      INFO("step " << s << ", call " << c << ", kind " << kind);
+      if (kind == 4) {
+        prefetch_ok(tiered, k);
+      } else if (kind == 3) {
+        REQUIRE(same_bits(lookup_ok(plain, k, 0), lookup_ok(tiered, k, 0)));
+      } else {
+        const auto ra = try_lookup(plain, k);
+        const auto rb = try_lookup(tiered, k);
+        REQUIRE(std::string(embstore_status_name(ra.first)) == embstore_status_name(rb.first));
+        REQUIRE(ra.second == rb.second);
+        if (ra.first == EMBSTORE_OK && rng() % 2 == 0) {
+          std::vector<float> g(k.size() * 8);
+          for (float& x : g) x = static_cast<float>(rng() % 1000) / 1000.0f - 0.5f;
+          apply_ok(plain, k, g);
+          apply_ok(tiered, k, g);
+        }
+      }
+      const embstore_table_stats_t sa = stats(plain);
+      const embstore_table_stats_t sb = stats(tiered);
+      REQUIRE(sa.rows == sb.rows);
+      REQUIRE(sa.evicted == sb.evicted);
+      REQUIRE(sa.dirty_rows == sb.dirty_rows);
+    }
+    ok(embstore_step(twins.a, s));
+    ok(embstore_step(twins.b, s));
+    if (s % 5 == 0) {
+      REQUIRE(incremental_ok(twins.a, dir_a.path()) == s);
+      REQUIRE(incremental_ok(twins.b, dir_b.path()) == s);
+      const std::string rows = "/" + row_file("emb");
+      std::vector<int64_t> gone_a, gone_b;
+      REQUIRE(read_rows(delta_dir(dir_a.path(), s) + rows, &gone_a) ==
+              read_rows(delta_dir(dir_b.path(), s) + rows, &gone_b));
+      REQUIRE(gone_a == gone_b);
+    }
+  }
+  if (evict_when_full) REQUIRE(stats(tiered).evicted > 0);
+  require_same_rows(plain, tiered, 300);
+}
+
+// Rows evicted at the limit while a checkpoint's writer is held (its rows mostly still
+// captured), the checkpoint then written or failed: that checkpoint, the next delta and a
+// restore of the chain agree with the untiered twin's.
+TEST_CASE(
+    "a tiered table evicting at max_capacity during a checkpoint agrees with the untiered one",
+    "[tiers][checkpoint]") {
+  const bool full = GENERATE(true, false);
+  const bool fails = GENERATE(false, true);
+  INFO("full " << full << ", fails " << fails);
+  TierDir tier;
+  TempDir dir_a, dir_b;
+  StoreGuard a(tier_store(nullptr, size_t{1} << 20));
+  StoreGuard b(tier_store(tier.path().c_str(), size_t{1} << 20));
+  no_rebaseline(a);
+  no_rebaseline(b);
+  embstore_table_config_t c = limited_config(0, true);
+  c.dim = 64;
+  c.max_capacity = 4000;
+  embstore_table_config_t tiered_config = c;
+  tiered_config.memory_rows = 300;
+  Twins twins{a, b, make_table(a, c), make_table(b, tiered_config)};
+  const int64_t keys = 20000;
+  for (uint64_t s = 1; s <= 3; ++s) twins.step(s, keys, 3000);
+  REQUIRE(stats(twins.tiered).rows == c.max_capacity);
+  if (!full) {
+    REQUIRE(checkpoint_ok(a, dir_a.path()) == checkpoint_ok(b, dir_b.path()));
+    twins.step(4, keys, 3000);
+  }
+  const embstore_ckpt_kind_t kind = full ? EMBSTORE_CKPT_FULL : EMBSTORE_CKPT_INCREMENTAL;
+  uint64_t va = 0, vb = 0;
+  {
+    HeldCheckpointWriter held(std::chrono::seconds(2), fails ? HeldCheckpointWriter::Then::kFail
+                                                             : HeldCheckpointWriter::Then::kWrite);
+    ok(embstore_checkpoint(b, dir_b.path().c_str(), kind, &vb));
+    held.wait_held();
+    ok(embstore_checkpoint(a, dir_a.path().c_str(), kind, &va));
+    for (uint64_t s = 5; s <= 7; ++s) twins.step(s, keys, 2500);
+    REQUIRE(stats(twins.tiered).evicted == stats(twins.plain).evicted);
+    held.release();
+  }
+  const embstore_status_t want = fails ? EMBSTORE_IO_ERROR : EMBSTORE_OK;
+  require_status(embstore_checkpoint_wait(a, va), want);
+  require_status(embstore_checkpoint_wait(b, vb), want);
+  const std::string rows = "/" + row_file("emb");
+  const auto files = [&](const std::string& dir, uint64_t v) {
+    const std::string delta = delta_dir(dir, v) + rows;
+    return std::filesystem::exists(delta) ? delta : version_dir(dir, v) + rows;
+  };
+  std::vector<int64_t> gone_a, gone_b;
+  if (!fails) {
+    REQUIRE(read_rows(files(dir_a.path(), va), &gone_a) ==
+            read_rows(files(dir_b.path(), vb), &gone_b));
+    REQUIRE(gone_a == gone_b);
+  }
+  twins.step(8, keys, 500);
+  const uint64_t next = incremental_ok(a, dir_a.path());
+  REQUIRE(incremental_ok(b, dir_b.path()) == next);
+  REQUIRE(read_rows(files(dir_a.path(), next), &gone_a) ==
+          read_rows(files(dir_b.path(), next), &gone_b));
+  REQUIRE(gone_a == gone_b);
+  StoreGuard restored(tier_store(nullptr));
+  REQUIRE(restore_ok(restored, dir_b.path(), next) == next);
+  const std::vector<int64_t> all = key_range(keys);
+  REQUIRE(same_bits(lookup_ok(get_table(restored, "emb"), all, 0), lookup_ok(twins.plain, all, 0)));
 }
 
 TEST_CASE("a stack of tables refuses max_capacity with admission, naming both", "[tiers]") {
