@@ -114,7 +114,7 @@ uint64_t CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_
   const size_t histogram_at = layout.take(row::RoomBuckets::kCount * sizeof(uint64_t));
   const size_t oldest_at = layout.take(sizeof(uint64_t));
   const size_t counts_at = layout.take(2 * sizeof(unsigned long long));
-  const size_t keys_at = layout.take(need * sizeof(int64_t));
+  const size_t keys_at = layout.take(std::min(need, rows) * sizeof(int64_t));
   const size_t temp_at = layout.take(temp_bytes);
   char* base = scratch(layout.bytes, stream);
   auto* spared = reinterpret_cast<uint64_t*>(base + spared_at);

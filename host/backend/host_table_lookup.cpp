@@ -121,8 +121,8 @@ void HostTable::insert_missing(const int64_t* keys, size_t n, uint32_t* rows, ui
   uint64_t evict = 0;
   if (rows_ + missing > limit) {
     // Near the limit only: count distinct new keys exactly (duplicates share a row), and
-    // choose the rows that make room for them when the table evicts (victims_). A refused call
-    // changes nothing (frames below included).
+    // choose the rows that make room for them when the table evicts (victims_): a refused call
+    // makes no frames for its new rows.
     missing_keys_.clear();
     for (const uint32_t i : missing_pos_) missing_keys_.push_back(keys[i]);
     std::sort(missing_keys_.begin(), missing_keys_.end());

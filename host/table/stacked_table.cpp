@@ -146,11 +146,17 @@ void StackedTable::choose_victims(uint64_t fresh, uint64_t step) {
 
 // The victims go once the rows have moved (a failed move leaves them), and once the upper table
 // has room for the call's new rows (growing can fail; nothing is evicted then). Each victim is in
-// one of the two tables, wherever the moves put it.
+// one of the two tables, wherever the moves put it. Below first: a host table's eviction can fail
+// (a captured row's copy read from disk), and then none has gone; above, only a device error
+// remains.
 void StackedTable::evict_victims(uint64_t fresh) {
   upper_->reserve_put(fresh);
-  upper_->evict_keys(victims_.data(), victims_.size());
-  lower_->evict_keys(victims_.data(), victims_.size());
+  uint64_t evicted = lower_->evict_keys(victims_.data(), victims_.size());
+  if (evicted < victims_.size()) evicted += upper_->evict_keys(victims_.data(), victims_.size());
+  if (evicted != victims_.size()) {
+    fail(EMBSTORE_INTERNAL, "table '{}': {} rows chosen to evict at max_capacity, {} found",
+         spec().name, victims_.size(), evicted);
+  }
 }
 
 uint64_t StackedTable::make_room_above(uint64_t count, uint64_t step, bool spare_calls) {
