@@ -74,7 +74,7 @@ void CudaTable::count_admission_on_host(const int64_t* keys, size_t n, uint64_t 
 // d: the counters, read after every earlier call. Synchronous.
 uint64_t CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_keys, size_t call_n,
                               const DeviceCounters& d, cudaStream_t stream, MovedRows* out,
-                              std::vector<RowAge>* ages) {
+                              std::vector<RowAge>* ages, uint64_t grow_to) {
   const uint64_t rows = d.rows;
   const auto items = static_cast<int64_t>(rows);
   size_t temp_bytes = select_bytes(EvictionCandidate{}, rows, stream);
@@ -208,6 +208,9 @@ uint64_t CudaTable::make_room(uint64_t need, uint64_t step, const int64_t* call_
     list_ages(victims, need, reinterpret_cast<int64_t*>(base + keys_at), wide0, stream, ages);
     return candidates;
   }
+  // Rows never move when the arena grows, so the chosen ids stay valid (grow's work is ordered
+  // after the selection's on the stream, and it waits for both before it frees anything).
+  if (grow_to > capacity_rows()) grow(grow_to, d.rows, stream);
   remove_rows(victims, need, reinterpret_cast<int64_t*>(base + keys_at), d, stream, out);
   return candidates;
 }

@@ -198,12 +198,13 @@ void CudaTable::gather_leaving(const uint32_t* victims, uint64_t n, MovedRows* o
 }
 
 // Grows the arena for n rows put in on freed ids first (d: the counters, read after every earlier
-// call; the stream is idle). Returns the freed ids they may take.
+// call; the stream is idle), and bounds the ids in use by those they may take. Returns the freed
+// ids they may take.
 uint64_t CudaTable::grow_for_put(uint64_t n, const DeviceCounters& d, cudaStream_t stream) {
-  rows_bound_ = d.rows;
   const uint64_t free_rows = freed_.get() != nullptr ? d.free_rows : 0;
   const uint64_t fresh = n > free_rows ? n - free_rows : 0;
   if (d.rows + fresh > capacity_rows()) grow(d.rows + fresh, d.rows, stream);
+  rows_bound_ = d.rows + fresh;
   return free_rows;
 }
 
@@ -259,7 +260,6 @@ void CudaTable::put_rows(const MovedRows& rows) {
   check_launch("settle_put_kernel");
   // The host buffers may go once this returns.
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  rows_bound_ = d.rows + (n > free_rows ? n - free_rows : 0);
 }
 
 }  // namespace embstore::cuda_backend

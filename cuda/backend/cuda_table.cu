@@ -158,13 +158,12 @@ void CudaTable::reserve_rows(const int64_t* keys, size_t n, uint64_t step, const
     fresh = count_new_keys(keys, n, stream);
     if (live + fresh > limit) {
       if (!spec().evicts()) fail_over_limit(spec(), fresh, live, "new rows", "inserted");
-      // Grown first to what the insert needs after the eviction, so that a failure to grow
-      // evicts nothing.
+      // Grown to what the insert needs after the eviction once the victims are chosen, before
+      // they go: a refused call grows nothing (as on the host), a failure to grow evicts nothing.
       const uint64_t evict = live + fresh - limit;
       const uint64_t free_after = d.free_rows + evict;
       const uint64_t need_after = d.rows + (fresh > free_after ? fresh - free_after : 0);
-      if (need_after > capacity_rows()) grow(need_after, d.rows, stream);
-      make_room(evict, step, call_keys, call_n, d, stream);
+      make_room(evict, step, call_keys, call_n, d, stream, nullptr, nullptr, need_after);
       d.free_rows = free_after;
     }
   }

@@ -186,10 +186,12 @@ class CudaTable final : public Table {
                     size_t call_n, cudaStream_t stream);
   // With out: takes up to `need` rows out whole (as many as there are candidates) instead of
   // evicting them; with ages: lists them (their stamps and keys), removing nothing. Returns the
-  // candidates' count.
+  // candidates' count. grow_to: the arena grows to that many rows once the rows are chosen and
+  // before any goes (an insert's room after the eviction: a refused call grows nothing, and a
+  // failure to grow evicts nothing).
   uint64_t make_room(uint64_t need, uint64_t step, const int64_t* call_keys, size_t call_n,
                      const DeviceCounters& d, cudaStream_t stream, MovedRows* out = nullptr,
-                     std::vector<RowAge>* ages = nullptr);
+                     std::vector<RowAge>* ages = nullptr, uint64_t grow_to = 0);
   template <typename Predicate>
   size_t select_bytes(Predicate predicate, uint64_t items, cudaStream_t stream) const;
   template <typename Predicate>

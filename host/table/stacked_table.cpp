@@ -129,7 +129,7 @@ void StackedTable::bring_up(const int64_t* keys, size_t n, bool insert, uint64_t
 void StackedTable::choose_victims(uint64_t fresh, uint64_t step) {
   const uint64_t limit = spec().max_capacity;
   if (limit == 0) return;
-  const uint64_t live = upper_->live_rows() + lower_->live_rows();
+  const uint64_t live = live_in_both();
   if (live + fresh <= limit) return;
   if (!spec().evicts()) fail_over_limit(spec(), fresh, live, "new rows", "inserted");
   const uint64_t need = live + fresh - limit;
@@ -297,7 +297,7 @@ uint64_t StackedTable::evict_before(uint64_t cutoff_step) {
 void StackedTable::reserve(uint64_t rows) {
   std::lock_guard lock(mutex_);
   if (spec().max_capacity != 0) {  // a load past the limit fails anyway
-    const uint64_t live = upper_->live_rows() + lower_->live_rows();
+    const uint64_t live = live_in_both();
     rows = std::min(rows, spec().max_capacity > live ? spec().max_capacity - live : 0);
   }
   upper_->reserve(std::min(rows, upper_rows_));
@@ -329,13 +329,13 @@ void StackedTable::load_rows(const int64_t* keys, const float* values, const flo
   } else {
     for (size_t i = 0; i < n; ++i) keep.push_back(i);
   }
-  const uint64_t live = upper_->live_rows();
   if (spec().max_capacity != 0) {
-    const uint64_t held = live + lower_->live_rows();
+    const uint64_t held = live_in_both();
     if (held + keep.size() > spec().max_capacity) {
       fail_over_limit(spec(), keep.size(), held, "rows to load", "loaded");
     }
   }
+  const uint64_t live = upper_->live_rows();
   const size_t above = static_cast<size_t>(
       std::min<uint64_t>(keep.size(), upper_rows_ > live ? upper_rows_ - live : 0));
   std::vector<int64_t> part_keys;
@@ -377,6 +377,8 @@ bool StackedTable::load_admission(const io::AdmissionFile& counts, std::string* 
   }
   return upper_->load_admission(kept, why);
 }
+
+uint64_t StackedTable::live_in_both() { return upper_->live_rows() + lower_->live_rows(); }
 
 void StackedTable::held_in_either(const int64_t* keys, size_t n, uint8_t* held) {
   std::vector<uint8_t> below(n);

@@ -81,6 +81,8 @@ class StackedTable final : public Table {
                  uint64_t step, bool skip_held) override;
 
  private:
+  // The stack's live rows (its row limit's count).
+  uint64_t live_in_both();
   // held[i] = 1 where either table holds keys[i] (tombstones at capture, a restore's skipping).
   void held_in_either(const int64_t* keys, size_t n, uint8_t* held);
   // missing_ = the keys of keys[0, n) that the upper table lacks, in call order, repeats kept.

@@ -65,6 +65,7 @@ struct LimitedTwins {
   LimitedTwins(uint64_t budget, bool evict_when_full)
       : plain(make_table(a, limited_config(0, evict_when_full))),
         tiered(make_table(b, limited_config(budget, evict_when_full))) {}
+  std::pair<embstore_table_t*, embstore_table_t*> tables() const { return {plain, tiered}; }
 };
 
 TEST_CASE("without an eviction rule, a tiered table at max_capacity refuses as the untiered one",
@@ -72,8 +73,7 @@ TEST_CASE("without an eviction rule, a tiered table at max_capacity refuses as t
   const uint64_t budget = GENERATE(1, 16);
   INFO("memory_rows " << budget);
   LimitedTwins twins(budget, false);
-  embstore_table_t* plain = twins.plain;
-  embstore_table_t* tiered = twins.tiered;
+  auto [plain, tiered] = twins.tables();
   for (embstore_table_t* t : {plain, tiered}) lookup_ok(t, key_range(90));
   // 30 new keys (80-89 have rows) on top of 90 rows pass the limit of 100: nothing inserted.
   require_same_refusal(plain, tiered, keys_from(80, 40));
@@ -136,8 +136,7 @@ TEST_CASE("a tiered table at max_capacity with too few rows to evict refuses as 
   const uint64_t budget = GENERATE(1, 16);
   INFO("memory_rows " << budget);
   LimitedTwins twins(budget, true);
-  embstore_table_t* plain = twins.plain;
-  embstore_table_t* tiered = twins.tiered;
+  auto [plain, tiered] = twins.tables();
   const std::vector<int64_t> first = key_range(static_cast<int64_t>(kLimit));
   for (embstore_table_t* t : {plain, tiered}) {
     lookup_ok(t, first);
@@ -240,8 +239,7 @@ TEST_CASE("a tiered table at max_capacity agrees with the untiered one on a rand
   LimitedTwins twins(budget, evict_when_full);
   no_rebaseline(twins.a);
   no_rebaseline(twins.b);
-  embstore_table_t* plain = twins.plain;
-  embstore_table_t* tiered = twins.tiered;
+  auto [plain, tiered] = twins.tables();
   std::mt19937_64 rng(seed);
   const auto batch = [&](size_t n) {
     std::vector<int64_t> k(n);
