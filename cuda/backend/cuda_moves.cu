@@ -113,6 +113,12 @@ uint64_t CudaTable::evict_keys(const int64_t* keys, size_t n) {
   return remove_keys(keys, n, nullptr);
 }
 
+// The counts are the host's here (TableSpec::counts_on_host): no device work.
+uint64_t CudaTable::count_admission(const int64_t* keys, size_t n, uint64_t step, bool count) {
+  std::lock_guard lock(mutex_);
+  return ledger_.count_admission(keys, n, step, count, spec().name);
+}
+
 uint64_t CudaTable::remove_keys(const int64_t* keys, size_t n, MovedRows* out) {
   check_gives_rows();
   Call call(*this, own_stream_);

@@ -9,10 +9,11 @@ namespace embstore::cuda_backend {
 namespace {
 
 // Exact admission counts live on the device; a Bloom filter's are counted on the host (its
-// conservative update depends on the order of the keys).
+// conservative update depends on the order of the keys), as are a stack's upper table's at
+// max_capacity (TableSpec::counts_on_host).
 std::unique_ptr<AdmissionCounts> device_counts_for(const TableSpec& spec, int device,
                                                    const cudaStream_t* stream) {
-  if (spec.admit_after <= 1 || spec.admit_bloom_bytes != 0) return nullptr;
+  if (spec.admit_after <= 1 || spec.admit_bloom_bytes != 0 || spec.counts_on_host) return nullptr;
   return std::make_unique<DeviceExactCounts>(spec.admit_after, device, stream, spec.name);
 }
 

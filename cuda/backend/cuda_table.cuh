@@ -107,6 +107,7 @@ class CudaTable final : public Table {
   uint64_t list_coldest(uint64_t count, uint64_t before_step, const int64_t* spare, size_t n_spare,
                         std::vector<RowAge>* out) override;
   uint64_t evict_keys(const int64_t* keys, size_t n) override;
+  uint64_t count_admission(const int64_t* keys, size_t n, uint64_t step, bool count) override;
 
  private:
   // Orders a call after the table's previous call and marks its end for the next one.

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "cuda/row/admission.h"
 #include "cuda/row/hash.h"
@@ -93,6 +95,18 @@ class ExactCounter final : public AdmissionCounter {
   void admitted(int64_t key) override {
     const size_t s = probe(key);
     if (slots_[s].count != 0) erase_at(s);
+  }
+
+  // A key is admitted once its count reaches admit_after, so by the call's last occurrence.
+  uint64_t would_admit(const int64_t* keys, size_t n) const override {
+    std::unordered_map<int64_t, uint32_t> counts;
+    for (size_t i = 0; i < n; ++i) {
+      const auto [at, added] = counts.try_emplace(keys[i], 0);
+      if (added) at->second = slots_[probe(keys[i])].count;
+      at->second = row::admit_increment(at->second);
+    }
+    return static_cast<uint64_t>(std::count_if(
+        counts.begin(), counts.end(), [&](const auto& c) { return c.second >= admit_after_; }));
   }
 
   uint64_t forget_before(uint64_t step) override {
@@ -277,6 +291,21 @@ class BloomCounter final : public AdmissionCounter {
     return row::bloom_count(Cells{counters_}, counters_.size(), key, &filled_) >= admit_after_;
   }
   void admitted(int64_t) override {}
+  // The conservative update of one key moves counters that others share, so the occurrences
+  // are counted in order over a copy of the counters they touch.
+  uint64_t would_admit(const int64_t* keys, size_t n) const override {
+    std::unordered_map<size_t, uint8_t> touched;
+    const Overlay cells{counters_, touched};
+    std::vector<int64_t> admitted;
+    uint64_t filled = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (row::bloom_count(cells, counters_.size(), keys[i], &filled) >= admit_after_) {
+        admitted.push_back(keys[i]);
+      }
+    }
+    std::sort(admitted.begin(), admitted.end());
+    return static_cast<uint64_t>(std::unique(admitted.begin(), admitted.end()) - admitted.begin());
+  }
   uint64_t forget_before(uint64_t) override { return 0; }
   void drop_if(const std::function<bool(int64_t)>&) override {}
 
@@ -328,6 +357,13 @@ class BloomCounter final : public AdmissionCounter {
       }
     };
     Ref operator[](size_t i) const { return {a, i}; }
+  };
+
+  // would_admit's view: reads the counters until a cell is written, then its copy.
+  struct Overlay {
+    const CowArray<uint8_t>& a;
+    std::unordered_map<size_t, uint8_t>& touched;
+    uint8_t& operator[](size_t i) const { return touched.try_emplace(i, a[i]).first->second; }
   };
 
   class FrozenCounters final : public Frozen {

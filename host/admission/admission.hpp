@@ -3,6 +3,7 @@
 // under the table's lock.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -70,6 +71,10 @@ class AdmissionCounter : public AdmissionCounts {
   virtual bool count(int64_t key, uint64_t step) = 0;
   // The key got its row.
   virtual void admitted(int64_t key) = 0;
+  // How many distinct keys counting the occurrences keys[0, n) (keys without a row, in batch
+  // order) would admit, as count() would, changing nothing: a stack of tables at its row limit
+  // must know before the call how many rows it inserts (host/table/stacked_table.hpp).
+  virtual uint64_t would_admit(const int64_t* keys, size_t n) const = 0;
 };
 
 }  // namespace embstore

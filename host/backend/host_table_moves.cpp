@@ -79,6 +79,11 @@ uint64_t HostTable::evict_keys(const int64_t* keys, size_t n) {
   return victims_.size();
 }
 
+uint64_t HostTable::count_admission(const int64_t* keys, size_t n, uint64_t step, bool count) {
+  std::lock_guard lock(mutex_);
+  return ledger_.count_admission(keys, n, step, count, spec().name);
+}
+
 void HostTable::reserve_put(uint64_t n) {
   std::lock_guard lock(mutex_);
   if (n != 0) prepare_put(n);

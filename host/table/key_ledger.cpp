@@ -44,6 +44,19 @@ void KeyLedger::end_snapshot(bool failed) {
   }
 }
 
+uint64_t KeyLedger::count_admission(const int64_t* keys, size_t n, uint64_t step, bool count,
+                                    const std::string& table) {
+  if (counter_ == nullptr) {
+    fail(EMBSTORE_INTERNAL,
+         "table '{}': admission asked ahead of a call, but not counted on the host", table);
+  }
+  const uint64_t admitted = counter_->would_admit(keys, n);
+  if (count) {
+    for (size_t i = 0; i < n; ++i) counter_->count(keys[i], step);
+  }
+  return admitted;
+}
+
 bool KeyLedger::load_admission(const io::AdmissionFile& counts, std::string* why,
                                const std::function<bool(int64_t)>& has_row) {
   if (!counts_) {

@@ -28,6 +28,9 @@ class KeyLedger {
   bool has_admission() const { return counts_ != nullptr; }
   AdmissionCounts* counts() const { return counts_.get(); }
   uint64_t pending_admission() const { return counts_ ? counts_->pending() : 0; }
+  // Table::count_admission, on the host counter (INTERNAL without one).
+  uint64_t count_admission(const int64_t* keys, size_t n, uint64_t step, bool count,
+                           const std::string& table);
 
   // Makes room for n tombstones, so that evicted() cannot fail for them: the caller evicts
   // between the two.

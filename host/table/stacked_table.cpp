@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <iterator>
 #include <utility>
 
 #include "cuda/row/eviction.h"
@@ -17,20 +18,15 @@ uint64_t through(uint64_t step) { return step == UINT64_MAX ? step : step + 1; }
 }  // namespace
 
 StackSpecs stack_specs(const TableSpec& spec) {
-  if (spec.max_capacity != 0 && spec.admits()) {
-    // The stack makes room at its row limit before the call, for the keys it will insert: with
-    // admission only the upper table's counts know how many those are.
-    fail(EMBSTORE_UNSUPPORTED,
-         "table '{}': max_capacity with admit_after and memory_rows on this backend (a stack of "
-         "tables: the SSD tier below a CUDA table) is not built in this version",
-         spec.name);
-  }
   StackSpecs s{spec, spec, 0};
   // The row limit is the stack's own (choose_victims); neither table has one.
   for (TableSpec* t : {&s.upper, &s.lower}) {
     t->max_capacity = 0;
     t->evict_when_full = false;
   }
+  // With admission the stack asks the upper table's counts, before a call at its row limit, how
+  // many of the call's keys will get a row (Table::count_admission): they must be on the host.
+  s.upper.counts_on_host = spec.max_capacity != 0 && spec.admits();
   const uint64_t below = std::max<uint64_t>(spec.memory_rows / 8, 1);
   s.upper_rows = spec.device_rows + spec.memory_rows - below;
   s.upper.memory_rows = 0;
@@ -109,9 +105,9 @@ void StackedTable::bring_up(const int64_t* keys, size_t n, bool insert, uint64_t
   for (size_t i = 0; i < missing_.size(); ++i) {
     if (held_[i] != 0) ups_.push_back(missing_[i]);
   }
-  const uint64_t fresh = insert ? missing_.size() - ups_.size() : 0;
+  uint64_t fresh = insert ? missing_.size() - ups_.size() : 0;
   victims_.clear();
-  if (fresh != 0) choose_victims(fresh, step);
+  if (fresh != 0) fresh = choose_victims(fresh, step);
   const uint64_t coming = insert ? missing_.size() : ups_.size();
   if (coming == 0) return;
   const uint64_t live = upper_->live_rows();
@@ -126,22 +122,53 @@ void StackedTable::bring_up(const int64_t* keys, size_t n, bool insert, uint64_t
 // exactly, and refused without an eviction rule. The stack's `need` least recently used rows are
 // the oldest of each table's `need` oldest (each listed with its candidates' count: too few in
 // all, and the call is refused).
-void StackedTable::choose_victims(uint64_t fresh, uint64_t step) {
+uint64_t StackedTable::choose_victims(uint64_t fresh, uint64_t step) {
   const uint64_t limit = spec().max_capacity;
-  if (limit == 0) return;
+  if (limit == 0) return fresh;
   const uint64_t live = live_in_both();
-  if (live + fresh <= limit) return;
-  if (!spec().evicts()) fail_over_limit(spec(), fresh, live, "new rows", "inserted");
+  if (live + fresh <= limit) return fresh;  // even if every new key is admitted
+  if (spec().admits()) {
+    list_fresh_calls();
+    fresh = upper_->count_admission(fresh_calls_.data(), fresh_calls_.size(), step, false);
+    if (live + fresh <= limit) return fresh;
+  }
+  if (!spec().evicts()) {
+    count_refused(step);
+    fail_over_limit(spec(), fresh, live, "new rows", "inserted");
+  }
   const uint64_t need = live + fresh - limit;
   const uint64_t above = upper_->list_coldest(need, step, keys_.data(), keys_.size(), &ages_);
   const uint64_t below = lower_->list_coldest(need, step, keys_.data(), keys_.size(), &ages_below_);
-  if (above + below < need) fail_no_room(spec(), need, above + below, step);
+  if (above + below < need) {
+    count_refused(step);
+    fail_no_room(spec(), need, above + below, step);
+  }
   ages_.insert(ages_.end(), ages_below_.begin(), ages_below_.end());
   const auto first = [](const RowAge& a, const RowAge& b) {
     return row::evicted_first(a.step, a.key, b.step, b.key);
   };
   std::nth_element(ages_.begin(), ages_.begin() + static_cast<ptrdiff_t>(need), ages_.end(), first);
   for (uint64_t i = 0; i < need; ++i) victims_.push_back(ages_[i].key);
+  return fresh;
+}
+
+// The call's keys that neither table holds (missing_ less ups_, both sorted), each occurrence in
+// call order: what the upper table counts when the call inserts.
+void StackedTable::list_fresh_calls() {
+  fresh_.clear();
+  std::set_difference(missing_.begin(), missing_.end(), ups_.begin(), ups_.end(),
+                      std::back_inserter(fresh_));
+  fresh_calls_.clear();
+  for (const int64_t key : keys_) {
+    if (std::binary_search(fresh_.begin(), fresh_.end(), key)) fresh_calls_.push_back(key);
+  }
+}
+
+// An untiered table counts a refused insert's keys: they stay counted.
+void StackedTable::count_refused(uint64_t step) {
+  if (spec().admits()) {
+    upper_->count_admission(fresh_calls_.data(), fresh_calls_.size(), step, true);
+  }
 }
 
 // The victims go once the rows have moved (a failed move leaves them), and once the upper table

@@ -34,8 +34,8 @@ namespace embstore {
 // A stack's two tables, for a table whose spec has memory_rows: the upper one holds device_rows
 // rows on the device (a CUDA table's device tier) and most of memory_rows in host memory, the
 // lower one an eighth of memory_rows (at least one row) in host memory and the rest on its SSD
-// tier. Neither has a row limit: max_capacity is the stack's (StackedTable::choose_victims),
-// refused with admission. Admission counts live above, where every key is first met.
+// tier. Neither has a row limit: max_capacity is the stack's (StackedTable::choose_victims).
+// Admission counts live above, where every key is first met (on the host, with a row limit).
 struct StackSpecs {
   TableSpec upper, lower;
   uint64_t upper_rows = 0;
@@ -90,10 +90,14 @@ class StackedTable final : public Table {
   // Brings the rows of the n keys (host memory) that the lower table holds up, first making room
   // for them, and with `insert` for the keys neither holds (rows an insert may add).
   void bring_up(const int64_t* keys, size_t n, bool insert, uint64_t step);
-  // At max_capacity, before a call that inserts `fresh` rows (distinct keys neither table holds):
-  // victims_ = the stack's least recently used rows to evict, sparing the call's keys, or throws
-  // CAPACITY_EXCEEDED with nothing changed, as an untiered table does.
-  void choose_victims(uint64_t fresh, uint64_t step);
+  // At max_capacity, before a call that may insert `fresh` rows (distinct keys neither table
+  // holds): returns how many it inserts (with admission, those the upper table's counts admit),
+  // and victims_ = the stack's least recently used rows to evict for them, sparing the call's
+  // keys; or throws CAPACITY_EXCEEDED with nothing changed but the keys counted, as an untiered
+  // table does.
+  uint64_t choose_victims(uint64_t fresh, uint64_t step);
+  void list_fresh_calls();
+  void count_refused(uint64_t step);
   // Evicts victims_ (after the call's moves), first making room above for the call's new rows.
   void evict_victims(uint64_t fresh);
   // Moves `count` of the upper table's least recently used rows touched at `step` or before down,
@@ -132,6 +136,9 @@ class StackedTable final : public Table {
   // The row limit's: candidates listed by the tables, the keys chosen to go.
   std::vector<RowAge> ages_, ages_below_;
   std::vector<int64_t> victims_;
+  // With admission: the call's keys neither table holds (sorted), and their occurrences in call
+  // order (what the upper table counts).
+  std::vector<int64_t> fresh_, fresh_calls_;
   // Rows moved between the tables, each way; the keys evicted at the capture, from both tables,
   // less those that have a row in either.
   uint64_t moved_up_ = 0, moved_down_ = 0;

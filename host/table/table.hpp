@@ -40,6 +40,10 @@ struct TableSpec {
   // The upper table of a stack (host/table/stacked_table.hpp): rows leave it whole, so it keeps
   // freed row ids for reuse as a table that evicts does. Not part of a checkpoint.
   bool gives_rows = false;
+  // Admission counted on the host even where the backend counts on its device (a CUDA table's
+  // exact counts): a stack's upper table with max_capacity, whose counts the stack asks before
+  // a call (Table::count_admission). Not part of a checkpoint (the counts' file is the same).
+  bool counts_on_host = false;
   // How checkpoint files store the rows (issue 35): part of a checkpoint.
   io::Codec value_codec = io::Codec::kNone;
   io::Codec state_codec = io::Codec::kNone;
@@ -248,6 +252,12 @@ class Table {
   // moves above an eviction, counted, tombstones left; a captured row is written to the snapshot
   // first. Returns the rows evicted.
   virtual uint64_t evict_keys(const int64_t* keys, size_t n);
+  // A stack's admission at its row limit, on a table that counts on the host (the host table;
+  // a CUDA table with TableSpec::counts_on_host). keys[0, n): a call's occurrences of keys that
+  // no table of the stack holds, in call order. Returns how many distinct keys an insert of them
+  // admits. With `count`, counts them as an insert refused at the row limit does (they stay
+  // counted, none is admitted); without, changes nothing.
+  virtual uint64_t count_admission(const int64_t* keys, size_t n, uint64_t step, bool count);
 
  private:
   TableSpec spec_;

@@ -267,5 +267,6 @@ uint64_t Table::list_coldest(uint64_t, uint64_t, const int64_t*, size_t, std::ve
   fail_no_moves(spec_);
 }
 uint64_t Table::evict_keys(const int64_t*, size_t) { fail_no_moves(spec_); }
+uint64_t Table::count_admission(const int64_t*, size_t, uint64_t, bool) { fail_no_moves(spec_); }
 
 }  // namespace embstore

@@ -348,8 +348,7 @@ EMBSTORE_API void embstore_table_config_init(embstore_table_config_t* config);
     state_codec or serving_codec, or state_codec INT8; memory_rows without the
     store's tier_dir, or a tier_dir that is missing, not a directory or on tmpfs: see "Tiers");
     ALREADY_EXISTS; OUT_OF_MEMORY (also at once for a Bloom filter larger than the memory
-    available); IO_ERROR (no file can be created in tier_dir); UNSUPPORTED (memory_rows with
-    max_capacity on the CUDA backend); DEVICE_ERROR. */
+    available); IO_ERROR (no file can be created in tier_dir); DEVICE_ERROR. */
 EMBSTORE_API embstore_status_t embstore_table_create(embstore_store_t* store,
                                                      const embstore_table_config_t* config,
                                                      embstore_table_t** table_out);
@@ -673,7 +672,8 @@ EMBSTORE_API embstore_status_t embstore_table_evict(embstore_table_t* table, uin
    but with the host waiting for the moves. embstore_prefetch hands the coming rows that are
    below to the host table's prefetch (read on its thread); the call that needs them moves them
    up. max_capacity holds over both tables: the least recently used rows go wherever they are,
-   as in an untiered table; with admit_after above 1 it is UNSUPPORTED in this version.
+   as in an untiered table, with admission too (the CUDA table then counts exactly on the host,
+   where the stack can ask, before a call at the limit, how many keys it admits).
    Built and tested on the host (the host backend's tables built as such a stack); not yet run
    on a device.
 

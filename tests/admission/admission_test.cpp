@@ -509,6 +509,38 @@ TEST_CASE("frozen counts stay as they were while counting goes on", "[admission]
   }
 }
 
+// A stack of tables at its row limit asks before a call how many keys the call admits
+// (StackedTable::choose_victims): the answer must be what counting then admits, and asking must
+// change nothing, with a filter so crowded that keys share most counters.
+TEST_CASE("would_admit tells what counting a batch admits, changing nothing", "[admission]") {
+  for (const uint64_t bloom : {uint64_t{0}, uint64_t{64}, uint64_t{4096}}) {
+    INFO((bloom ? "Bloom filter of " : "exact counting") << bloom);
+    auto c = counter(3, bloom);
+    uint64_t seed = 7;
+    const auto next = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull; };
+    uint64_t admitted_in_all = 0;
+    for (int call = 0; call < 60; ++call) {
+      std::vector<int64_t> keys(1 + next() % 40);
+      for (int64_t& k : keys) k = static_cast<int64_t>(next() >> 33) % 300;
+      const std::string before = file_bytes(c->save());
+      const uint64_t told = c->would_admit(keys.data(), keys.size());
+      REQUIRE(file_bytes(c->save()) == before);
+      std::vector<int64_t> admitted;
+      for (const int64_t k : keys) {
+        if (c->count(k, 1)) admitted.push_back(k);
+      }
+      std::sort(admitted.begin(), admitted.end());
+      admitted.erase(std::unique(admitted.begin(), admitted.end()), admitted.end());
+      INFO("call " << call);
+      REQUIRE(told == admitted.size());
+      admitted_in_all += told;
+      for (const int64_t k : admitted) c->admitted(k);
+    }
+    REQUIRE(admitted_in_all > 0);
+    REQUIRE(c->would_admit(nullptr, 0) == 0);
+  }
+}
+
 TEST_CASE("admission files of a chain merge into the counts at its newest version", "[admission]") {
   auto c = counter(3);
   c->count(1, 1);

@@ -12,11 +12,20 @@ namespace {
 
 constexpr uint64_t kLimit = 100;
 
-embstore_table_config_t limited_config(uint64_t memory_rows, bool evict_when_full) {
+// Admission in a twin's config: none, exact counts, a Bloom filter with few keys sharing
+// counters, one small enough that most do (its conservative update then depends on the order of
+// the occurrences, and keys are admitted before they are seen admit_after times).
+enum class Admission { kNone, kExact, kBloom, kCrowdedBloom };
+
+embstore_table_config_t limited_config(uint64_t memory_rows, bool evict_when_full,
+                                       Admission admission = Admission::kNone) {
   embstore_table_config_t c = tier_config("emb", 8, memory_rows);
   c.initial_capacity = 64;
   c.max_capacity = kLimit;
   c.evict_when_full = evict_when_full ? 1 : 0;
+  if (admission != Admission::kNone) c.admit_after = admission == Admission::kExact ? 3 : 2;
+  if (admission == Admission::kBloom) c.admit_bloom_bytes = 4096;
+  if (admission == Admission::kCrowdedBloom) c.admit_bloom_bytes = 96;
   return c;
 }
 
@@ -62,9 +71,9 @@ struct LimitedTwins {
   StoreGuard b{tier_store(tier.path().c_str())};
   embstore_table_t* plain;
   embstore_table_t* tiered;
-  LimitedTwins(uint64_t budget, bool evict_when_full)
-      : plain(make_table(a, limited_config(0, evict_when_full))),
-        tiered(make_table(b, limited_config(budget, evict_when_full))) {}
+  LimitedTwins(uint64_t budget, bool evict_when_full, Admission admission = Admission::kNone)
+      : plain(make_table(a, limited_config(0, evict_when_full, admission))),
+        tiered(make_table(b, limited_config(budget, evict_when_full, admission))) {}
   std::pair<embstore_table_t*, embstore_table_t*> tables() const { return {plain, tiered}; }
 };
 
@@ -226,17 +235,22 @@ TEST_CASE("a call at max_capacity refused for its size changes nothing in a tier
   require_same_rows(twins.plain, twins.tiered, 2000);
 }
 
-// Twin tables at a row limit of 120 fed a random stream: one to three calls a step (lookups with
+// Twin tables at a row limit of 100 fed a random stream: one to three calls a step (lookups with
 // and without insert, some too large to fit, updates, prefetches of the tiered table), an
-// incremental checkpoint every 5 steps. Statuses, messages, values, counts and deltas agree.
+// incremental checkpoint every 5 steps. Statuses, messages, values, counts and deltas agree,
+// with admission too: a stack asks its upper table's counts how many rows a call at the limit
+// inserts (a refused call's keys stay counted, as in the untiered table).
 TEST_CASE("a tiered table at max_capacity agrees with the untiered one on a random stream",
           "[tiers]") {
   const uint64_t budget = GENERATE(1, 17, 90);
   const uint64_t seed = GENERATE(1, 2);
   const bool evict_when_full = GENERATE(true, false);
-  INFO("memory_rows " << budget << ", seed " << seed << ", evict_when_full " << evict_when_full);
+  const Admission admission =
+      GENERATE(Admission::kNone, Admission::kExact, Admission::kCrowdedBloom);
+  INFO("memory_rows " << budget << ", seed " << seed << ", evict_when_full " << evict_when_full
+                      << ", admission " << static_cast<int>(admission));
   TempDir dir_a, dir_b;
-  LimitedTwins twins(budget, evict_when_full);
+  LimitedTwins twins(budget, evict_when_full, admission);
   no_rebaseline(twins.a);
   no_rebaseline(twins.b);
   auto [plain, tiered] = twins.tables();
@@ -275,6 +289,8 @@ TEST_CASE("a tiered table at max_capacity agrees with the untiered one on a rand
       REQUIRE(sa.rows == sb.rows);
       REQUIRE(sa.evicted == sb.evicted);
       REQUIRE(sa.dirty_rows == sb.dirty_rows);
+      REQUIRE(sa.admitted == sb.admitted);
+      REQUIRE(sa.pending_admission == sb.pending_admission);
     }
     ok(embstore_step(twins.a, s));
     ok(embstore_step(twins.b, s));
@@ -289,6 +305,7 @@ TEST_CASE("a tiered table at max_capacity agrees with the untiered one on a rand
     }
   }
   if (evict_when_full) REQUIRE(stats(tiered).evicted > 0);
+  if (admission != Admission::kNone) REQUIRE(stats(tiered).pending_admission > 0);
   require_same_rows(plain, tiered, keys_from(-20, 300));  // every key of the stream
 }
 
@@ -358,17 +375,40 @@ TEST_CASE(
   REQUIRE(same_bits(lookup_ok(get_table(restored, "emb"), all, 0), lookup_ok(twins.plain, all, 0)));
 }
 
-TEST_CASE("a stack of tables refuses max_capacity with admission, naming both", "[tiers]") {
-  if (host_tier_policy()) return;  // the host table's own tier takes both
-  TierDir tier;
-  StoreGuard store(tier_store(tier.path().c_str()));
-  embstore_table_config_t c = limited_config(16, true);
-  c.admit_after = 3;
-  embstore_table_t* t = nullptr;
-  require_status(embstore_table_create(store, &c, &t), EMBSTORE_UNSUPPORTED,
-                 "max_capacity with admit_after");
-  c.admit_after = 0;
-  ok(embstore_table_create(store, &c, &t));
+// Admission at the limit, step by step: keys below admit_after get no row and need no room; a
+// call that admits more than fit is refused with its keys counted, as the untiered table does,
+// so that their next occurrence admits them.
+TEST_CASE("a tiered table with admission at max_capacity counts and refuses as the untiered one",
+          "[tiers]") {
+  const uint64_t budget = GENERATE(1, 16);
+  const Admission admission = GENERATE(Admission::kExact, Admission::kBloom);
+  INFO("memory_rows " << budget << ", admission " << static_cast<int>(admission));
+  LimitedTwins twins(budget, false, admission);
+  auto [plain, tiered] = twins.tables();
+  const uint32_t admit_after = admission == Admission::kExact ? 3 : 2;
+  // Rows for keys 0-89 (each seen admit_after times).
+  for (uint32_t i = 0; i < admit_after; ++i) {
+    for (embstore_table_t* t : {plain, tiered}) lookup_ok(t, key_range(90));
+  }
+  REQUIRE(stats(tiered).rows == 90);
+  // 40 keys seen once more than the 10 rows left: none reaches admit_after, so nothing needs room.
+  for (embstore_table_t* t : {plain, tiered}) lookup_ok(t, keys_from(1000, 40));
+  REQUIRE(stats(tiered).rows == 90);
+  require_same_rows(plain, tiered, keys_from(0, 1100));
+  // Seen admit_after times within the call: 40 rows on top of 90 pass the limit. Refused, and
+  // counted: the next single occurrence of one of them is admitted.
+  std::vector<int64_t> twice;
+  for (uint32_t i = 1; i < admit_after; ++i) {
+    const std::vector<int64_t> k = keys_from(1000, 40);
+    twice.insert(twice.end(), k.begin(), k.end());
+  }
+  require_same_refusal(plain, tiered, twice);
+  REQUIRE(stats(tiered).rows == 90);
+  REQUIRE(stats(tiered).pending_admission == stats(plain).pending_admission);
+  for (embstore_table_t* t : {plain, tiered}) lookup_ok(t, keys_from(1000, 10));
+  REQUIRE(stats(tiered).rows == kLimit);
+  REQUIRE(stats(tiered).admitted == stats(plain).admitted);
+  require_same_rows(plain, tiered, keys_from(0, 1100));
 }
 
 }  // namespace

@@ -24,12 +24,6 @@ TEST_CASE("a tiered table trains bit for bit as an untiered one, at budgets down
   const embstore_table_config_t ca = c.untiered_config();
   embstore_table_config_t cb = ca;
   cb.memory_rows = c.budget;
-  if (!host_tier_policy() && cb.max_capacity != 0 && cb.admit_after > 1) {
-    // Not built for a stack of tables: refused, clearly (tier_limit_test.cpp).
-    embstore_table_t* t = nullptr;
-    require_status(embstore_table_create(b, &cb, &t), EMBSTORE_UNSUPPORTED, "max_capacity");
-    return;
-  }
   Twins twins{a, b, make_table(a, ca), make_table(b, cb), prefetch_next};
   const int64_t keys = 1000;
   for (uint64_t s = 1; s <= 12; ++s) twins.step(s, keys, 200);
