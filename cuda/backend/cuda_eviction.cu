@@ -1,6 +1,7 @@
 // The CUDA table's eviction (idle rules, making room at max_capacity, the free list) and the
-// counting of keys pending admission in a counting Bloom filter (on the host, in the table's
-// KeyLedger; exact counts are counted on the device: device_admission.cuh).
+// counting of keys pending admission on the host, in the table's KeyLedger (a counting Bloom
+// filter, or exact counts with TableSpec::counts_on_host; else exact counts are counted on the
+// device: device_admission.cuh).
 #include <algorithm>
 #include <cub/device/device_reduce.cuh>
 #include <vector>

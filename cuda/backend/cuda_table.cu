@@ -375,8 +375,9 @@ void CudaTable::lookup_counting_on_device(const int64_t* keys, size_t n, float* 
   device_counts_->drop_admitted(slot_of, pending, n, stream);
 }
 
-// Counting on the host (a counting Bloom filter): the keys without a row go to the host, are
-// counted there in batch order, and the admitted ones come back. Waits for the device.
+// Counting on the host (a counting Bloom filter; exact counts with TableSpec::counts_on_host): the
+// keys without a row go to the host, are counted there in batch order, and the admitted ones come
+// back. Waits for the device.
 void CudaTable::lookup_counting_on_host(const int64_t* keys, size_t n, float* values_out,
                                         uint64_t step, cudaStream_t stream) {
   AdmissionCounter* const admission = ledger_.admission();

@@ -171,8 +171,9 @@ class CudaTable final : public Table {
   char* scratch(size_t bytes, cudaStream_t stream);
   char* admission_buffer(size_t bytes, cudaStream_t stream);
   DeviceCounters read_counters(cudaStream_t stream);
-  // lookup with insert on a table with admission: exact counts on the device, or a Bloom
-  // filter's on the host; both end in insert_and_gather.
+  // lookup with insert on a table with admission: exact counts on the device, or counts on the
+  // host (a Bloom filter's; exact ones with TableSpec::counts_on_host); both end in
+  // insert_and_gather.
   void lookup_counting_on_device(const int64_t* keys, size_t n, float* values_out, uint64_t step,
                                  cudaStream_t stream);
   void lookup_counting_on_host(const int64_t* keys, size_t n, float* values_out, uint64_t step,
@@ -284,7 +285,8 @@ class CudaTable final : public Table {
 
   // Admission counts and tombstones. Exact counts are in device memory (device_counts_, owned
   // by the ledger), counted by the lookup's kernels in admission_buffer_'s arrays. A Bloom
-  // filter's are in host memory as on the host backend: an inserting lookup copies the keys
+  // filter's (and exact ones with TableSpec::counts_on_host: a stack's upper table at a row
+  // limit) are in host memory as on the host backend: an inserting lookup copies the keys
   // without a row here and counts them in batch order: admit_keys_ (device copy admit_) get
   // rows, pending_pos_ read initial values. Tombstones are in host memory.
   KeyLedger ledger_;

@@ -100,6 +100,7 @@ class ExactCounter final : public AdmissionCounter {
   // A key is admitted once its count reaches admit_after, so by the call's last occurrence.
   uint64_t would_admit(const int64_t* keys, size_t n) const override {
     std::unordered_map<int64_t, uint32_t> counts;
+    counts.reserve(n);
     for (size_t i = 0; i < n; ++i) {
       const auto [at, added] = counts.try_emplace(keys[i], 0);
       if (added) at->second = slots_[probe(keys[i])].count;

@@ -1,5 +1,8 @@
 #include "host/table/key_ledger.hpp"
 
+#include <algorithm>
+#include <vector>
+
 #include "host/error.hpp"
 #include "host/table/spill_file.hpp"
 
@@ -50,11 +53,13 @@ uint64_t KeyLedger::count_admission(const int64_t* keys, size_t n, uint64_t step
     fail(EMBSTORE_INTERNAL,
          "table '{}': admission asked ahead of a call, but not counted on the host", table);
   }
-  const uint64_t admitted = counter_->would_admit(keys, n);
-  if (count) {
-    for (size_t i = 0; i < n; ++i) counter_->count(keys[i], step);
+  if (!count) return counter_->would_admit(keys, n);
+  std::vector<int64_t> admitted;
+  for (size_t i = 0; i < n; ++i) {
+    if (counter_->count(keys[i], step)) admitted.push_back(keys[i]);
   }
-  return admitted;
+  std::sort(admitted.begin(), admitted.end());
+  return static_cast<uint64_t>(std::unique(admitted.begin(), admitted.end()) - admitted.begin());
 }
 
 bool KeyLedger::load_admission(const io::AdmissionFile& counts, std::string* why,

@@ -130,7 +130,7 @@ uint64_t StackedTable::choose_victims(uint64_t fresh, uint64_t step) {
   if (spec().admits()) {
     list_fresh_calls();
     fresh = upper_->count_admission(fresh_calls_.data(), fresh_calls_.size(), step, false);
-    if (live + fresh <= limit) return fresh;
+    if (fresh == 0 || live + fresh <= limit) return fresh;  // no new row: nothing to refuse
   }
   if (!spec().evicts()) {
     count_refused(step);

@@ -604,9 +604,10 @@ EMBSTORE_API embstore_status_t embstore_table_stats(embstore_table_t* table,
    piece that a checkpoint in flight still holds before it changes it. A CUDA table's exact
    counts are copied at capture, device to device (24 bytes per slot of a table at most half
    full), into a copy kept for the next capture. Admission alone evicts nothing.
-   On CUDA, exact counts are kept in device memory and counted by the lookup's kernels, with the
-   same results as the host backend's (a key's count is its occurrences, whatever order they are
-   counted in): a lookup with EMBSTORE_LOOKUP_INSERT returns once its work is enqueued, and waits
+   On CUDA, exact counts are kept in device memory (but for a table with memory_rows and
+   max_capacity, whose counts are on the host: see "Tiers") and counted by the lookup's
+   kernels, with the same results as the host backend's (a key's count is its occurrences,
+   whatever order they are counted in): a lookup with EMBSTORE_LOOKUP_INSERT returns once its work is enqueued, and waits
    for the device only when the counts' table must grow (about every slots / 2n calls). A Bloom
    filter's counts, whose conservative update depends on the order of the keys, are kept in host
    memory and counted there in batch order: such a lookup copies its keys without a row to the

@@ -534,7 +534,11 @@ TEST_CASE("would_admit tells what counting a batch admits, changing nothing", "[
       INFO("call " << call);
       REQUIRE(told == admitted.size());
       admitted_in_all += told;
-      for (const int64_t k : admitted) c->admitted(k);
+      // A third of them get no row (as after a refused call): counted to the threshold, each is
+      // admitted at its next occurrence.
+      for (const int64_t k : admitted) {
+        if (k % 3 != 0) c->admitted(k);
+      }
     }
     REQUIRE(admitted_in_all > 0);
     REQUIRE(c->would_admit(nullptr, 0) == 0);

@@ -86,7 +86,7 @@ TEST_CASE("the CUDA backend takes an SSD tier below a device budget, as a stack 
   // A row limit over both tables is the stack's, with admission too (exact counts then on the
   // host: tier_limit_test.cpp compares it with an untiered table).
   c.name = "capped";
-  c.max_capacity = 5000;
+  c.max_capacity = 1500;
   c.admit_after = 2;
   ok(embstore_table_create(store, &c, &t));
   lookup_ok(t, keys);
@@ -94,6 +94,18 @@ TEST_CASE("the CUDA backend takes an SSD tier below a device budget, as a stack 
   REQUIRE(stats(t).pending_admission == 1000);
   lookup_ok(t, keys);
   REQUIRE(stats(t).rows == 1000);
+  // Keys 1000-1999 twice in one call: 1000 admitted on top of 1000 rows: refused, counted.
+  const std::vector<int64_t> fresh = keys_from(1000, 1000);
+  std::vector<int64_t> twice = fresh;
+  twice.insert(twice.end(), fresh.begin(), fresh.end());
+  std::vector<float> out;
+  require_status(lookup(t, twice, EMBSTORE_LOOKUP_INSERT, &out), EMBSTORE_CAPACITY_EXCEEDED,
+                 "max_capacity");
+  REQUIRE(stats(t).rows == 1000);
+  // 500 of them once: admitted, to the limit.
+  lookup_ok(t, keys_from(1000, 500));
+  REQUIRE(stats(t).rows == 1500);
+  REQUIRE(stats(t).pending_admission == 500);
 }
 
 TEST_CASE("a failed write to the tier fails the call and loses no row", "[tiers][failure]") {

@@ -396,19 +396,33 @@ TEST_CASE("a tiered table with admission at max_capacity counts and refuses as t
   REQUIRE(stats(tiered).rows == 90);
   require_same_rows(plain, tiered, keys_from(0, 1100));
   // Seen admit_after times within the call: 40 rows on top of 90 pass the limit. Refused, and
-  // counted: the next single occurrence of one of them is admitted.
-  std::vector<int64_t> twice;
+  // every occurrence counted, also those of keys 2000-2004 (twice each: not yet admitted).
+  std::vector<int64_t> refused;
   for (uint32_t i = 1; i < admit_after; ++i) {
     const std::vector<int64_t> k = keys_from(1000, 40);
-    twice.insert(twice.end(), k.begin(), k.end());
+    refused.insert(refused.end(), k.begin(), k.end());
   }
-  require_same_refusal(plain, tiered, twice);
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<int64_t> k = keys_from(2000, 5);
+    refused.insert(refused.end(), k.begin(), k.end());
+  }
+  require_same_refusal(plain, tiered, refused);
   REQUIRE(stats(tiered).rows == 90);
   REQUIRE(stats(tiered).pending_admission == stats(plain).pending_admission);
-  for (embstore_table_t* t : {plain, tiered}) lookup_ok(t, keys_from(1000, 10));
+  // Keys 1000-1019 once each: counted to the threshold before, each is admitted now, 20 rows on
+  // top of 90: refused again (the stack must count what was counted before this call).
+  require_same_refusal(plain, tiered, keys_from(1000, 20));
+  REQUIRE(stats(tiered).rows == 90);
+  // Five of those and 2000-2004 once more (three occurrences in all: admitted): 10 rows, the limit.
+  std::vector<int64_t> last = keys_from(1000, 5);
+  const std::vector<int64_t> again = keys_from(2000, 5);
+  last.insert(last.end(), again.begin(), again.end());
+  for (embstore_table_t* t : {plain, tiered}) lookup_ok(t, last);
+  REQUIRE(stats(plain).rows == kLimit);
   REQUIRE(stats(tiered).rows == kLimit);
   REQUIRE(stats(tiered).admitted == stats(plain).admitted);
-  require_same_rows(plain, tiered, keys_from(0, 1100));
+  REQUIRE(stats(tiered).pending_admission == stats(plain).pending_admission);
+  require_same_rows(plain, tiered, keys_from(0, 2100));
 }
 
 }  // namespace
