@@ -89,8 +89,8 @@ void CudaTable::prefetch(const int64_t* keys, size_t n, void* stream_ptr) {
   const uint64_t max_pairs = std::min<uint64_t>(n, window);
   const uint32_t shift = tile_shift_for(arena_.stride);
   trade_rows_kernel<kBlock><<<blocks_for(max_pairs << shift), kBlock, 0, stream>>>(
-      arena_, index_ref(), dirty_.get<uint64_t>(), wanted, generation, down, down_count, up,
-      up_count, max_pairs, shift, &device_counters()->tier_moved);
+      arena_, index_ref(), dirty_.get<uint64_t>(), carried_.get<uint64_t>(), wanted, generation,
+      down, down_count, up, up_count, max_pairs, shift, &device_counters()->tier_moved);
   check_launch("trade_rows_kernel");
   tier_cursor_ += window;
 }

@@ -253,7 +253,7 @@ void CudaTable::remove_rows(const uint32_t* victims, uint64_t n, int64_t* keys_o
     throw;
   }
   free_rows_kernel<kBlock><<<blocks_for(n), kBlock, 0, stream>>>(
-      arena_, victims, n, dirty_.get<uint64_t>(), freed_.get<uint64_t>(),
+      arena_, victims, n, dirty_.get<uint64_t>(), freed_.get<uint64_t>(), carried_.get<uint64_t>(),
       free_list_.get<uint32_t>(), d.free_rows, keys_out);
   check_launch("free_rows_kernel");
   add_free_rows_kernel<<<1, 1, 0, stream>>>(device_counters(), n);

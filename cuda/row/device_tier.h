@@ -1,10 +1,10 @@
 // The CUDA device tier's moves (the table's rows below device_rows live in device memory, the
 // rest in mapped host memory; see arena.h's place_chunk). A hot row in host memory moves up by
 // trading row ids with a cold row in device memory: everything a row id names goes with the
-// row, its value and optimizer state, its metadata (key, step), its index entry and its dirty
-// bit, so the table holds the same rows, bit for bit, in other places. Rows a snapshot in
-// flight captured and evicted rows never trade (the drain, a failed snapshot's re-marking and
-// the free list name them by id).
+// row, its value and optimizer state, its metadata (key, step), its index entry, its dirty bit
+// and its carried bit (row/eviction.h), so the table holds the same rows, bit for bit, in other
+// places. Rows a snapshot in flight captured and evicted rows never trade (the drain, a failed
+// snapshot's re-marking and the free list name them by id).
 #pragma once
 
 #include "cuda/row/arena.h"
@@ -39,11 +39,29 @@ EMBSTORE_HD void swap_records(const ArenaRef& arena, uint64_t a, uint64_t b, uin
   }
 }
 
-// Rows a and b trade metadata, index entries and dirty bits (one thread per pair; pairs
-// disjoint). Concurrent as in bitmap_set: other pairs' bits may share a word.
+// Bits a and b of `bits` trade values.
+template <bool Concurrent>
+EMBSTORE_HD void swap_bits(uint64_t* bits, uint64_t a, uint64_t b) {
+  const bool bit_a = bitmap_test(bits, a);
+  const bool bit_b = bitmap_test(bits, b);
+  if (bit_a == bit_b) return;
+  if (bit_b) {
+    bitmap_set<Concurrent>(bits, a);
+    bitmap_clear<Concurrent>(bits, b);
+  } else {
+    bitmap_clear<Concurrent>(bits, a);
+    bitmap_set<Concurrent>(bits, b);
+  }
+}
+
+// Rows a and b trade metadata, index entries, dirty bits and carried bits (a row put in while a
+// snapshot was in flight that held it elsewhere: carried NULL where the table keeps none; such a
+// row may trade, as the snapshot's re-marking finds it by its bit, not by a captured id). One
+// thread per pair; pairs disjoint. Concurrent as in bitmap_set: other pairs' bits may share a
+// word.
 template <bool Concurrent>
 EMBSTORE_HD void swap_identities(const ArenaRef& arena, const IndexRef& index, uint64_t* dirty,
-                                 uint64_t a, uint64_t b) {
+                                 uint64_t* carried, uint64_t a, uint64_t b) {
   RowMeta* ma = arena.row_meta(a);
   RowMeta* mb = arena.row_meta(b);
   const RowMeta t = *ma;
@@ -51,16 +69,8 @@ EMBSTORE_HD void swap_identities(const ArenaRef& arena, const IndexRef& index, u
   *mb = t;
   index.repoint(ma->key, static_cast<uint32_t>(a));
   index.repoint(mb->key, static_cast<uint32_t>(b));
-  const bool dirty_a = bitmap_test(dirty, a);
-  const bool dirty_b = bitmap_test(dirty, b);
-  if (dirty_a == dirty_b) return;
-  if (dirty_b) {
-    bitmap_set<Concurrent>(dirty, a);
-    bitmap_clear<Concurrent>(dirty, b);
-  } else {
-    bitmap_clear<Concurrent>(dirty, a);
-    bitmap_set<Concurrent>(dirty, b);
-  }
+  swap_bits<Concurrent>(dirty, a, b);
+  if (carried != nullptr) swap_bits<Concurrent>(carried, a, b);
 }
 
 }  // namespace embstore::row

@@ -73,11 +73,15 @@ EMBSTORE_HD bool evicted_first(uint64_t stamp_a, int64_t key_a, uint64_t stamp_b
   return stamp_a != stamp_b ? stamp_a < stamp_b : key_a < key_b;
 }
 
-// An evicted row: no longer dirty (its key is written off with a tombstone), and freed until a
-// new key takes it (reuse clears the freed bit).
+// A row leaving the table (evicted, or taken out whole): no longer dirty (an evicted key is
+// written off with a tombstone, a taken row carries its bit with it), no longer carried
+// (carried: NULL where the table keeps no such bits; the id's next row must not inherit the
+// snapshot's claim on this one), and freed until a new key takes it (reuse clears the freed
+// bit). Only once nothing can fail: until then the row stays as it was, bits and all.
 template <bool Concurrent>
-EMBSTORE_HD void release_row(uint64_t* dirty, uint64_t* freed, uint64_t r) {
+EMBSTORE_HD void release_row(uint64_t* dirty, uint64_t* freed, uint64_t* carried, uint64_t r) {
   bitmap_clear<Concurrent>(dirty, r);
+  if (carried != nullptr) bitmap_clear<Concurrent>(carried, r);
   bitmap_set<Concurrent>(freed, r);
 }
 

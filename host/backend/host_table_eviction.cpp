@@ -70,9 +70,8 @@ void HostTable::remove_rows(std::vector<uint32_t>& victims, MovedRows* out) {
       out->dirty.push_back(row::bitmap_test(dirty_.data(), r) ? 1 : 0);
       out->in_snapshot.push_back(row::in_snapshot(snapshot, carried, r) ? 1 : 0);
     }
-    if (carried != nullptr) row::bitmap_clear<false>(carried, r);
     index_.erase_serial(meta.key);
-    row::release_row<false>(dirty_.data(), freed_.data(), r);
+    row::release_row<false>(dirty_.data(), freed_.data(), carried, r);
     free_rows_.push_back(r);
     if (out == nullptr) ledger_.evicted(&meta.key, 1);
   }

@@ -22,6 +22,7 @@ struct SmallTable {
   std::vector<RowMeta> meta0 = std::vector<RowMeta>(64), meta1 = std::vector<RowMeta>(128);
   std::vector<Slot> slots = std::vector<Slot>(index_slots_for(192));
   std::vector<uint64_t> dirty = std::vector<uint64_t>(bitmap_words(192), 0);
+  std::vector<uint64_t> carried = std::vector<uint64_t>(bitmap_words(192), 0);
   ArenaRef arena{};
   IndexRef index{};
 
@@ -44,15 +45,17 @@ struct SmallTable {
       *arena.row_meta(r) = RowMeta{key, r / 10};
       for (uint32_t c = 0; c < kStride; ++c) arena.row(r)[c] = static_cast<float>(key) + 0.25f * c;
       if (r % 3 == 0) bitmap_set<false>(dirty.data(), r);
+      if (r % 4 == 1) bitmap_set<false>(carried.data(), r);
     }
   }
 
-  // key -> (row, values, step, dirty) of every row.
+  // key -> (row, values, step, dirty, carried) of every row.
   struct Seen {
     uint32_t row;
     std::vector<float> values;
     uint64_t step;
     bool dirty;
+    bool carried;
   };
   std::map<int64_t, Seen> rows(uint64_t n) const {
     std::map<int64_t, Seen> out;
@@ -60,7 +63,7 @@ struct SmallTable {
       const RowMeta m = *arena.row_meta(r);
       out[m.key] =
           Seen{static_cast<uint32_t>(r), std::vector<float>(arena.row(r), arena.row(r) + kStride),
-               m.step, bitmap_test(dirty.data(), r)};
+               m.step, bitmap_test(dirty.data(), r), bitmap_test(carried.data(), r)};
     }
     return out;
   }
@@ -68,16 +71,17 @@ struct SmallTable {
 
 }  // namespace
 
-TEST_CASE("two rows trade ids with their values, metadata, index entries and dirty bits",
+TEST_CASE("two rows trade ids with their values, metadata, index entries, dirty and carried bits",
           "[row][tiers]") {
   const uint64_t n = 150;
   SmallTable t(n);
   const auto before = t.rows(n);
-  // Device rows 3 (dirty), 10 and 40 trade with host rows 121, 72 (dirty) and 149.
-  const std::vector<std::pair<uint64_t, uint64_t>> pairs{{3, 121}, {10, 72}, {40, 149}};
+  // Device rows 3 (dirty), 10 and 40 trade with host rows 121 (carried), 72 (dirty) and 149
+  // (carried); 9 (dirty, carried) with 13 (carried).
+  const std::vector<std::pair<uint64_t, uint64_t>> pairs{{3, 121}, {10, 72}, {40, 149}, {9, 13}};
   for (const auto& [a, b] : pairs) {
     for (uint32_t lane = 0; lane < 2; ++lane) swap_records(t.arena, a, b, lane, 2);
-    swap_identities<true>(t.arena, t.index, t.dirty.data(), a, b);
+    swap_identities<true>(t.arena, t.index, t.dirty.data(), t.carried.data(), a, b);
   }
   const auto after = t.rows(n);
   REQUIRE(after.size() == before.size());
@@ -94,10 +98,13 @@ TEST_CASE("two rows trade ids with their values, metadata, index entries and dir
     REQUIRE(now.values == was.values);
     REQUIRE(now.step == was.step);
     REQUIRE(now.dirty == was.dirty);
+    REQUIRE(now.carried == was.carried);
   }
   // The device-memory rows 3, 10 and 40 now hold the keys of rows 121, 72 and 149.
   REQUIRE(t.arena.row_meta(3)->key == 1000 + 121 * 7);
   REQUIRE_FALSE(bitmap_test(t.dirty.data(), 3));
+  REQUIRE(bitmap_test(t.carried.data(), 3));  // the snapshot's claim goes with row 121's key
+  REQUIRE_FALSE(bitmap_test(t.carried.data(), 121));
   REQUIRE(bitmap_test(t.dirty.data(), 10));
   REQUIRE(t.arena.row(40) == t.values0.data() + 40 * SmallTable::kStride);
   REQUIRE(t.arena.row(40)[0] == static_cast<float>(1000 + 149 * 7));

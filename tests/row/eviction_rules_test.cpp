@@ -22,16 +22,21 @@ TEST_CASE("a row is evictable when idle before the cutoff, live and not spared",
 }
 
 TEST_CASE("releasing a row frees it and leaves it out of the next delta", "[row][eviction]") {
-  std::vector<uint64_t> dirty(2), freed(2);
+  std::vector<uint64_t> dirty(2), freed(2), carried(2);
   bitmap_set<false>(dirty.data(), 70);
   bitmap_set<false>(dirty.data(), 71);
-  release_row<false>(dirty.data(), freed.data(), 70);
-  REQUIRE_FALSE(bitmap_test(dirty.data(), 70));  // a tombstone stands for it
+  bitmap_set<false>(carried.data(), 71);
+  bitmap_set<false>(carried.data(), 72);
+  release_row<false>(dirty.data(), freed.data(), nullptr, 70);  // a table without carried bits
+  REQUIRE_FALSE(bitmap_test(dirty.data(), 70));                 // a tombstone stands for it
   REQUIRE(bitmap_test(dirty.data(), 71));
   REQUIRE(bitmap_test(freed.data(), 70));
-  release_row<true>(dirty.data(), freed.data(), 71);  // the concurrent form, the same bits
+  // The concurrent form, the same bits; the id's carried bit goes too (its next row is new).
+  release_row<true>(dirty.data(), freed.data(), carried.data(), 71);
   REQUIRE(dirty[1] == 0);
   REQUIRE(freed[1] == 0b11 << 6);
+  REQUIRE_FALSE(bitmap_test(carried.data(), 71));
+  REQUIRE(bitmap_test(carried.data(), 72));
 }
 
 TEST_CASE("making room finds the bucket of the need-th oldest stamp and orders only its own",

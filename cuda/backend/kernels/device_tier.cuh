@@ -49,8 +49,8 @@ static __global__ void __launch_bounds__(BlockSize)
 // pairs to *moved.
 template <int BlockSize>
 static __global__ void __launch_bounds__(BlockSize)
-    trade_rows_kernel(row::ArenaRef arena, row::IndexRef index, uint64_t* dirty, uint32_t* wanted,
-                      uint32_t generation, const uint32_t* down,
+    trade_rows_kernel(row::ArenaRef arena, row::IndexRef index, uint64_t* dirty, uint64_t* carried,
+                      uint32_t* wanted, uint32_t generation, const uint32_t* down,
                       const unsigned long long* down_count, const uint32_t* up,
                       const unsigned long long* up_count, uint64_t max_pairs, uint32_t tile_shift,
                       unsigned long long* moved) {
@@ -63,7 +63,7 @@ static __global__ void __launch_bounds__(BlockSize)
     const uint32_t lane = static_cast<uint32_t>(t & (lanes - 1));
     row::swap_records(arena, down[i], up[i], lane, lanes);
     if (lane == 0) {
-      row::swap_identities<true>(arena, index, dirty, down[i], up[i]);
+      row::swap_identities<true>(arena, index, dirty, carried, down[i], up[i]);
       wanted[down[i]] = generation;
     }
   }

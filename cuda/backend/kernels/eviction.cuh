@@ -106,16 +106,18 @@ static __global__ void __launch_bounds__(BlockSize)
 }
 
 // Frees victims[0, n) (distinct live rows, already written to a snapshot in progress): their
-// keys go to keys_out, their dirty bits are cleared, their freed bits set, and they join the
-// free list at free_list[free_base + i]. The index is rebuilt afterwards.
+// keys go to keys_out, their dirty and carried bits (carried: may be NULL) are cleared, their
+// freed bits set, and they join the free list at free_list[free_base + i]. The index is rebuilt
+// afterwards.
 template <int BlockSize>
 static __global__ void __launch_bounds__(BlockSize)
     free_rows_kernel(row::ArenaRef arena, const uint32_t* victims, uint64_t n, uint64_t* dirty,
-                     uint64_t* freed, uint32_t* free_list, uint64_t free_base, int64_t* keys_out) {
+                     uint64_t* freed, uint64_t* carried, uint32_t* free_list, uint64_t free_base,
+                     int64_t* keys_out) {
   for (uint64_t i = grid_thread<BlockSize>(); i < n; i += grid_threads<BlockSize>()) {
     const uint32_t r = victims[i];
     keys_out[i] = arena.row_meta(r)->key;
-    row::release_row<true>(dirty, freed, r);
+    row::release_row<true>(dirty, freed, carried, r);
     free_list[free_base + i] = r;
   }
 }

@@ -11,12 +11,12 @@
 namespace embstore::cuda_backend {
 
 // The rows rows[0, n) as they leave: key, stamp, dirty bit, whether the snapshot in flight holds
-// them (row::in_snapshot; their carried bits cleared) and record (stride floats), a tile of
-// lanes per row.
+// them (row::in_snapshot) and record (stride floats), a tile of lanes per row. Reads only: their
+// bits go once they are freed (free_rows_kernel), after the copy-on-write that can still fail.
 template <int BlockSize>
 static __global__ void __launch_bounds__(BlockSize)
     gather_leaving_kernel(row::ArenaRef arena, const uint32_t* rows, uint64_t n,
-                          const uint64_t* dirty, const uint64_t* snapshot, uint64_t* carried,
+                          const uint64_t* dirty, const uint64_t* snapshot, const uint64_t* carried,
                           int64_t* keys, uint64_t* steps, uint8_t* dirty_out,
                           uint8_t* in_snapshot_out, float* records, uint32_t tile_shift) {
   const uint32_t tile = 1u << tile_shift;
@@ -30,7 +30,6 @@ static __global__ void __launch_bounds__(BlockSize)
       steps[i] = meta.step;
       dirty_out[i] = row::bitmap_test(dirty, r) ? 1 : 0;
       in_snapshot_out[i] = row::in_snapshot(snapshot, carried, r) ? 1 : 0;
-      if (carried != nullptr) row::bitmap_clear<true>(carried, r);
     }
     const float* from = arena.row(r);
     for (uint32_t c = lane; c < arena.stride; c += tile) records[i * arena.stride + c] = from[c];
