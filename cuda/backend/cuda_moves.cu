@@ -29,6 +29,15 @@ struct MovedLayout {
   }
 };
 
+// How many moving rows are staged at once on the device: a take or a put of more goes through
+// the staging in windows, so that a move down of many rows (a stack's slack: a sixteenth of its
+// upper budget) does not hold as much device memory beside the table.
+uint64_t moved_window(uint64_t n, uint32_t stride) {
+  const uint64_t row_bytes =
+      sizeof(int64_t) + sizeof(uint64_t) + 2 * sizeof(uint8_t) + uint64_t{stride} * sizeof(float);
+  return std::min(n, std::max<uint64_t>(1, kStageBytes / row_bytes));
+}
+
 // resolve_on_host's arrays in scratch: n keys and their rows.
 struct ResolveLayout {
   size_t keys = 0, rows = 0, bytes = 0;
@@ -184,18 +193,24 @@ void CudaTable::gather_leaving(const uint32_t* victims, uint64_t n, MovedRows* o
   out->reserve_more(n, stride);
   out->truncate(before + n, stride);
   try {
-    const MovedLayout at(n, stride);
+    const uint64_t window = moved_window(n, stride);
+    const MovedLayout at(window, stride);
     char* base = stage(at.bytes, stream);
     const uint64_t* snapshot = snapshot_active_ ? snapshot_set_.get<uint64_t>() : nullptr;
     const uint32_t shift = tile_shift_for(stride);
-    gather_leaving_kernel<kBlock><<<blocks_for(n << shift), kBlock, 0, stream>>>(
-        arena_, victims, n, dirty_.get<uint64_t>(), snapshot, carried_.get<uint64_t>(),
-        reinterpret_cast<int64_t*>(base + at.keys), reinterpret_cast<uint64_t*>(base + at.steps),
-        reinterpret_cast<uint8_t*>(base + at.dirty),
-        reinterpret_cast<uint8_t*>(base + at.in_snapshot),
-        reinterpret_cast<float*>(base + at.records), shift);
-    check_launch("gather_leaving_kernel");
-    copy_moved(at, base, *out, before, n, stride, stream);
+    // Each window's copy to the (pageable) host arrays is done when it returns, and the next
+    // window's gather follows it on the stream.
+    for (uint64_t first = 0; first < n; first += window) {
+      const uint64_t m = std::min(window, n - first);
+      gather_leaving_kernel<kBlock><<<blocks_for(m << shift), kBlock, 0, stream>>>(
+          arena_, victims + first, m, dirty_.get<uint64_t>(), snapshot, carried_.get<uint64_t>(),
+          reinterpret_cast<int64_t*>(base + at.keys), reinterpret_cast<uint64_t*>(base + at.steps),
+          reinterpret_cast<uint8_t*>(base + at.dirty),
+          reinterpret_cast<uint8_t*>(base + at.in_snapshot),
+          reinterpret_cast<float*>(base + at.records), shift);
+      check_launch("gather_leaving_kernel");
+      copy_moved(at, base, *out, before + first, m, stride, stream);
+    }
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   } catch (...) {
     out->truncate(before, stride);
@@ -220,9 +235,9 @@ void CudaTable::reserve_put(uint64_t n) {
   Call call(*this, own_stream_);
   const cudaStream_t stream = call.stream;
   grow_for_put(n, read_counters(stream), stream);  // exact: synchronizes after the wait
-  // put_rows' buffers: the held-key check's scratch, the rows' staging.
+  // put_rows' buffers: the held-key check's scratch, the rows' staging (a window of them).
   scratch(ResolveLayout(n).bytes, stream);
-  stage(MovedLayout(n, arena_.stride).bytes, stream);
+  stage(MovedLayout(moved_window(n, arena_.stride), arena_.stride).bytes, stream);
 }
 
 void CudaTable::put_rows(const MovedRows& rows) {
@@ -249,19 +264,25 @@ void CudaTable::put_rows(const MovedRows& rows) {
   }
   const uint64_t free_rows = grow_for_put(n, d, stream);
 
-  const MovedLayout at(n, stride);
+  const uint64_t window = moved_window(n, stride);
+  const MovedLayout at(window, stride);
   char* base = stage(at.bytes, stream);
-  copy_moved(at, base, rows, 0, n, stride, stream);
   const uint32_t shift = tile_shift_for(stride);
-  put_rows_kernel<kBlock><<<blocks_for(n << shift), kBlock, 0, stream>>>(
-      index_ref(), arena_, reinterpret_cast<const int64_t*>(base + at.keys),
-      reinterpret_cast<const uint64_t*>(base + at.steps),
-      reinterpret_cast<const uint8_t*>(base + at.dirty),
-      reinterpret_cast<const uint8_t*>(base + at.in_snapshot),
-      reinterpret_cast<const float*>(base + at.records), n, free_list_.get<uint32_t>(), free_rows,
-      d.rows, dirty_.get<uint64_t>(), freed_.get<uint64_t>(), carried_.get<uint64_t>(),
-      snapshot_active_, shift);
-  check_launch("put_rows_kernel");
+  // A copy from pageable memory returns once its source is read; the staging it fills is read by
+  // the window's kernel before the next window's copy, both on the stream.
+  for (uint64_t first = 0; first < n; first += window) {
+    const uint64_t m = std::min(window, n - first);
+    copy_moved(at, base, rows, first, m, stride, stream);
+    put_rows_kernel<kBlock><<<blocks_for(m << shift), kBlock, 0, stream>>>(
+        index_ref(), arena_, reinterpret_cast<const int64_t*>(base + at.keys),
+        reinterpret_cast<const uint64_t*>(base + at.steps),
+        reinterpret_cast<const uint8_t*>(base + at.dirty),
+        reinterpret_cast<const uint8_t*>(base + at.in_snapshot),
+        reinterpret_cast<const float*>(base + at.records), first, m, free_list_.get<uint32_t>(),
+        free_rows, d.rows, dirty_.get<uint64_t>(), freed_.get<uint64_t>(), carried_.get<uint64_t>(),
+        snapshot_active_, shift);
+    check_launch("put_rows_kernel");
+  }
   settle_put_kernel<<<1, 1, 0, stream>>>(device_counters(), n);
   check_launch("settle_put_kernel");
   // The host buffers may go once this returns.

@@ -36,7 +36,8 @@ static __global__ void __launch_bounds__(BlockSize)
   }
 }
 
-// Rows put in whole: the i-th takes row::put_row_id's id, which gets the key, stamp, record
+// Rows put in whole, rows [first, first + n) of a put (the arrays hold those n): the i-th of the
+// put takes row::put_row_id's id, which gets the key, stamp, record
 // (a tile of lanes per row), dirty bit and carried bit (a row the snapshot in flight held where
 // it was: carried while one is in flight here, else dirty at once), and leaves the free list
 // (its freed bit cleared).
@@ -45,14 +46,14 @@ template <int BlockSize>
 static __global__ void __launch_bounds__(BlockSize)
     put_rows_kernel(row::IndexRef index, row::ArenaRef arena, const int64_t* keys,
                     const uint64_t* steps, const uint8_t* dirty_in, const uint8_t* in_snapshot,
-                    const float* records, uint64_t n, const uint32_t* free_list, uint64_t free_rows,
-                    uint64_t first_fresh, uint64_t* dirty, uint64_t* freed, uint64_t* carried,
-                    bool in_flight, uint32_t tile_shift) {
+                    const float* records, uint64_t first, uint64_t n, const uint32_t* free_list,
+                    uint64_t free_rows, uint64_t first_fresh, uint64_t* dirty, uint64_t* freed,
+                    uint64_t* carried, bool in_flight, uint32_t tile_shift) {
   const uint32_t tile = 1u << tile_shift;
   const uint32_t lane = threadIdx.x & (tile - 1);
   for (uint64_t i = grid_thread<BlockSize>() >> tile_shift; i < n;
        i += grid_threads<BlockSize>() >> tile_shift) {
-    const uint32_t r = row::put_row_id(i, free_list, free_rows, first_fresh);
+    const uint32_t r = row::put_row_id(first + i, free_list, free_rows, first_fresh);
     float* to = arena.row(r);
     for (uint32_t c = lane; c < arena.stride; c += tile) to[c] = records[i * arena.stride + c];
     if (lane != 0) continue;
