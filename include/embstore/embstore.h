@@ -607,13 +607,13 @@ EMBSTORE_API embstore_status_t embstore_table_stats(embstore_table_t* table,
    On CUDA, exact counts are kept in device memory (but for a table with memory_rows and
    max_capacity, whose counts are on the host: see "Tiers") and counted by the lookup's
    kernels, with the same results as the host backend's (a key's count is its occurrences,
-   whatever order they are counted in): a lookup with EMBSTORE_LOOKUP_INSERT returns once its work is enqueued, and waits
-   for the device only when the counts' table must grow (about every slots / 2n calls). A Bloom
-   filter's counts, whose conservative update depends on the order of the keys, are kept in host
-   memory and counted there in batch order: such a lookup copies its keys without a row to the
-   host, so it waits for the table's earlier work. Counts saturate at 2^32 - 3 on both backends
-   (0.4.0 saturated at 2^32 - 1). In this version the device counting is compiled, not yet run
-   on a GPU. */
+   whatever order they are counted in): a lookup with EMBSTORE_LOOKUP_INSERT returns once its
+   work is enqueued, and waits for the device only when the counts' table must grow (about
+   every slots / 2n calls). A Bloom filter's counts, whose conservative update depends on the
+   order of the keys, are kept in host memory and counted there in batch order: such a lookup
+   copies its keys without a row to the host, so it waits for the table's earlier work. Counts
+   saturate at 2^32 - 3 on both backends (0.4.0 saturated at 2^32 - 1). In this version the
+   device counting is compiled, not yet run on a GPU. */
 
 /** Runs the table's idle rules now, at the store's current step and time; *evicted_out (may be
     NULL) = the rows evicted. A table without idle rules evicts nothing.
