@@ -29,15 +29,6 @@ struct MovedLayout {
   }
 };
 
-// How many moving rows are staged at once on the device: a take or a put of more goes through
-// the staging in windows, so that a move down of many rows (a stack's slack: a sixteenth of its
-// upper budget) does not hold as much device memory beside the table.
-uint64_t moved_window(uint64_t n, uint32_t stride) {
-  const uint64_t row_bytes =
-      sizeof(int64_t) + sizeof(uint64_t) + 2 * sizeof(uint8_t) + uint64_t{stride} * sizeof(float);
-  return std::min(n, std::max<uint64_t>(1, kStageBytes / row_bytes));
-}
-
 // resolve_on_host's arrays in scratch: n keys and their rows.
 struct ResolveLayout {
   size_t keys = 0, rows = 0, bytes = 0;
@@ -193,7 +184,9 @@ void CudaTable::gather_leaving(const uint32_t* victims, uint64_t n, MovedRows* o
   out->reserve_more(n, stride);
   out->truncate(before + n, stride);
   try {
-    const uint64_t window = moved_window(n, stride);
+    // A take or a put of many rows (a stack's move down: a sixteenth of its upper budget) goes
+    // through the staging a copy-on-write's worth at a time, not all at once.
+    const uint64_t window = std::min(n, stage_rows());
     const MovedLayout at(window, stride);
     char* base = stage(at.bytes, stream);
     const uint64_t* snapshot = snapshot_active_ ? snapshot_set_.get<uint64_t>() : nullptr;
@@ -237,7 +230,7 @@ void CudaTable::reserve_put(uint64_t n) {
   grow_for_put(n, read_counters(stream), stream);  // exact: synchronizes after the wait
   // put_rows' buffers: the held-key check's scratch, the rows' staging (a window of them).
   scratch(ResolveLayout(n).bytes, stream);
-  stage(MovedLayout(moved_window(n, arena_.stride), arena_.stride).bytes, stream);
+  stage(MovedLayout(std::min(n, stage_rows()), arena_.stride).bytes, stream);
 }
 
 void CudaTable::put_rows(const MovedRows& rows) {
@@ -264,7 +257,7 @@ void CudaTable::put_rows(const MovedRows& rows) {
   }
   const uint64_t free_rows = grow_for_put(n, d, stream);
 
-  const uint64_t window = moved_window(n, stride);
+  const uint64_t window = std::min(n, stage_rows());  // as in gather_leaving
   const MovedLayout at(window, stride);
   char* base = stage(at.bytes, stream);
   const uint32_t shift = tile_shift_for(stride);

@@ -304,8 +304,7 @@ class BloomCounter final : public AdmissionCounter {
         admitted.push_back(keys[i]);
       }
     }
-    std::sort(admitted.begin(), admitted.end());
-    return static_cast<uint64_t>(std::unique(admitted.begin(), admitted.end()) - admitted.begin());
+    return distinct_keys(admitted);
   }
   uint64_t forget_before(uint64_t) override { return 0; }
   void drop_if(const std::function<bool(int64_t)>&) override {}
@@ -392,6 +391,11 @@ class BloomCounter final : public AdmissionCounter {
 };
 
 }  // namespace
+
+uint64_t distinct_keys(std::vector<int64_t>& keys) {
+  std::sort(keys.begin(), keys.end());
+  return static_cast<uint64_t>(std::unique(keys.begin(), keys.end()) - keys.begin());
+}
 
 std::unique_ptr<AdmissionCounter> AdmissionCounter::make(const TableSpec& spec) {
   if (spec.admit_after <= 1) return nullptr;

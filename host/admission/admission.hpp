@@ -77,4 +77,8 @@ class AdmissionCounter : public AdmissionCounts {
   virtual uint64_t would_admit(const int64_t* keys, size_t n) const = 0;
 };
 
+// How many distinct keys `keys` holds (sorts it): the admitted keys of a batch, each counted once
+// however many of its occurrences reached admit_after.
+uint64_t distinct_keys(std::vector<int64_t>& keys);
+
 }  // namespace embstore

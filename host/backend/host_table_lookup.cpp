@@ -13,6 +13,7 @@
 #include "cuda/row/bitmap.h"
 #include "cuda/row/index.h"
 #include "cuda/row/init.h"
+#include "host/admission/admission.hpp"
 #include "host/backend/host_table.hpp"
 
 namespace embstore::host_backend {
@@ -125,9 +126,7 @@ void HostTable::insert_missing(const int64_t* keys, size_t n, uint32_t* rows, ui
     // makes no frames for its new rows.
     missing_keys_.clear();
     for (const uint32_t i : missing_pos_) missing_keys_.push_back(keys[i]);
-    std::sort(missing_keys_.begin(), missing_keys_.end());
-    const uint64_t fresh =
-        std::unique(missing_keys_.begin(), missing_keys_.end()) - missing_keys_.begin();
+    const uint64_t fresh = distinct_keys(missing_keys_);
     if (rows_ + fresh > limit) {
       if (!spec().evicts()) fail_over_limit(spec(), fresh, rows_, "new rows", "inserted");
       evict = rows_ + fresh - limit;

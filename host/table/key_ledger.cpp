@@ -1,6 +1,5 @@
 #include "host/table/key_ledger.hpp"
 
-#include <algorithm>
 #include <vector>
 
 #include "host/error.hpp"
@@ -58,8 +57,7 @@ uint64_t KeyLedger::count_admission(const int64_t* keys, size_t n, uint64_t step
   for (size_t i = 0; i < n; ++i) {
     if (counter_->count(keys[i], step)) admitted.push_back(keys[i]);
   }
-  std::sort(admitted.begin(), admitted.end());
-  return static_cast<uint64_t>(std::unique(admitted.begin(), admitted.end()) - admitted.begin());
+  return distinct_keys(admitted);
 }
 
 bool KeyLedger::load_admission(const io::AdmissionFile& counts, std::string* why,

@@ -118,10 +118,11 @@ void StackedTable::bring_up(const int64_t* keys, size_t n, bool insert, uint64_t
   if (!victims_.empty()) evict_victims(fresh);
 }
 
-// As an untiered table at its row limit, before anything changes: the call's new rows counted
-// exactly, and refused without an eviction rule. The stack's `need` least recently used rows are
-// the oldest of each table's `need` oldest (each listed with its candidates' count: too few in
-// all, and the call is refused).
+// As an untiered table at its row limit, before any row changes: the call's new rows counted
+// exactly (with admission, those the upper table's counts would admit: a refused call's keys stay
+// counted, count_refused), and refused without an eviction rule. The stack's `need` least recently
+// used rows are the oldest of each table's `need` oldest (each listed with its candidates' count:
+// too few in all, and the call is refused).
 uint64_t StackedTable::choose_victims(uint64_t fresh, uint64_t step) {
   const uint64_t limit = spec().max_capacity;
   if (limit == 0) return fresh;
@@ -174,8 +175,9 @@ void StackedTable::count_refused(uint64_t step) {
 // The victims go once the rows have moved (a failed move leaves them), and once the upper table
 // has room for the call's new rows (growing can fail; nothing is evicted then). Each victim is in
 // one of the two tables, wherever the moves put it. Below first: a host table's eviction can fail
-// (a captured row's copy read from disk), and then none has gone; above, only a device error
-// remains.
+// (a captured row's copy read from disk), and then none has gone; above, on the CUDA table, only
+// a device error remains (a host upper table, as in the tests, has no disk to read its captured
+// rows from).
 void StackedTable::evict_victims(uint64_t fresh) {
   upper_->reserve_put(fresh);
   uint64_t evicted = lower_->evict_keys(victims_.data(), victims_.size());

@@ -37,11 +37,10 @@ static __global__ void __launch_bounds__(BlockSize)
 }
 
 // Rows put in whole, rows [first, first + n) of a put (the arrays hold those n): the i-th of the
-// put takes row::put_row_id's id, which gets the key, stamp, record
-// (a tile of lanes per row), dirty bit and carried bit (a row the snapshot in flight held where
-// it was: carried while one is in flight here, else dirty at once), and leaves the free list
-// (its freed bit cleared).
-// The keys are distinct and absent (checked before).
+// put takes row::put_row_id's id, which gets the key, stamp, record (a tile of lanes per row),
+// dirty bit and carried bit (a row the snapshot in flight held where it was: carried while one
+// is in flight here, else dirty at once), and leaves the free list (its freed bit cleared). The
+// keys are distinct and absent (checked before).
 template <int BlockSize>
 static __global__ void __launch_bounds__(BlockSize)
     put_rows_kernel(row::IndexRef index, row::ArenaRef arena, const int64_t* keys,
